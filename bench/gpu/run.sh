@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU checks and benchmarks, for a machine with (at least) two NVIDIA GPUs, NCCL, a compiler and
+# Meson; no network needed. One call does it all, so a short device lease is enough:
+#   1. build the project in build-gpu (release), against the NCCL that PyTorch ships if found;
+#   2. run the whole test suite there (the GPU/NCCL tests run instead of skipping);
+#   3. NCCL all-reduce between two GPUs over the network path (P2P and SHM off, loopback),
+#      NCCL's Socket transport (default, and tuned 4x4) against Bagua-Net, same run, sizes
+#      1 MiB..1 GiB, every result checked; NCCL_DEBUG=INFO proves which plugin NCCL loaded;
+#   4. a summary table with the ratios (bench/gpu/summarize.py).
+# Output goes to $OUT (the device tool's folder) or ./gpu-out.
+#
+# usage: bench/gpu/run.sh [--quick] [--skip-tests] [--only-bench]
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+BUILD="${BAGUA_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+QUICK=0; SKIP_TESTS=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    --skip-tests) SKIP_TESTS=1 ;;
+    *) echo "run.sh: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+log() { echo "=== $* [$(date +%T)]"; }
+
+# NVLink multicast stays off on shared hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+log "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+nproc; g++ --version | head -1; meson --version
+
+NCCL_HOME_DIR="${NCCL_HOME:-}"
+if [ -z "$NCCL_HOME_DIR" ]; then
+  NCCL_HOME_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+fi
+log "NCCL home: ${NCCL_HOME_DIR:-<cuda>}"
+ls "$NCCL_HOME_DIR"/lib "$NCCL_HOME_DIR"/include 2>/dev/null | head
+
+log "configure + build ($BUILD)"
+if [ ! -f "$BUILD/build.ninja" ]; then
+  meson setup "$BUILD" "$ROOT" -Dbuildtype=release ${NCCL_HOME_DIR:+-Dnccl_home=$NCCL_HOME_DIR} \
+    2>&1 | tee "$OUT/configure.log" | tail -25 || exit 1
+fi
+ninja -C "$BUILD" > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+tail -2 "$OUT/build.log"
+
+if [ "$SKIP_TESTS" = 0 ]; then
+  log "test suite"
+  meson test -C "$BUILD" --print-errorlogs --num-processes 8 > "$OUT/tests.log" 2>&1
+  rc=$?
+  grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tail -40
+  # Which gtest cases skipped, and why (GPU tests must not skip here).
+  grep -h -A2 '\[  SKIPPED \]' "$BUILD"/meson-logs/testlog.txt 2>/dev/null | head -20
+  echo "test suite rc=$rc"
+fi
+
+BENCH="$BUILD/tools/nccl_bench/bagua-nccl-bench"
+PLUGIN_DIR="$BUILD/net_plugin"
+[ -x "$BENCH" ] || { echo "bagua-nccl-bench was not built (NCCL or CUDA missing?)"; exit 1; }
+[ -f "$PLUGIN_DIR/libnccl-net.so" ] || { echo "the plugin was not built"; exit 1; }
+
+MAX=1G; ITERS=20
+if [ "$QUICK" = 1 ]; then MAX=256M; ITERS=10; fi
+NETPATH=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
+
+run_case() {  # label, then env assignments
+  local label="$1"; shift
+  log "all-reduce: $label"
+  env "${NETPATH[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$@" \
+    timeout 300 "$BENCH" --ranks 2 --min 1M --max "$MAX" --iters "$ITERS" --warmup 5 \
+    --label "$label" --json "$OUT/$label.json" > "$OUT/$label.log" 2>&1
+  local rc=$?
+  grep -v ' NCCL INFO ' "$OUT/$label.log" | tail -15
+  grep -E 'NET/Plugin|Using network|NET/Bagua.*(streams|NSTREAMS|Using)|Loaded net plugin' \
+    "$OUT/$label.log" | sort -u | head -8
+  echo "rc=$rc"
+}
+
+run_case socket NCCL_NET_PLUGIN=none NCCL_NET=Socket
+run_case socket-4x4 NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+run_case bagua LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua ${BAGUA_GPU_ENV:-}
+
+log "summary"
+python3 "$ROOT/bench/gpu/summarize.py" "$OUT" socket socket-4x4 bagua | tee "$OUT/summary.md"

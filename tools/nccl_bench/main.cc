@@ -1,0 +1,340 @@
+// bagua-nccl-bench: a real NCCL all-reduce across the GPUs of one host, one process per GPU,
+// timed as nccl-tests times it (algbw = bytes / time, busbw = algbw * 2(n-1)/n) and checked for
+// correctness. Which network NCCL uses is decided by the environment the caller sets
+// (NCCL_NET_PLUGIN, NCCL_NET, NCCL_P2P_DISABLE, ...), so one binary measures NCCL's Socket
+// transport and Bagua-Net alike; bench/gpu/run.sh runs it once per transport in one go.
+//
+// usage: bagua-nccl-bench [--ranks N] [--min BYTES] [--max BYTES] [--iters N] [--warmup N]
+//                         [--label NAME] [--json FILE]
+//
+// Ranks are forked before CUDA is touched; rank 0 makes the NCCL unique id and hands it to the
+// others through pipes; each rank reports its times to rank 0 through another pipe, and the
+// figure printed is the mean over ranks (nccl-tests' default, -a 1).
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "bagua/base/status.h"
+
+namespace {
+
+#define CHECK_CUDA(call)                                                                    \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, cudaGetErrorString(e_)); \
+      std::exit(3);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_NCCL(call)                                                                     \
+  do {                                                                                       \
+    ncclResult_t r_ = (call);                                                                \
+    if (r_ != ncclSuccess) {                                                                 \
+      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, ncclGetErrorString(r_)); \
+      std::exit(4);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+int gRank = -1;
+
+struct Options {
+  int ranks = 2;
+  uint64_t minBytes = 1 << 20;
+  uint64_t maxBytes = uint64_t{1} << 30;
+  int iters = 20;
+  int warmup = 5;
+  std::string label = "nccl";
+  std::string json;
+};
+
+struct Row {
+  uint64_t bytes;
+  double usec;  // mean over ranks of the per-iteration time
+  bool correct;
+};
+
+bool readAll(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::read(fd, p, n);
+    if (r <= 0) {
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool writeAll(int fd, const void* buf, size_t n) {
+  const auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::write(fd, p, n);
+    if (r <= 0) {
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Values small enough that sums over a few ranks are exact in fp32.
+float pattern(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * 3 + static_cast<int>((i * 7) % 29));
+}
+
+std::vector<double> runRank(const Options& o, int rank, const ncclUniqueId& id,
+                            std::vector<char>* correct) {
+  gRank = rank;
+  CHECK_CUDA(cudaSetDevice(rank));
+  ncclComm_t comm;
+  CHECK_NCCL(ncclCommInitRank(&comm, o.ranks, id, rank));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  size_t maxCount = o.maxBytes / sizeof(float);
+  float* send = nullptr;
+  float* recv = nullptr;
+  CHECK_CUDA(cudaMalloc(&send, maxCount * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&recv, maxCount * sizeof(float)));
+  std::vector<float> host(maxCount);
+  for (size_t i = 0; i < maxCount; ++i) {
+    host[i] = pattern(rank, i);
+  }
+  CHECK_CUDA(cudaMemcpy(send, host.data(), maxCount * sizeof(float), cudaMemcpyHostToDevice));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+
+  std::vector<double> times;
+  for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2) {
+    size_t count = bytes / sizeof(float);
+    for (int i = 0; i < o.warmup; ++i) {
+      CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    for (int i = 0; i < o.iters; ++i) {
+      CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
+    }
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(1000.0 * ms / o.iters);
+
+    // Check every element of the last result against the closed form.
+    CHECK_CUDA(cudaMemcpy(host.data(), recv, count * sizeof(float), cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (size_t i = 0; i < count && ok; ++i) {
+      float want = 0;
+      for (int r = 0; r < o.ranks; ++r) {
+        want += pattern(r, i);
+      }
+      if (host[i] != want) {
+        std::fprintf(stderr, "rank %d: %" PRIu64 " bytes: element %zu is %g, expected %g\n", rank,
+                     bytes, i, host[i], want);
+        ok = false;
+      }
+    }
+    correct->push_back(ok ? 1 : 0);
+  }
+  CHECK_CUDA(cudaFree(send));
+  CHECK_CUDA(cudaFree(recv));
+  CHECK_NCCL(ncclCommDestroy(comm));
+  return times;
+}
+
+bagua::Result<uint64_t> bytesArg(const char* key, const char* v) {
+  bagua::Result<uint64_t> r = bagua::parseBytes(v);
+  if (!r.isOk()) {
+    return BAGUA_ERROR(kInvalidArgument, "%s %s: %s", key, v, r.status().message().c_str());
+  }
+  return r;
+}
+
+void usage() {
+  std::printf(
+      "usage: bagua-nccl-bench [--ranks N] [--min BYTES] [--max BYTES] [--iters N]\n"
+      "                        [--warmup N] [--label NAME] [--json FILE]\n"
+      "Float sum all-reduce over N GPUs (one process each), sizes doubling from --min to\n"
+      "--max (K/M/G suffixes), every result checked. The transport is whatever the NCCL\n"
+      "environment selects.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bagua-nccl-bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto intArg = [&](const char* v) {
+      bagua::Result<int64_t> r = bagua::parseInt(v);
+      if (!r.isOk() || *r <= 0 || *r > 1000000) {
+        std::fprintf(stderr, "bagua-nccl-bench: %s wants a positive integer, got '%s'\n",
+                     a.c_str(), v);
+        std::exit(2);
+      }
+      return static_cast<int>(*r);
+    };
+    if (a == "--ranks") {
+      o.ranks = intArg(next());
+    } else if (a == "--iters") {
+      o.iters = intArg(next());
+    } else if (a == "--warmup") {
+      o.warmup = intArg(next());
+    } else if (a == "--min" || a == "--max") {
+      bagua::Result<uint64_t> b = bytesArg(a.c_str(), next());
+      if (!b.isOk()) {
+        std::fprintf(stderr, "bagua-nccl-bench: %s\n", b.status().message().c_str());
+        return 2;
+      }
+      (a == "--min" ? o.minBytes : o.maxBytes) = *b;
+    } else if (a == "--label") {
+      o.label = next();
+    } else if (a == "--json") {
+      o.json = next();
+    } else if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "bagua-nccl-bench: unknown argument '%s'\n", a.c_str());
+      usage();
+      return 2;
+    }
+  }
+  if (o.minBytes < 4 || o.minBytes > o.maxBytes) {
+    std::fprintf(stderr, "bagua-nccl-bench: need 4 <= --min <= --max\n");
+    return 2;
+  }
+
+  // Rank 0 (this process) makes the id after forking the others, so no CUDA state is forked.
+  std::vector<int> idPipes(static_cast<size_t>(o.ranks) * 2, -1);
+  std::vector<int> resultPipes(static_cast<size_t>(o.ranks) * 2, -1);
+  std::vector<pid_t> children;
+  for (int r = 1; r < o.ranks; ++r) {
+    if (::pipe(&idPipes[2 * r]) != 0 || ::pipe(&resultPipes[2 * r]) != 0) {
+      std::perror("pipe");
+      return 1;
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      ncclUniqueId id;
+      if (!readAll(idPipes[2 * r], &id, sizeof(id))) {
+        std::fprintf(stderr, "rank %d: no NCCL id from rank 0\n", r);
+        _exit(5);
+      }
+      std::vector<char> correct;
+      std::vector<double> t = runRank(o, r, id, &correct);
+      uint32_t n = static_cast<uint32_t>(t.size());
+      bool ok = writeAll(resultPipes[2 * r + 1], &n, sizeof(n)) &&
+                writeAll(resultPipes[2 * r + 1], t.data(), n * sizeof(double)) &&
+                writeAll(resultPipes[2 * r + 1], correct.data(), n);
+      _exit(ok ? 0 : 6);
+    }
+    children.push_back(pid);
+  }
+  ncclUniqueId id;
+  gRank = 0;
+  CHECK_NCCL(ncclGetUniqueId(&id));
+  for (int r = 1; r < o.ranks; ++r) {
+    if (!writeAll(idPipes[2 * r + 1], &id, sizeof(id))) {
+      std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank %d\n", r);
+      return 1;
+    }
+  }
+  int version = 0;
+  CHECK_NCCL(ncclGetVersion(&version));
+  std::vector<char> correct;
+  std::vector<double> mine = runRank(o, 0, id, &correct);
+  std::vector<double> sum = mine;
+  bool allOk = true;
+  for (int r = 1; r < o.ranks; ++r) {
+    uint32_t n = 0;
+    std::vector<double> t;
+    std::vector<char> c;
+    bool ok = readAll(resultPipes[2 * r], &n, sizeof(n)) && n == mine.size();
+    if (ok) {
+      t.resize(n);
+      c.resize(n);
+      ok = readAll(resultPipes[2 * r], t.data(), n * sizeof(double)) &&
+           readAll(resultPipes[2 * r], c.data(), n);
+    }
+    if (!ok) {
+      std::fprintf(stderr, "rank 0: no results from rank %d\n", r);
+      allOk = false;
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      sum[i] += t[i];
+      correct[i] = static_cast<char>(correct[i] && c[i]);
+    }
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "rank 0: a rank exited with status %d\n", status);
+      allOk = false;
+    }
+  }
+
+  std::vector<Row> rows;
+  size_t i = 0;
+  for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2, ++i) {
+    rows.push_back({bytes, sum[i] / o.ranks, correct[i] != 0});
+  }
+  double factor = 2.0 * (o.ranks - 1) / o.ranks;
+  std::printf("# %s: NCCL %d, %d ranks, float sum, %d iters after %d warm-up, mean over ranks\n",
+              o.label.c_str(), version, o.ranks, o.iters, o.warmup);
+  std::printf("%12s %12s %10s %10s %8s\n", "bytes", "time(us)", "algbw", "busbw", "check");
+  FILE* js = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
+  if (js != nullptr) {
+    std::fprintf(js, "{\"label\": \"%s\", \"nccl_version\": %d, \"ranks\": %d, \"rows\": [",
+                 o.label.c_str(), version, o.ranks);
+  }
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const Row& r = rows[k];
+    double algbw = static_cast<double>(r.bytes) / 1e3 / r.usec;  // GB/s
+    double busbw = algbw * factor;
+    std::printf("%12" PRIu64 " %12.1f %10.2f %10.2f %8s\n", r.bytes, r.usec, algbw, busbw,
+                r.correct ? "ok" : "WRONG");
+    if (js != nullptr) {
+      std::fprintf(js,
+                   "%s{\"bytes\": %" PRIu64
+                   ", \"usec\": %.2f, \"algbw\": %.3f, \"busbw\": %.3f, \"correct\": %s}",
+                   k == 0 ? "" : ", ", r.bytes, r.usec, algbw, busbw,
+                   r.correct ? "true" : "false");
+    }
+    allOk = allOk && r.correct;
+  }
+  if (js != nullptr) {
+    std::fprintf(js, "]}\n");
+    std::fclose(js);
+  }
+  return allOk ? 0 : 1;
+}
