@@ -1,0 +1,242 @@
+// Bagua-Net TCP engine: the transport behind libnccl-net.so, also usable directly (core's host
+// backend). No NCCL dependency.
+//
+// Model
+// -----
+// One connection = one control TCP stream + N data TCP streams, one direction only: a SendComm
+// sends, the matching RecvComm receives. Messages are byte buffers; sends and receives match in
+// posting order (the k-th isend lands in the k-th irecv). A message larger than the inline limit
+// is cut into chunks that helper threads schedule dynamically: each data stream's thread takes
+// the next chunk as soon as the kernel accepted its previous one, so a slow stream carries fewer
+// chunks instead of setting the pace. Each chunk carries a small header (message sequence,
+// offset, length), so the receiver writes it straight into the posted buffer at its offset (no
+// intermediate copy on either side). The control stream carries the real size of every message
+// (and small messages inline), so the receiver learns real sizes and detects truncation.
+//
+// Set-up (all non-blocking, NCCL style)
+// -------------------------------------
+//   receiver: Listener::create(addr)  -> handle() (kHandleBytes, shipped out of band)
+//   sender:   Connector::start(handle) then poll() until it yields a SendComm
+//   receiver: listener->accept() until it yields a RecvComm
+// poll()/accept() never block; they return a null pointer (Ok) while the connection is still
+// being made. Every accepted socket must open with a hello carrying our magic, version and the
+// listener's nonce; anything else is dropped with a log line.
+//
+// Data path
+// ---------
+//   SendComm::isend(data, size) -> Request*   (kUnavailable: all request slots busy, retry)
+//   RecvComm::irecv(data, capacity) -> Request*
+//   Request::test(&done, &size)               non-blocking; size = real message size
+// A comm holds at least kMinRequestsInFlight requests; the caller keeps the buffer alive and
+// untouched until test() reports done. After test() reported done (or an error) the request is
+// recycled: do not use the pointer again. Requests of one comm are tested by one thread at a
+// time (the caller's); different comms may be used from different threads concurrently.
+//
+// Errors (Status codes from test(), isend(), irecv())
+// ---------------------------------------------------
+//   kRemoteError        the peer closed or reset the connection, or sent bytes that violate the
+//                       protocol, or went silent beyond the timeout (TCP user timeout/keepalive)
+//   kSystemError        an OS call failed (errno in the message)
+//   kInvalidArgument    caller misuse (null buffer with size > 0); message larger than the posted
+//                       receive ("message truncated ..."): the comm is then failed
+//   kUnavailable        isend/irecv only: no free request slot right now; retry later
+//   kFailedPrecondition the comm already failed earlier (the first error is in the message)
+// Once a comm has failed, every pending and later request reports the error; the comm must still
+// be destroyed normally.
+//
+// Threads and teardown
+// --------------------
+// Each comm owns its helper threads (one per stream, named bagua-net-{s,r}{c,N}), created when the
+// comm is made. They park (bounded condition-variable waits after a short spin) when idle and do
+// not allocate on the data path. Destroying a comm (unique_ptr reset) shuts its sockets down,
+// stops and joins its threads; requests still in flight are abandoned (no crash, their buffers
+// are no longer touched once the destructor returns).
+#pragma once
+
+#include <sys/socket.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "bagua/base/status.h"
+
+namespace bagua::net {
+
+// The engine's parameter catalogue (BAGUA_NET_*); `bagua-params` dumps it.
+ParamCatalogue& netParams();
+
+// At least this many requests can be in flight per comm (NCCL_NET_MAX_REQUESTS is 32).
+inline constexpr int kMinRequestsInFlight = 32;
+// Data streams per connection are clamped to [1, kMaxStreams].
+inline constexpr int kMaxStreams = 64;
+
+// Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
+struct EngineOptions {
+  int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
+  uint64_t minChunkBytes = 128 * 1024;   // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
+  uint64_t inlineBytes = 1024;           // messages up to this go on the control stream
+  uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
+  int64_t timeoutMs = 30000;             // dead-peer bound: TCP_USER_TIMEOUT + keepalive
+  int64_t spinUs = 50;                   // helper threads spin this long before parking
+  int64_t helloTimeoutMs = 10000;        // accepted sockets must say hello within this
+
+  // Options from the catalogue (environment or defaults). Fails on an invalid value, naming it.
+  static Result<EngineOptions> fromParams();
+  // Checks ranges and consistency (e.g. minChunk <= maxChunk).
+  Status validate() const;
+};
+
+// An IPv4 or IPv6 socket address.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  int family() const { return storage.ss_family; }
+  uint16_t port() const;
+  // "127.0.0.1:1234" or "[::1]:1234".
+  std::string toString() const;
+  // Parses "1.2.3.4", "1.2.3.4:80", "::1", "[::1]:80" (numeric only, no DNS).
+  static Result<SocketAddress> parse(std::string_view text);
+};
+
+// One usable network interface (one address).
+struct NetInterface {
+  std::string name;  // "eth0"
+  SocketAddress address;
+};
+
+// NCCL_SOCKET_IFNAME syntax: a comma-separated list of name prefixes; a leading '^' excludes the
+// listed names instead; a leading '=' (after an optional '^') makes the names exact.
+struct IfnameSpec {
+  bool exclude = false;
+  bool exact = false;
+  std::vector<std::string> names;
+
+  static IfnameSpec parse(std::string_view text);
+  bool matches(std::string_view ifname) const;
+};
+
+// Address family from NCCL_SOCKET_FAMILY text: "" -> AF_UNSPEC, "AF_INET", "AF_INET6".
+Result<int> parseAddressFamily(std::string_view text);
+
+// Interfaces to use, NCCL's order: with an ifname spec, the matching ones (lo and docker only
+// when named); without, every up interface except lo/docker/virbr, else docker, else lo.
+// `family` AF_UNSPEC takes both (IPv4 preferred per interface). One address per interface,
+// IPv6 link-local addresses skipped. At most `maxCount`.
+Result<std::vector<NetInterface>> findInterfaces(std::string_view ifnameSpec, int family,
+                                                 size_t maxCount = 16);
+
+// The connection handle a Listener publishes and a Connector consumes: kHandleBytes opaque bytes
+// (address, port, magic, version, nonce). Bytes [kHandleCallerOffset, kHandleBytes) are not
+// used by the engine and stay zero in a fresh handle: a caller (the NCCL plugin) may keep its own
+// connect state there between non-blocking retries.
+inline constexpr size_t kHandleBytes = 128;
+inline constexpr size_t kHandleCallerOffset = 64;
+using Handle = std::array<uint8_t, kHandleBytes>;
+
+class Request;
+class SendComm;
+class RecvComm;
+
+// Receiving side of connection set-up. Not thread-safe (one caller at a time).
+class Listener {
+ public:
+  // Binds to `bindAddress` (port 0: any free port) and listens.
+  static Result<std::unique_ptr<Listener>> create(const SocketAddress& bindAddress,
+                                                  const EngineOptions& options);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  const Handle& handle() const;
+  const SocketAddress& address() const;
+
+  // Non-blocking: accepts and validates pending sockets; returns a RecvComm when one connector's
+  // control and data streams are all there, else nullptr (Ok). Strangers are dropped and logged.
+  Result<std::unique_ptr<RecvComm>> accept();
+
+  struct Impl;
+
+ private:
+  explicit Listener(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Sending side of connection set-up. Not thread-safe (one caller at a time).
+class Connector {
+ public:
+  // Validates the handle (magic, version: a handle from another version is kInvalidArgument) and
+  // starts non-blocking connects.
+  static Result<std::unique_ptr<Connector>> start(const Handle& handle,
+                                                  const EngineOptions& options);
+  ~Connector();
+  Connector(const Connector&) = delete;
+  Connector& operator=(const Connector&) = delete;
+
+  // Non-blocking: progresses the connects and hellos; returns the SendComm when all streams are
+  // up, else nullptr (Ok). kRemoteError/kSystemError when the listener is unreachable.
+  Result<std::unique_ptr<SendComm>> poll();
+
+  struct Impl;
+
+ private:
+  explicit Connector(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class SendComm {
+ public:
+  ~SendComm();  // shuts the streams down and joins the helper threads
+  SendComm(const SendComm&) = delete;
+  SendComm& operator=(const SendComm&) = delete;
+
+  // Posts a send of [data, data+size). size 0 is allowed. kUnavailable: no free slot, retry.
+  Result<Request*> isend(const void* data, size_t size);
+  int nStreams() const;
+  const SocketAddress& peer() const;
+
+  struct Impl;
+  explicit SendComm(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class RecvComm {
+ public:
+  ~RecvComm();  // shuts the streams down and joins the helper threads
+  RecvComm(const RecvComm&) = delete;
+  RecvComm& operator=(const RecvComm&) = delete;
+
+  // Posts a receive into [data, data+capacity). kUnavailable: no free slot, retry.
+  Result<Request*> irecv(void* data, size_t capacity);
+  int nStreams() const;
+  const SocketAddress& peer() const;
+
+  struct Impl;
+  explicit RecvComm(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A posted send or receive, owned by its comm.
+class Request {
+ public:
+  // Non-blocking. On completion sets *done = true and *size to the message size (for a receive,
+  // the sender's size, <= capacity) and recycles the request. Errors as listed above.
+  Status test(bool* done, size_t* size);
+
+ protected:
+  Request() = default;
+  ~Request() = default;
+};
+
+}  // namespace bagua::net
