@@ -30,22 +30,22 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
+#define CHECK_CUDA(call)                                                                      \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, cudaGetErrorString(e_)); \
-      std::exit(3);                                                                         \
-    }                                                                                       \
+      std::exit(3);                                                                           \
+    }                                                                                         \
   } while (0)
 
-#define CHECK_NCCL(call)                                                                     \
-  do {                                                                                       \
-    ncclResult_t r_ = (call);                                                                \
-    if (r_ != ncclSuccess) {                                                                 \
+#define CHECK_NCCL(call)                                                                      \
+  do {                                                                                        \
+    ncclResult_t r_ = (call);                                                                 \
+    if (r_ != ncclSuccess) {                                                                  \
       std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, ncclGetErrorString(r_)); \
-      std::exit(4);                                                                          \
-    }                                                                                        \
+      std::exit(4);                                                                           \
+    }                                                                                         \
   } while (0)
 
 int gRank = -1;
@@ -191,8 +191,8 @@ int main(int argc, char** argv) {
     auto intArg = [&](const char* v) {
       bagua::Result<int64_t> r = bagua::parseInt(v);
       if (!r.isOk() || *r <= 0 || *r > 1000000) {
-        std::fprintf(stderr, "bagua-nccl-bench: %s wants a positive integer, got '%s'\n",
-                     a.c_str(), v);
+        std::fprintf(stderr, "bagua-nccl-bench: %s wants a positive integer, got '%s'\n", a.c_str(),
+                     v);
         std::exit(2);
       }
       return static_cast<int>(*r);
@@ -327,8 +327,7 @@ int main(int argc, char** argv) {
       std::fprintf(js,
                    "%s{\"bytes\": %" PRIu64
                    ", \"usec\": %.2f, \"algbw\": %.3f, \"busbw\": %.3f, \"correct\": %s}",
-                   k == 0 ? "" : ", ", r.bytes, r.usec, algbw, busbw,
-                   r.correct ? "true" : "false");
+                   k == 0 ? "" : ", ", r.bytes, r.usec, algbw, busbw, r.correct ? "true" : "false");
     }
     allOk = allOk && r.correct;
   }
