@@ -59,8 +59,8 @@ TEST_F(LoggingTest, FilteredBeforeFormatting) {
 }
 
 TEST_F(LoggingTest, PerCategoryThresholds) {
-  ScopedEnvForTesting env(baseParams(),
-                          {{"BAGUA_LOG_LEVEL", "warn"}, {"BAGUA_LOG_SUBSYS", "net:debug,cache:off"}});
+  ScopedEnvForTesting env(
+      baseParams(), {{"BAGUA_LOG_LEVEL", "warn"}, {"BAGUA_LOG_SUBSYS", "net:debug,cache:off"}});
   ASSERT_TRUE(configureLogging().isOk());
   EXPECT_TRUE(logEnabled(LogLevel::kDebug, LogCategory::kNet));
   EXPECT_FALSE(logEnabled(LogLevel::kInfo, LogCategory::kCore));

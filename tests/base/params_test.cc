@@ -56,8 +56,8 @@ TEST(ParseBytes, SuffixesArePowersOf1024) {
 }
 
 TEST(ParseBytes, RejectsNegativesFractionsAndUnknownSuffixes) {
-  for (const char* t : {"", "-1", "1.5M", "12X", "M", "1 M", "99999999999999999999",
-                        "17179869184T"}) {
+  for (const char* t :
+       {"", "-1", "1.5M", "12X", "M", "1 M", "99999999999999999999", "17179869184T"}) {
     EXPECT_FALSE(parseBytes(t).isOk()) << "'" << t << "'";
   }
 }

@@ -7,7 +7,9 @@
 namespace bagua {
 namespace {
 
-Status failsWith(StatusCode code) { return Status(code, "inner failure", "inner.cc", 7); }
+Status failsWith(StatusCode code) {
+  return Status(code, "inner failure", "inner.cc", 7);
+}
 
 Status propagates(StatusCode code) {
   BAGUA_RETURN_IF_ERROR(failsWith(code));

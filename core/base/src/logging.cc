@@ -113,7 +113,7 @@ struct LoggerState {
   std::atomic<bool> configured{false};
   std::once_flag once;
   std::mutex sinkMu;
-  LogSink sink;           // guarded by sinkMu
+  LogSink sink;            // guarded by sinkMu
   int fd = STDERR_FILENO;  // guarded by sinkMu
   std::atomic<int> rank{-1};
 };
@@ -224,9 +224,9 @@ void defaultSink(int fd, LogLevel level, LogCategory category, const char* file,
   tm tmv{};
   localtime_r(&ts.tv_sec, &tmv);
   int rank = state().rank.load(std::memory_order_relaxed);
-  std::string prefix = strPrintf("%02d:%02d:%02d.%06ld %s:%d:%d [%s]", tmv.tm_hour, tmv.tm_min,
-                                 tmv.tm_sec, ts.tv_nsec / 1000, host, getpid(), threadId(),
-                                 threadName().c_str());
+  std::string prefix =
+      strPrintf("%02d:%02d:%02d.%06ld %s:%d:%d [%s]", tmv.tm_hour, tmv.tm_min, tmv.tm_sec,
+                ts.tv_nsec / 1000, host, getpid(), threadId(), threadName().c_str());
   if (rank >= 0) {
     prefix += strPrintf(" rank %d", rank);
   }
@@ -268,7 +268,9 @@ ParamCatalogue& baseParams() {
   return *catalogue;
 }
 
-const char* logLevelName(LogLevel level) { return kLevelNames[static_cast<size_t>(level)]; }
+const char* logLevelName(LogLevel level) {
+  return kLevelNames[static_cast<size_t>(level)];
+}
 
 const char* logCategoryName(LogCategory category) {
   return kCategoryNames[static_cast<size_t>(category)];
@@ -325,6 +327,8 @@ void setLogLevel(LogCategory category, LogLevel level) {
                                                           std::memory_order_relaxed);
 }
 
-void setLogRank(int rank) { state().rank.store(rank, std::memory_order_relaxed); }
+void setLogRank(int rank) {
+  state().rank.store(rank, std::memory_order_relaxed);
+}
 
 }  // namespace bagua

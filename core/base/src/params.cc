@@ -11,30 +11,30 @@ namespace bagua {
 
 const char* paramTypeName(ParamType type) {
   switch (type) {
-    case ParamType::kBool:
-      return "bool";
-    case ParamType::kInt:
-      return "int";
-    case ParamType::kDouble:
-      return "double";
-    case ParamType::kBytes:
-      return "bytes";
-    case ParamType::kString:
-      return "string";
-    case ParamType::kEnum:
-      return "enum";
+  case ParamType::kBool:
+    return "bool";
+  case ParamType::kInt:
+    return "int";
+  case ParamType::kDouble:
+    return "double";
+  case ParamType::kBytes:
+    return "bytes";
+  case ParamType::kString:
+    return "string";
+  case ParamType::kEnum:
+    return "enum";
   }
   return "?";
 }
 
 const char* paramSourceName(ParamSource source) {
   switch (source) {
-    case ParamSource::kDefault:
-      return "default";
-    case ParamSource::kEnvironment:
-      return "environment";
-    case ParamSource::kApi:
-      return "api";
+  case ParamSource::kDefault:
+    return "default";
+  case ParamSource::kEnvironment:
+    return "environment";
+  case ParamSource::kApi:
+    return "api";
   }
   return "?";
 }
@@ -56,7 +56,9 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string quoted(std::string_view s) {
+  return "'" + std::string(s) + "'";
+}
 
 }  // namespace
 
@@ -166,7 +168,9 @@ Result<std::string> ParamBase::valueString() {
   return currentString();
 }
 
-std::optional<std::string> ParamBase::lookupEnv() const { return catalogue_->lookupEnv(key_); }
+std::optional<std::string> ParamBase::lookupEnv() const {
+  return catalogue_->lookupEnv(key_);
+}
 
 Status ParamBase::badValue(const std::string& value, const Status& why) const {
   return Status(StatusCode::kInvalidArgument,
@@ -211,8 +215,7 @@ Param<double>& ParamCatalogue::addDouble(std::string key, double def, double min
                                          std::string description) {
   std::string accepted = strPrintf("a number in [%g, %g]", min, max);
   return add(std::make_unique<Param<double>>(
-      this, std::move(key), ParamType::kDouble, def, std::move(description), accepted,
-      parseDouble,
+      this, std::move(key), ParamType::kDouble, def, std::move(description), accepted, parseDouble,
       [min, max](const double& v) -> Status {
         if (v < min || v > max) {
           return BAGUA_ERROR(kInvalidArgument, "out of range");
@@ -222,8 +225,8 @@ Param<double>& ParamCatalogue::addDouble(std::string key, double def, double min
       [](const double& v) { return strPrintf("%g", v); }));
 }
 
-Param<uint64_t>& ParamCatalogue::addBytes(std::string key, uint64_t def, uint64_t min,
-                                          uint64_t max, std::string description) {
+Param<uint64_t>& ParamCatalogue::addBytes(std::string key, uint64_t def, uint64_t min, uint64_t max,
+                                          std::string description) {
   std::string accepted = "a byte size in [" + formatBytes(min) + ", " + formatBytes(max) +
                          "], optionally with a K/M/G/T suffix";
   return add(std::make_unique<Param<uint64_t>>(
@@ -323,6 +326,8 @@ ScopedEnvForTesting::ScopedEnvForTesting(ParamCatalogue& catalogue,
       });
 }
 
-ScopedEnvForTesting::~ScopedEnvForTesting() { catalogue_.setEnvLookupForTesting(nullptr); }
+ScopedEnvForTesting::~ScopedEnvForTesting() {
+  catalogue_.setEnvLookupForTesting(nullptr);
+}
 
 }  // namespace bagua

@@ -9,32 +9,32 @@ namespace bagua {
 
 const char* statusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk:
-      return "Ok";
-    case StatusCode::kInvalidArgument:
-      return "InvalidArgument";
-    case StatusCode::kFailedPrecondition:
-      return "FailedPrecondition";
-    case StatusCode::kUnavailable:
-      return "Unavailable";
-    case StatusCode::kAborted:
-      return "Aborted";
-    case StatusCode::kDeadlineExceeded:
-      return "DeadlineExceeded";
-    case StatusCode::kRemoteError:
-      return "RemoteError";
-    case StatusCode::kSystemError:
-      return "SystemError";
-    case StatusCode::kCudaError:
-      return "CudaError";
-    case StatusCode::kNcclError:
-      return "NcclError";
-    case StatusCode::kNotFound:
-      return "NotFound";
-    case StatusCode::kResourceExhausted:
-      return "ResourceExhausted";
-    case StatusCode::kInternal:
-      return "Internal";
+  case StatusCode::kOk:
+    return "Ok";
+  case StatusCode::kInvalidArgument:
+    return "InvalidArgument";
+  case StatusCode::kFailedPrecondition:
+    return "FailedPrecondition";
+  case StatusCode::kUnavailable:
+    return "Unavailable";
+  case StatusCode::kAborted:
+    return "Aborted";
+  case StatusCode::kDeadlineExceeded:
+    return "DeadlineExceeded";
+  case StatusCode::kRemoteError:
+    return "RemoteError";
+  case StatusCode::kSystemError:
+    return "SystemError";
+  case StatusCode::kCudaError:
+    return "CudaError";
+  case StatusCode::kNcclError:
+    return "NcclError";
+  case StatusCode::kNotFound:
+    return "NotFound";
+  case StatusCode::kResourceExhausted:
+    return "ResourceExhausted";
+  case StatusCode::kInternal:
+    return "Internal";
   }
   return "Unknown";
 }
@@ -106,35 +106,34 @@ Status& Status::withContext(std::string_view context) {
 Status errnoStatus(int err, std::string_view what, const char* file, int line) {
   StatusCode code = StatusCode::kSystemError;
   switch (err) {
-    case ECONNRESET:
-    case EPIPE:
-    case ECONNREFUSED:
-    case ECONNABORTED:
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-      code = StatusCode::kRemoteError;
-      break;
-    case EAGAIN:
-      code = StatusCode::kUnavailable;
-      break;
-    case ETIMEDOUT:
-      code = StatusCode::kDeadlineExceeded;
-      break;
-    default:
-      break;
+  case ECONNRESET:
+  case EPIPE:
+  case ECONNREFUSED:
+  case ECONNABORTED:
+  case EHOSTUNREACH:
+  case ENETUNREACH:
+    code = StatusCode::kRemoteError;
+    break;
+  case EAGAIN:
+    code = StatusCode::kUnavailable;
+    break;
+  case ETIMEDOUT:
+    code = StatusCode::kDeadlineExceeded;
+    break;
+  default:
+    break;
   }
   char buf[128];
   // GNU strerror_r returns the message pointer (maybe not buf).
   const char* text = strerror_r(err, buf, sizeof(buf));
-  return Status(code, strPrintf("%.*s: %s (errno %d)", static_cast<int>(what.size()), what.data(),
-                                text, err),
-                file, line);
+  return Status(
+      code, strPrintf("%.*s: %s (errno %d)", static_cast<int>(what.size()), what.data(), text, err),
+      file, line);
 }
 
 namespace detail {
 void assertFail(const char* cond, const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "bagua: assertion failed at %s:%d: %s: %s\n", file, line, cond,
-               msg.c_str());
+  std::fprintf(stderr, "bagua: assertion failed at %s:%d: %s: %s\n", file, line, cond, msg.c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -28,6 +28,8 @@ std::string threadName() {
   return {};
 }
 
-int threadId() { return static_cast<int>(::syscall(SYS_gettid)); }
+int threadId() {
+  return static_cast<int>(::syscall(SYS_gettid));
+}
 
 }  // namespace bagua

@@ -43,13 +43,13 @@ const char* logCategoryName(LogCategory category);
 bool logEnabled(LogLevel level, LogCategory category);
 
 // Formats and writes a message (callers normally use the BAGUA_LOG_* macros).
-void logMessage(LogLevel level, LogCategory category, const char* file, int line,
-                const char* fmt, ...) __attribute__((format(printf, 5, 6)));
+void logMessage(LogLevel level, LogCategory category, const char* file, int line, const char* fmt,
+                ...) __attribute__((format(printf, 5, 6)));
 
 // Replaces where formatted lines go; nullptr restores the default writer. `message` has no
 // prefix and no newline.
-using LogSink = std::function<void(LogLevel level, LogCategory category, const char* file,
-                                   int line, const std::string& message)>;
+using LogSink = std::function<void(LogLevel level, LogCategory category, const char* file, int line,
+                                   const std::string& message)>;
 void setLogSink(LogSink sink);
 
 // Re-reads the logging parameters (after tests change them). Returns an error on a bad value,
@@ -65,12 +65,12 @@ void setLogRank(int rank);
 
 }  // namespace bagua
 
-#define BAGUA_LOG(level, category, ...)                                                    \
-  do {                                                                                     \
-    if (::bagua::logEnabled(::bagua::LogLevel::level, ::bagua::LogCategory::category)) {   \
+#define BAGUA_LOG(level, category, ...)                                                       \
+  do {                                                                                        \
+    if (::bagua::logEnabled(::bagua::LogLevel::level, ::bagua::LogCategory::category)) {      \
       ::bagua::logMessage(::bagua::LogLevel::level, ::bagua::LogCategory::category, __FILE__, \
-                          __LINE__, __VA_ARGS__);                                          \
-    }                                                                                      \
+                          __LINE__, __VA_ARGS__);                                             \
+    }                                                                                         \
   } while (0)
 
 #define BAGUA_LOG_ERROR(category, ...) BAGUA_LOG(kError, category, __VA_ARGS__)

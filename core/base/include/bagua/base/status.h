@@ -83,7 +83,7 @@ class [[nodiscard]] Result {
  public:
   static_assert(!std::is_same_v<T, Status>, "Result<Status> makes no sense");
 
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).isOk()) {
       v_ = Status(StatusCode::kInternal, "Result constructed from an Ok status");
@@ -126,20 +126,20 @@ class [[nodiscard]] Result {
 #define BAGUA_ERRNO(err, what) ::bagua::errnoStatus((err), (what), __FILE__, __LINE__)
 
 // Returns the status of `expr` from the enclosing function if it is not Ok.
-#define BAGUA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                               \
-    ::bagua::Status bagua_status_ = (expr);                          \
-    if (!bagua_status_.isOk()) {                                     \
-      return std::move(bagua_status_.addFrame(__FILE__, __LINE__));  \
-    }                                                                \
+#define BAGUA_RETURN_IF_ERROR(expr)                                 \
+  do {                                                              \
+    ::bagua::Status bagua_status_ = (expr);                         \
+    if (!bagua_status_.isOk()) {                                    \
+      return std::move(bagua_status_.addFrame(__FILE__, __LINE__)); \
+    }                                                               \
   } while (0)
 
-#define BAGUA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)         \
-  auto tmp = (expr);                                        \
-  if (!tmp.isOk()) {                                        \
-    ::bagua::Status bagua_s_ = tmp.takeStatus();            \
+#define BAGUA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)          \
+  auto tmp = (expr);                                         \
+  if (!tmp.isOk()) {                                         \
+    ::bagua::Status bagua_s_ = tmp.takeStatus();             \
     return std::move(bagua_s_.addFrame(__FILE__, __LINE__)); \
-  }                                                         \
+  }                                                          \
   lhs = std::move(tmp).value()
 
 // `BAGUA_ASSIGN_OR_RETURN(auto x, f());` declares x from f()'s value or returns its status.
@@ -147,11 +147,11 @@ class [[nodiscard]] Result {
   BAGUA_ASSIGN_OR_RETURN_IMPL(BAGUA_STATUS_CONCAT(bagua_result_, __LINE__), lhs, expr)
 
 // Invariant check (never for caller input): aborts with the condition and a message.
-#define BAGUA_ASSERT(cond, ...)                                                   \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define BAGUA_ASSERT(cond, ...)                                                                \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
       ::bagua::detail::assertFail(#cond, __FILE__, __LINE__, ::bagua::strPrintf(__VA_ARGS__)); \
-    }                                                                             \
+    }                                                                                          \
   } while (0)
 
 namespace bagua::detail {
