@@ -1,0 +1,121 @@
+#include "net_params.h"
+
+#include <sys/socket.h>
+
+#include "bagua/net/engine.h"
+
+namespace bagua::net {
+
+namespace {
+
+struct Holder {
+  ParamCatalogue catalogue{"net", "Bagua-Net TCP engine and NCCL net plugin"};
+  NetParams refs;
+
+  Holder()
+      : refs{
+            catalogue.addInt("BAGUA_NET_NSTREAMS", 8, 1, kMaxStreams,
+                             "Data TCP streams per connection (Bagua-Net's knob). Each stream has "
+                             "its own helper thread on each side; chunks of a message are "
+                             "scheduled dynamically over them."),
+            catalogue.addBytes("BAGUA_NET_MIN_CHUNKSIZE", 128 * 1024, 4096, uint64_t{1} << 30,
+                               "Smallest chunk a message is cut into on the data streams "
+                               "(Bagua-Net's knob). A message is split into ceil(size/nstreams) "
+                               "chunks, clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]."),
+            catalogue.addBytes("BAGUA_NET_MAX_CHUNKSIZE", 1024 * 1024, 4096, uint64_t{1} << 30,
+                               "Largest chunk: big messages are cut into many chunks of at most "
+                               "this size so that fast streams take more of them."),
+            catalogue.addBytes("BAGUA_NET_INLINE_BYTES", 1024, 0, 64 * 1024,
+                               "Messages up to this size travel inline on the control stream "
+                               "(one write, no data-stream hop)."),
+            catalogue.addBytes("BAGUA_NET_SOCKET_BUFFER", 4 << 20, 0, uint64_t{1} << 30,
+                               "SO_SNDBUF/SO_RCVBUF of every data and control socket; 0 keeps the "
+                               "kernel's default (and its auto-tuning)."),
+            catalogue.addInt("BAGUA_NET_TIMEOUT_MS", 30000, 100, 3600 * 1000,
+                             "Dead-peer bound: TCP_USER_TIMEOUT and keepalive are set so that a "
+                             "peer that vanished without closing fails requests within about this "
+                             "time. A peer that closes or resets fails them at once."),
+            catalogue.addInt("BAGUA_NET_SPIN_US", 50, 0, 100000,
+                             "Helper threads spin this long looking for work before parking on a "
+                             "condition variable (lower wake-up latency, more CPU)."),
+            catalogue.addInt("BAGUA_NET_HELLO_TIMEOUT_MS", 10000, 10, 600 * 1000,
+                             "An accepted socket that does not send a complete hello within this "
+                             "time is dropped."),
+            catalogue.addInt("BAGUA_NET_SPEED_MBPS", 0, 0, 10 * 1000 * 1000,
+                             "Port speed reported to NCCL (Mbps); 0 = read "
+                             "/sys/class/net/<if>/speed, else 100000."),
+            catalogue.addString("NCCL_SOCKET_IFNAME", "",
+                                "Interfaces to use, NCCL's syntax: comma-separated prefixes, "
+                                "'^' to exclude, '=' for exact names (e.g. 'eth', '^docker,lo', "
+                                "'=lo'). Empty: every interface except lo/docker/virbr, else "
+                                "docker, else lo.",
+                                "NCCL_SOCKET_IFNAME syntax"),
+            catalogue.addString("NCCL_SOCKET_FAMILY", "",
+                                "Address family to use: AF_INET or AF_INET6; empty for both "
+                                "(IPv4 preferred).",
+                                "empty, AF_INET or AF_INET6",
+                                [](const std::string& v) -> Status {
+                                  Result<int> f = parseAddressFamily(v);
+                                  return f.isOk() ? Status::ok() : f.status();
+                                }),
+        } {}
+};
+
+Holder& holder() {
+  static Holder h;
+  return h;
+}
+
+}  // namespace
+
+ParamCatalogue& netParams() {
+  return holder().catalogue;
+}
+
+NetParams& netParamRefs() {
+  return holder().refs;
+}
+
+Result<EngineOptions> EngineOptions::fromParams() {
+  NetParams& p = netParamRefs();
+  EngineOptions o;
+  BAGUA_ASSIGN_OR_RETURN(int64_t streams, p.nStreams.get());
+  o.nStreams = static_cast<int>(streams);
+  BAGUA_ASSIGN_OR_RETURN(o.minChunkBytes, p.minChunk.get());
+  BAGUA_ASSIGN_OR_RETURN(o.maxChunkBytes, p.maxChunk.get());
+  BAGUA_ASSIGN_OR_RETURN(o.inlineBytes, p.inlineBytes.get());
+  BAGUA_ASSIGN_OR_RETURN(o.socketBufferBytes, p.socketBuffer.get());
+  BAGUA_ASSIGN_OR_RETURN(o.timeoutMs, p.timeoutMs.get());
+  BAGUA_ASSIGN_OR_RETURN(o.spinUs, p.spinUs.get());
+  BAGUA_ASSIGN_OR_RETURN(o.helloTimeoutMs, p.helloTimeoutMs.get());
+  BAGUA_RETURN_IF_ERROR(o.validate());
+  return o;
+}
+
+Status EngineOptions::validate() const {
+  if (nStreams < 1 || nStreams > kMaxStreams) {
+    return BAGUA_ERROR(kInvalidArgument, "nStreams %d outside 1..%d", nStreams, kMaxStreams);
+  }
+  if (minChunkBytes < 1 || maxChunkBytes < minChunkBytes) {
+    return BAGUA_ERROR(
+        kInvalidArgument,
+        "chunk sizes: min %llu must be >= 1 and <= max %llu (BAGUA_NET_MIN_CHUNKSIZE "
+        "<= BAGUA_NET_MAX_CHUNKSIZE)",
+        static_cast<unsigned long long>(minChunkBytes),
+        static_cast<unsigned long long>(maxChunkBytes));
+  }
+  if (maxChunkBytes > (uint64_t{1} << 30)) {
+    return BAGUA_ERROR(kInvalidArgument, "max chunk %llu above 1 GiB",
+                       static_cast<unsigned long long>(maxChunkBytes));
+  }
+  if (inlineBytes > 64 * 1024) {
+    return BAGUA_ERROR(kInvalidArgument, "inline limit %llu above 64 KiB",
+                       static_cast<unsigned long long>(inlineBytes));
+  }
+  if (timeoutMs < 1 || helloTimeoutMs < 1 || spinUs < 0) {
+    return BAGUA_ERROR(kInvalidArgument, "timeouts must be positive and spin non-negative");
+  }
+  return Status::ok();
+}
+
+}  // namespace bagua::net

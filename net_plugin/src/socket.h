@@ -1,0 +1,60 @@
+// Small socket helpers: an owning fd, socket options, blocking full reads/writes that retry
+// EINTR and short transfers, non-blocking variants for connection set-up.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "bagua/base/status.h"
+#include "bagua/net/engine.h"
+
+namespace bagua::net {
+
+// Owns a file descriptor; move-only.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+Status setNonBlocking(int fd, bool nonBlocking);
+// TCP_NODELAY, SO_SNDBUF/SO_RCVBUF, keepalive and TCP_USER_TIMEOUT from the options.
+Status setStreamOptions(int fd, const EngineOptions& options);
+
+// Blocking: sends every byte of the iovecs (modifies them). MSG_NOSIGNAL; EINTR retried.
+Status sendAllV(int fd, iovec* iov, int iovcnt);
+Status sendAll(int fd, const void* data, size_t length);
+// Blocking: receives exactly `length` bytes. *cleanEof (optional) is set when the peer closed
+// before the first byte (an orderly end between records); EOF mid-record is kRemoteError.
+Status recvAll(int fd, void* data, size_t length, bool* cleanEof = nullptr);
+
+// Non-blocking: sends/receives what the socket takes now, advancing *done. Ok with no progress on
+// EAGAIN; kRemoteError on EOF.
+Status sendSome(int fd, const uint8_t* data, size_t length, size_t* done);
+Status recvSome(int fd, uint8_t* data, size_t length, size_t* done);
+
+// 64 random bits (getrandom, with a time/pid fallback).
+uint64_t randomU64();
+
+}  // namespace bagua::net

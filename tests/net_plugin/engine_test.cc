@@ -1,0 +1,665 @@
+// Unit and loopback tests of the Bagua-Net engine (no NCCL): wire formats, chunking, interface
+// specs, parameters, and real transfers between threads over 127.0.0.1 / ::1.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "bagua/net/engine.h"
+#include "net_params.h"
+#include "net_test_util.h"
+#include "wire.h"
+
+namespace bagua::net {
+namespace {
+
+using testing::fillPattern;
+using testing::firstMismatch;
+using testing::pollFor;
+
+// ---- wire formats ------------------------------------------------------------------------------
+
+TEST(Wire, HandleRoundTripIpv4) {
+  wire::HandleInfo in;
+  in.address = *SocketAddress::parse("10.1.2.3:4567");
+  in.nonce = 0x0123456789abcdefULL;
+  Handle h;
+  h.fill(0xff);
+  wire::encodeHandle(in, &h);
+  for (size_t i = kHandleCallerOffset; i < kHandleBytes; ++i) {
+    ASSERT_EQ(h[i], 0) << "caller area must start zeroed, byte " << i;
+  }
+  Result<wire::HandleInfo> out = wire::decodeHandle(h.data(), h.size());
+  ASSERT_TRUE(out.isOk()) << out.status().toString();
+  EXPECT_EQ(out->address.toString(), "10.1.2.3:4567");
+  EXPECT_EQ(out->nonce, in.nonce);
+}
+
+TEST(Wire, HandleRoundTripIpv6WithScope) {
+  wire::HandleInfo in;
+  in.address = *SocketAddress::parse("[fd00::1234:5678]:65535");
+  reinterpret_cast<sockaddr_in6*>(&in.address.storage)->sin6_scope_id = 7;
+  in.nonce = 42;
+  Handle h;
+  wire::encodeHandle(in, &h);
+  Result<wire::HandleInfo> out = wire::decodeHandle(h.data(), h.size());
+  ASSERT_TRUE(out.isOk()) << out.status().toString();
+  EXPECT_EQ(out->address.toString(), "[fd00::1234:5678]:65535");
+  EXPECT_EQ(reinterpret_cast<sockaddr_in6*>(&out->address.storage)->sin6_scope_id, 7u);
+}
+
+TEST(Wire, HandleFromAnotherVersionOrPluginIsRejected) {
+  wire::HandleInfo in;
+  in.address = *SocketAddress::parse("127.0.0.1:1000");
+  Handle h;
+  wire::encodeHandle(in, &h);
+  Handle other = h;
+  other[4] = 9;  // version
+  Result<wire::HandleInfo> r = wire::decodeHandle(other.data(), other.size());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("version 9"), std::string::npos) << r.status().message();
+  other = h;
+  other[0] ^= 1;  // magic
+  r = wire::decodeHandle(other.data(), other.size());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("magic"), std::string::npos);
+  other = h;
+  other[6] = 5;  // family
+  EXPECT_FALSE(wire::decodeHandle(other.data(), other.size()).isOk());
+  EXPECT_FALSE(wire::decodeHandle(h.data(), 10).isOk());
+}
+
+TEST(Wire, HelloRoundTripAndValidation) {
+  wire::Hello in;
+  in.kind = wire::StreamKind::kData;
+  in.index = 5;
+  in.nStreams = 8;
+  in.nonce = 0xfeedULL;
+  in.connId = 0xabcdefULL;
+  uint8_t buf[wire::kHelloBytes];
+  wire::encodeHello(in, buf);
+  Result<wire::Hello> out = wire::decodeHello(buf, sizeof(buf));
+  ASSERT_TRUE(out.isOk());
+  EXPECT_EQ(out->kind, wire::StreamKind::kData);
+  EXPECT_EQ(out->index, 5);
+  EXPECT_EQ(out->nStreams, 8);
+  EXPECT_EQ(out->nonce, 0xfeedULL);
+  EXPECT_EQ(out->connId, 0xabcdefULL);
+  in.index = 8;  // out of range
+  wire::encodeHello(in, buf);
+  EXPECT_FALSE(wire::decodeHello(buf, sizeof(buf)).isOk());
+  std::memcpy(buf, "GET / HTTP/1.1\r\nHost: x\r\n\r\n12345", wire::kHelloBytes);
+  Result<wire::Hello> bad = wire::decodeHello(buf, sizeof(buf));
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_EQ(bad.status().code(), StatusCode::kRemoteError);
+}
+
+TEST(Wire, ControlAndChunkBounds) {
+  uint8_t buf[wire::kChunkBytes];
+  wire::ControlRecord c{7, 100, 100};
+  wire::encodeControl(c, buf);
+  Result<wire::ControlRecord> rc = wire::decodeControl(buf, wire::kControlBytes, 1024);
+  ASSERT_TRUE(rc.isOk());
+  EXPECT_EQ(rc->seq, 7u);
+  EXPECT_EQ(rc->size, 100u);
+  EXPECT_FALSE(wire::decodeControl(buf, wire::kControlBytes, 64).isOk()) << "inline over limit";
+  c = {1, 5000, 100};  // inline length must equal size
+  wire::encodeControl(c, buf);
+  EXPECT_FALSE(wire::decodeControl(buf, wire::kControlBytes, 1024).isOk());
+
+  wire::ChunkHeader h{3, 1 << 20, 65536};
+  wire::encodeChunk(h, buf);
+  Result<wire::ChunkHeader> rh = wire::decodeChunk(buf, sizeof(buf), 1 << 20);
+  ASSERT_TRUE(rh.isOk());
+  EXPECT_EQ(rh->seq, 3u);
+  EXPECT_EQ(rh->offset, 1u << 20);
+  EXPECT_EQ(rh->length, 65536u);
+  EXPECT_FALSE(wire::decodeChunk(buf, sizeof(buf), 4096).isOk()) << "chunk over limit";
+  h = {3, UINT64_MAX - 10, 100};
+  wire::encodeChunk(h, buf);
+  EXPECT_FALSE(wire::decodeChunk(buf, sizeof(buf), 1 << 20).isOk()) << "offset overflow";
+  h = {3, 0, 0};
+  wire::encodeChunk(h, buf);
+  EXPECT_FALSE(wire::decodeChunk(buf, sizeof(buf), 1 << 20).isOk()) << "empty chunk";
+}
+
+TEST(Chunking, EvenSplitClampedToMinAndMax) {
+  const uint64_t kMin = 128 << 10, kMax = 1 << 20;
+  EXPECT_EQ(wire::chunkBytesFor(1 << 20, 8, kMin, kMax), 128u << 10);  // 1 MiB over 8 streams
+  EXPECT_EQ(wire::chunkBytesFor(100, 8, kMin, kMax), kMin);            // small: one chunk
+  EXPECT_EQ(wire::chunkBytesFor(64ull << 20, 8, kMin, kMax), kMax);    // big: many chunks
+  EXPECT_EQ(wire::chunkBytesFor(3 << 20, 2, kMin, kMax), kMax);
+  EXPECT_EQ(wire::chunkBytesFor(1 << 20, 1, kMin, 4 << 20), 1u << 20);
+  EXPECT_EQ(wire::chunkBytesFor((1 << 20) + 1, 8, kMin, kMax), (128u << 10) + 1);
+  EXPECT_EQ(wire::chunkCount(0, kMin), 0u);
+  EXPECT_EQ(wire::chunkCount(kMin + 1, kMin), 2u);
+  EXPECT_EQ(wire::chunkCount(64ull << 20, kMax), 64u);
+}
+
+// ---- addresses, interface specs, parameters ----------------------------------------------------
+
+TEST(Address, ParseForms) {
+  EXPECT_EQ(SocketAddress::parse("127.0.0.1")->toString(), "127.0.0.1:0");
+  EXPECT_EQ(SocketAddress::parse("127.0.0.1:80")->toString(), "127.0.0.1:80");
+  EXPECT_EQ(SocketAddress::parse("::1")->toString(), "[::1]:0");
+  EXPECT_EQ(SocketAddress::parse("[::1]:8080")->toString(), "[::1]:8080");
+  EXPECT_EQ(SocketAddress::parse("[::1]:8080")->family(), AF_INET6);
+  EXPECT_FALSE(SocketAddress::parse("localhost").isOk());
+  EXPECT_FALSE(SocketAddress::parse("1.2.3.4:99999").isOk());
+  EXPECT_FALSE(SocketAddress::parse("[::1").isOk());
+}
+
+TEST(IfnameSpec, NcclSyntax) {
+  IfnameSpec p = IfnameSpec::parse("eth,ib");
+  EXPECT_TRUE(p.matches("eth0"));
+  EXPECT_TRUE(p.matches("ib1"));
+  EXPECT_FALSE(p.matches("lo"));
+  IfnameSpec x = IfnameSpec::parse("^docker,lo");
+  EXPECT_TRUE(x.exclude);
+  EXPECT_FALSE(x.matches("docker0"));
+  EXPECT_FALSE(x.matches("lo"));
+  EXPECT_TRUE(x.matches("eth0"));
+  IfnameSpec e = IfnameSpec::parse("=eth0");
+  EXPECT_TRUE(e.exact);
+  EXPECT_TRUE(e.matches("eth0"));
+  EXPECT_FALSE(e.matches("eth0.100"));
+  IfnameSpec ex = IfnameSpec::parse("^=eth0,lo");
+  EXPECT_TRUE(ex.exclude && ex.exact);
+  EXPECT_FALSE(ex.matches("eth0"));
+  EXPECT_TRUE(ex.matches("eth01"));
+  EXPECT_TRUE(ex.matches("lo0"));
+  EXPECT_EQ(IfnameSpec::parse("a,,b,").names.size(), 2u);
+}
+
+TEST(IfnameSpec, AddressFamilyStrings) {
+  EXPECT_EQ(*parseAddressFamily(""), AF_UNSPEC);
+  EXPECT_EQ(*parseAddressFamily("AF_INET"), AF_INET);
+  EXPECT_EQ(*parseAddressFamily("AF_INET6"), AF_INET6);
+  EXPECT_FALSE(parseAddressFamily("4").isOk());
+}
+
+TEST(Interfaces, LoopbackWhenAsked) {
+  Result<std::vector<NetInterface>> r = findInterfaces("=lo", AF_INET);
+  if (!r.isOk()) {
+    GTEST_SKIP() << "no IPv4 loopback interface here: " << r.status().toString();
+  }
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].name, "lo");
+  EXPECT_EQ((*r)[0].address.family(), AF_INET);
+  Result<std::vector<NetInterface>> none = findInterfaces("=no-such-if0", AF_UNSPEC);
+  ASSERT_FALSE(none.isOk());
+  EXPECT_NE(none.status().message().find("NCCL_SOCKET_IFNAME"), std::string::npos);
+  Result<std::vector<NetInterface>> any = findInterfaces("", AF_UNSPEC);
+  ASSERT_TRUE(any.isOk()) << "the default must fall back to lo at least";
+  EXPECT_FALSE(any->empty());
+}
+
+TEST(Params, DefaultsEnvAndStrictParsing) {
+  {
+    ScopedEnvForTesting env(netParams(), {});
+    Result<EngineOptions> o = EngineOptions::fromParams();
+    ASSERT_TRUE(o.isOk()) << o.status().toString();
+    EXPECT_EQ(o->nStreams, 8);
+    EXPECT_EQ(o->minChunkBytes, 128u << 10);
+    EXPECT_EQ(o->inlineBytes, 1024u);
+  }
+  {
+    ScopedEnvForTesting env(netParams(), {{"BAGUA_NET_NSTREAMS", "3"},
+                                          {"BAGUA_NET_MIN_CHUNKSIZE", "64K"},
+                                          {"BAGUA_NET_MAX_CHUNKSIZE", "2MiB"}});
+    Result<EngineOptions> o = EngineOptions::fromParams();
+    ASSERT_TRUE(o.isOk()) << o.status().toString();
+    EXPECT_EQ(o->nStreams, 3);
+    EXPECT_EQ(o->minChunkBytes, 64u << 10);
+    EXPECT_EQ(o->maxChunkBytes, 2u << 20);
+    EXPECT_EQ(netParamRefs().nStreams.source(), ParamSource::kEnvironment);
+  }
+  {
+    ScopedEnvForTesting env(netParams(), {{"BAGUA_NET_NSTREAMS", "65"}});
+    Result<EngineOptions> o = EngineOptions::fromParams();
+    ASSERT_FALSE(o.isOk());
+    EXPECT_NE(o.status().message().find("BAGUA_NET_NSTREAMS"), std::string::npos);
+  }
+  {
+    ScopedEnvForTesting env(netParams(),
+                            {{"BAGUA_NET_MIN_CHUNKSIZE", "4M"}, {"BAGUA_NET_MAX_CHUNKSIZE", "1M"}});
+    EXPECT_FALSE(EngineOptions::fromParams().isOk()) << "min > max must be rejected";
+  }
+  {
+    ScopedEnvForTesting env(netParams(), {{"NCCL_SOCKET_FAMILY", "AF_INET7"}});
+    EXPECT_FALSE(netParamRefs().family.get().isOk());
+  }
+}
+
+// ---- loopback transfers ------------------------------------------------------------------------
+
+EngineOptions testOptions(int nStreams) {
+  EngineOptions o;
+  o.nStreams = nStreams;
+  o.minChunkBytes = 4096;
+  o.maxChunkBytes = 64 << 10;
+  o.inlineBytes = 256;
+  o.socketBufferBytes = 0;
+  o.timeoutMs = 5000;
+  o.spinUs = 20;
+  o.helloTimeoutMs = 2000;
+  return o;
+}
+
+struct Pair {
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+};
+
+Pair connectPair(const EngineOptions& o, const char* addr = "127.0.0.1") {
+  Pair p;
+  Result<std::unique_ptr<Listener>> l = Listener::create(*SocketAddress::parse(addr), o);
+  EXPECT_TRUE(l.isOk()) << l.status().toString();
+  if (!l.isOk()) {
+    return p;
+  }
+  Result<std::unique_ptr<Connector>> c = Connector::start((*l)->handle(), o);
+  EXPECT_TRUE(c.isOk()) << c.status().toString();
+  if (!c.isOk()) {
+    return p;
+  }
+  bool ok = pollFor(10, [&] {
+    if (!p.send) {
+      Result<std::unique_ptr<SendComm>> s = (*c)->poll();
+      EXPECT_TRUE(s.isOk()) << s.status().toString();
+      if (s.isOk()) {
+        p.send = std::move(*s);
+      }
+    }
+    if (!p.recv) {
+      Result<std::unique_ptr<RecvComm>> r = (*l)->accept();
+      EXPECT_TRUE(r.isOk()) << r.status().toString();
+      if (r.isOk()) {
+        p.recv = std::move(*r);
+      }
+    }
+    return (p.send && p.recv) || ::testing::Test::HasFailure();
+  });
+  EXPECT_TRUE(ok) << "connection set-up timed out";
+  return p;
+}
+
+// Tests a request to completion (bounded); returns the status and size.
+Status waitRequest(Request* r, size_t* size, double seconds = 30) {
+  bool done = false;
+  Status s;
+  bool finished = pollFor(seconds, [&] {
+    s = r->test(&done, size);
+    return done || !s.isOk();
+  });
+  if (!finished) {
+    return BAGUA_ERROR(kDeadlineExceeded, "request did not finish in %.0f s", seconds);
+  }
+  return s;
+}
+
+// Sends `sizes` in order with up to `window` in flight on each side; checks every byte.
+void transfer(Pair& p, const std::vector<size_t>& sizes, size_t window, size_t recvSlack = 0) {
+  std::vector<std::vector<uint8_t>> sendBufs(sizes.size()), recvBufs(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sendBufs[i].resize(sizes[i]);
+    fillPattern(sendBufs[i], i);
+    recvBufs[i].assign(sizes[i] + recvSlack, 0xee);
+  }
+  std::thread sender([&] {
+    std::vector<Request*> inflight;
+    size_t next = 0, doneCount = 0;
+    while (doneCount < sizes.size()) {
+      while (next < sizes.size() && inflight.size() < window) {
+        Result<Request*> r = p.send->isend(sendBufs[next].data(), sizes[next]);
+        if (!r.isOk() && r.status().code() == StatusCode::kUnavailable) {
+          break;
+        }
+        ASSERT_TRUE(r.isOk()) << r.status().toString();
+        inflight.push_back(*r);
+        ++next;
+      }
+      size_t n = 0;
+      ASSERT_TRUE(waitRequest(inflight.front(), &n).isOk());
+      EXPECT_EQ(n, sizes[doneCount]);
+      inflight.erase(inflight.begin());
+      ++doneCount;
+    }
+  });
+  std::vector<Request*> inflight;
+  size_t next = 0, doneCount = 0;
+  while (doneCount < sizes.size() && !::testing::Test::HasFatalFailure()) {
+    while (next < sizes.size() && inflight.size() < window) {
+      Result<Request*> r = p.recv->irecv(recvBufs[next].data(), recvBufs[next].size());
+      ASSERT_TRUE(r.isOk()) << r.status().toString();
+      inflight.push_back(*r);
+      ++next;
+    }
+    size_t n = 0;
+    Status s = waitRequest(inflight.front(), &n);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    size_t i = doneCount;
+    EXPECT_EQ(n, sizes[i]) << "message " << i;
+    long long bad = firstMismatch(recvBufs[i].data(), sizes[i], i);
+    EXPECT_EQ(bad, -1) << "message " << i << " of " << sizes[i] << " bytes";
+    for (size_t k = sizes[i]; k < recvBufs[i].size(); ++k) {
+      ASSERT_EQ(recvBufs[i][k], 0xee) << "write past the message end, message " << i;
+    }
+    inflight.erase(inflight.begin());
+    ++doneCount;
+  }
+  sender.join();
+}
+
+class Transfer : public ::testing::TestWithParam<int> {};
+
+TEST_P(Transfer, SizesAroundInlineAndChunkBoundaries) {
+  EngineOptions o = testOptions(GetParam());
+  Pair p = connectPair(o);
+  ASSERT_TRUE(p.send && p.recv);
+  EXPECT_EQ(p.send->nStreams(), GetParam());
+  EXPECT_EQ(p.recv->nStreams(), GetParam());
+  std::vector<size_t> sizes = {0,     1,    255,     256,           257,     4095,
+                               4096,  4097, 65535,   65536,         65537,   (64 << 10) * 3 + 1,
+                               12345, 0,    1 << 20, (1 << 20) + 7, 3 << 20, 1};
+  transfer(p, sizes, 8, /*recvSlack=*/16);
+}
+
+TEST_P(Transfer, ThirtyTwoOutstandingRequests) {
+  Pair p = connectPair(testOptions(GetParam()));
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<size_t> sizes;
+  for (int i = 0; i < 200; ++i) {
+    sizes.push_back(static_cast<size_t>((i * 7919) % 200000));
+  }
+  transfer(p, sizes, kMinRequestsInFlight);
+}
+
+INSTANTIATE_TEST_SUITE_P(Streams, Transfer, ::testing::Values(1, 2, 8));
+
+TEST(Engine, LargeMessages64MiBPlus) {
+  EngineOptions o = testOptions(8);
+  o.maxChunkBytes = 1 << 20;
+  Pair p = connectPair(o);
+  ASSERT_TRUE(p.send && p.recv);
+  transfer(p, {(64u << 20) + 3, 5u << 20}, 2);
+}
+
+TEST(Engine, Ipv6Loopback) {
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  if (fd >= 0) {
+    ::close(fd);
+  }
+  if (!ok) {
+    GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+  }
+  Pair p = connectPair(testOptions(2), "::1");
+  ASSERT_TRUE(p.send && p.recv);
+  EXPECT_EQ(p.recv->peer().family(), AF_INET6);
+  transfer(p, {0, 1, 300, 100000}, 4);
+}
+
+TEST(Engine, RequestPoolFullIsUnavailableNotAnError) {
+  Pair p = connectPair(testOptions(2));
+  ASSERT_TRUE(p.recv);
+  std::vector<uint8_t> buf(16);
+  std::vector<Request*> reqs;
+  for (;;) {
+    Result<Request*> r = p.recv->irecv(buf.data(), buf.size());
+    if (!r.isOk()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().toString();
+      break;
+    }
+    reqs.push_back(*r);
+    ASSERT_LE(reqs.size(), 1000u);
+  }
+  EXPECT_GE(reqs.size(), static_cast<size_t>(kMinRequestsInFlight));
+  // Closing with all of them in flight must be clean.
+}
+
+TEST(Engine, TruncatedReceiveIsAClearError) {
+  Pair p = connectPair(testOptions(2));
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> big(100000, 1), small(1000, 0);
+  Result<Request*> s = p.send->isend(big.data(), big.size());
+  ASSERT_TRUE(s.isOk());
+  Result<Request*> r = p.recv->irecv(small.data(), small.size());
+  ASSERT_TRUE(r.isOk());
+  size_t n = 0;
+  Status st = waitRequest(*r, &n, 10);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.toString();
+  // Later receives report the failure too.
+  Result<Request*> again = p.recv->irecv(small.data(), small.size());
+  EXPECT_FALSE(again.isOk());
+}
+
+TEST(Engine, TruncatedInlineReceive) {
+  Pair p = connectPair(testOptions(1));
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> msg(200, 1), small(10, 0);
+  ASSERT_TRUE(p.send->isend(msg.data(), msg.size()).isOk());
+  Result<Request*> r = p.recv->irecv(small.data(), small.size());
+  ASSERT_TRUE(r.isOk());
+  size_t n = 0;
+  Status st = waitRequest(*r, &n, 10);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  for (size_t i = 0; i < small.size(); ++i) {
+    EXPECT_EQ(small[i], 0) << "nothing written on truncation";
+  }
+}
+
+TEST(Engine, PeerClosingMidReceiveFailsPendingReceiveInBoundedTime) {
+  Pair p = connectPair(testOptions(4));
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> buf(1 << 20);
+  Result<Request*> r = p.recv->irecv(buf.data(), buf.size());
+  ASSERT_TRUE(r.isOk());
+  auto t0 = std::chrono::steady_clock::now();
+  p.send.reset();  // the peer goes away
+  size_t n = 0;
+  Status st = waitRequest(*r, &n, 10);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), StatusCode::kRemoteError) << st.toString();
+  EXPECT_LT(secs, 5.0);
+}
+
+TEST(Engine, ReceiverGoneFailsSendsInBoundedTime) {
+  Pair p = connectPair(testOptions(2));
+  ASSERT_TRUE(p.send && p.recv);
+  p.recv.reset();
+  std::vector<uint8_t> buf(8 << 20, 3);
+  Status last;
+  bool failed = pollFor(10, [&] {
+    Result<Request*> r = p.send->isend(buf.data(), buf.size());
+    if (!r.isOk()) {
+      last = r.takeStatus();
+      return last.code() != StatusCode::kUnavailable;
+    }
+    size_t n = 0;
+    last = waitRequest(*r, &n, 10);
+    return !last.isOk();
+  });
+  ASSERT_TRUE(failed) << "sending to a closed peer never failed";
+  EXPECT_TRUE(last.code() == StatusCode::kRemoteError || last.code() == StatusCode::kSystemError)
+      << last.toString();
+}
+
+TEST(Engine, StrangersAndGarbageAreDropped) {
+  EngineOptions o = testOptions(2);
+  o.helloTimeoutMs = 100;
+  Result<std::unique_ptr<Listener>> l = Listener::create(*SocketAddress::parse("127.0.0.1"), o);
+  ASSERT_TRUE(l.isOk());
+  const SocketAddress& addr = (*l)->address();
+  // A stranger that sends garbage, one that sends nothing, one with a valid hello but a wrong
+  // nonce.
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.length), 0);
+    fds.push_back(fd);
+  }
+  const char garbage[] = "GET / HTTP/1.1\r\nHost: bagua\r\n\r\n";
+  ASSERT_GT(::send(fds[0], garbage, sizeof(garbage), 0), 0);
+  wire::Hello h;
+  h.nStreams = 2;
+  h.nonce = 12345;
+  uint8_t hello[wire::kHelloBytes];
+  wire::encodeHello(h, hello);
+  ASSERT_GT(::send(fds[2], hello, sizeof(hello), 0), 0);
+  for (int i = 0; i < 20; ++i) {
+    Result<std::unique_ptr<RecvComm>> r = (*l)->accept();
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    EXPECT_EQ(*r, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // All three were dropped: the listener closed them.
+  for (int fd : fds) {
+    char c;
+    pollFor(2, [&] { return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0; });
+    EXPECT_EQ(::recv(fd, &c, 1, MSG_DONTWAIT), 0) << "stranger socket not closed";
+    ::close(fd);
+  }
+  // A real connector still works afterwards.
+  Result<std::unique_ptr<Connector>> c = Connector::start((*l)->handle(), o);
+  ASSERT_TRUE(c.isOk());
+  std::unique_ptr<SendComm> s;
+  std::unique_ptr<RecvComm> r;
+  ASSERT_TRUE(pollFor(10, [&] {
+    if (!s) {
+      s = (*c)->poll().value();
+    }
+    if (!r) {
+      r = (*l)->accept().value();
+    }
+    return s && r;
+  }));
+  Pair p{std::move(s), std::move(r)};
+  transfer(p, {10, 100000}, 2);
+}
+
+TEST(Engine, GarbageOnAnEstablishedDataStreamFailsTheComm) {
+  // Build a receive comm by hand: a connector-like client that sends valid hellos and then junk.
+  EngineOptions o = testOptions(1);
+  Result<std::unique_ptr<Listener>> l = Listener::create(*SocketAddress::parse("127.0.0.1"), o);
+  ASSERT_TRUE(l.isOk());
+  Result<wire::HandleInfo> info = wire::decodeHandle((*l)->handle().data(), kHandleBytes);
+  ASSERT_TRUE(info.isOk());
+  const SocketAddress& addr = (*l)->address();
+  int fds[2];
+  for (int i = 0; i < 2; ++i) {
+    fds[i] = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fds[i], reinterpret_cast<const sockaddr*>(&addr.storage), addr.length), 0);
+    wire::Hello h;
+    h.kind = i == 0 ? wire::StreamKind::kControl : wire::StreamKind::kData;
+    h.index = 0;
+    h.nStreams = 1;
+    h.nonce = info->nonce;
+    h.connId = 99;
+    uint8_t hello[wire::kHelloBytes];
+    wire::encodeHello(h, hello);
+    ASSERT_EQ(::send(fds[i], hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  }
+  std::unique_ptr<RecvComm> r;
+  ASSERT_TRUE(pollFor(5, [&] {
+    r = (*l)->accept().value();
+    return r != nullptr;
+  }));
+  std::vector<uint8_t> buf(1 << 16);
+  Result<Request*> req = r->irecv(buf.data(), buf.size());
+  ASSERT_TRUE(req.isOk());
+  std::vector<uint8_t> junk(4096, 0x5a);
+  ASSERT_GT(::send(fds[1], junk.data(), junk.size(), 0), 0);
+  size_t n = 0;
+  Status st = waitRequest(*req, &n, 10);
+  EXPECT_EQ(st.code(), StatusCode::kRemoteError) << st.toString();
+  r.reset();
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST(Engine, ManyCommsAtOnce) {
+  constexpr int kComms = 12;
+  std::vector<Pair> pairs;
+  for (int i = 0; i < kComms; ++i) {
+    pairs.push_back(connectPair(testOptions(1 + i % 3)));
+    ASSERT_TRUE(pairs.back().send && pairs.back().recv);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kComms; ++i) {
+    threads.emplace_back([&, i] {
+      std::vector<size_t> sizes;
+      for (int k = 0; k < 20; ++k) {
+        sizes.push_back(static_cast<size_t>((k * 104729 + i * 7) % 300000));
+      }
+      transfer(pairs[static_cast<size_t>(i)], sizes, 8);
+    });
+  }
+  for (std::thread& t : threads) {
+    t.join();
+  }
+}
+
+TEST(Engine, CloseWithRequestsInFlightIsClean) {
+  for (int round = 0; round < 5; ++round) {
+    Pair p = connectPair(testOptions(4));
+    ASSERT_TRUE(p.send && p.recv);
+    std::vector<uint8_t> out(4 << 20, 1), in(4 << 20);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(p.send->isend(out.data(), out.size()).isOk());
+      ASSERT_TRUE(p.recv->irecv(in.data(), in.size()).isOk());
+    }
+    if (round % 2 == 0) {
+      p.recv.reset();
+      p.send.reset();
+    } else {
+      p.send.reset();
+      p.recv.reset();
+    }
+  }
+}
+
+TEST(Engine, ConnectToNothingFails) {
+  // Take a port, close it, connect there: refused.
+  EngineOptions o = testOptions(1);
+  Handle h;
+  {
+    Result<std::unique_ptr<Listener>> l = Listener::create(*SocketAddress::parse("127.0.0.1"), o);
+    ASSERT_TRUE(l.isOk());
+    h = (*l)->handle();
+  }
+  Result<std::unique_ptr<Connector>> c = Connector::start(h, o);
+  if (!c.isOk()) {
+    EXPECT_NE(c.status().code(), StatusCode::kOk);
+    return;
+  }
+  Status last;
+  ASSERT_TRUE(pollFor(10, [&] {
+    Result<std::unique_ptr<SendComm>> s = (*c)->poll();
+    if (!s.isOk()) {
+      last = s.takeStatus();
+      return true;
+    }
+    return false;
+  }));
+  EXPECT_EQ(last.code(), StatusCode::kRemoteError) << last.toString();
+}
+
+}  // namespace
+}  // namespace bagua::net
