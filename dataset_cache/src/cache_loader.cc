@@ -1,0 +1,196 @@
+#include "bagua/dataset_cache/cache_loader.h"
+
+#include "bagua/base/logging.h"
+#include "bagua/dataset_cache/params.h"
+
+namespace bagua::cache {
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+bool isPowerOf10(uint64_t n) {
+  while (n >= 10 && n % 10 == 0) {
+    n /= 10;
+  }
+  return n == 1;
+}
+
+}  // namespace
+
+Result<CacheLoaderOptions> CacheLoaderOptions::fromParams(std::string datasetName) {
+  CacheLoaderOptions o;
+  o.datasetName = std::move(datasetName);
+  BAGUA_ASSIGN_OR_RETURN(int64_t buffer, params::writerBufferSize().get());
+  o.writerBufferSize = static_cast<size_t>(buffer);
+  BAGUA_ASSIGN_OR_RETURN(int64_t every, params::flushEveryReads().get());
+  o.flushEveryReads = static_cast<uint64_t>(every);
+  return o;
+}
+
+CacheLoader::CacheLoader(std::shared_ptr<CacheBackend> backend, CacheLoaderOptions options)
+    : backend_(std::move(backend)), options_(std::move(options)) {
+  BAGUA_ASSERT(backend_ != nullptr, "CacheLoader needs a backend");
+  if (options_.writerBufferSize == 0) {
+    options_.writerBufferSize = 1;
+  }
+  queue_.reserve(options_.writerBufferSize);
+}
+
+CacheLoader::~CacheLoader() {
+  Status s = flush();
+  if (!s.isOk()) {
+    BAGUA_LOG_WARN(kCache, "cache '%s': final flush failed, %llu values not cached: %s",
+                   options_.datasetName.c_str(),
+                   static_cast<unsigned long long>(c_.droppedWrites.load(kRelaxed)),
+                   s.toString().c_str());
+  }
+}
+
+std::string CacheLoader::cacheKey(std::string_view key) const {
+  std::string full;
+  full.reserve(options_.datasetName.size() + 1 + key.size());
+  full.append(options_.datasetName).append(1, '_').append(key);
+  return full;
+}
+
+Status CacheLoader::get(std::string_view key, std::string& value, LoadFn load) {
+  return getImpl(key, value, load, nullptr);
+}
+
+Status CacheLoader::get(std::string_view key, std::string& value, LoadFn load, CheckFn check) {
+  return getImpl(key, value, load, &check);
+}
+
+Status CacheLoader::getImpl(std::string_view key, std::string& value, LoadFn load,
+                            const CheckFn* check) {
+  // One key buffer per thread: no allocation per read once it has grown.
+  thread_local std::string full;
+  full.assign(options_.datasetName).append(1, '_').append(key);
+
+  const uint64_t n = reads_.fetch_add(1, kRelaxed) + 1;
+  if (options_.flushEveryReads > 0 && n % options_.flushEveryReads == 0) {
+    flush().ignore();  // counted and reported inside
+  }
+
+  Result<bool> hit = backend_->get(full, value);
+  if (!hit.isOk()) {
+    backendFailed(hit.status());
+  } else {
+    backendOk();
+    if (*hit) {
+      Status ok = check != nullptr ? (*check)(value) : Status::ok();
+      if (ok.isOk()) {
+        c_.hits.fetch_add(1, kRelaxed);
+        c_.hitBytes.fetch_add(value.size(), kRelaxed);
+        return Status::ok();
+      }
+      const uint64_t bad = c_.corrupt.fetch_add(1, kRelaxed) + 1;
+      if (isPowerOf10(bad)) {
+        BAGUA_LOG_WARN(kCache,
+                       "cache '%s': cached value of key '%s' (%zu bytes) is unreadable, reloading "
+                       "it from the source (%llu so far): %s",
+                       options_.datasetName.c_str(), full.c_str(), value.size(),
+                       static_cast<unsigned long long>(bad), ok.message().c_str());
+      }
+    }
+  }
+
+  c_.misses.fetch_add(1, kRelaxed);
+  Status loaded = load(key, value);
+  if (!loaded.isOk()) {
+    loaded.withContext(strPrintf("loading sample '%.*s' of '%s'", static_cast<int>(key.size()),
+                                 key.data(), options_.datasetName.c_str()));
+    return std::move(loaded.addFrame(__FILE__, __LINE__));
+  }
+  c_.missBytes.fetch_add(value.size(), kRelaxed);
+  enqueue(full, value);
+  return Status::ok();
+}
+
+void CacheLoader::enqueue(const std::string& fullKey, const std::string& value) {
+  std::vector<KeyValue> batch;
+  {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    queue_.push_back({fullKey, value});
+    if (queue_.size() < options_.writerBufferSize) {
+      return;
+    }
+    batch.swap(queue_);
+    queue_.reserve(options_.writerBufferSize);
+  }
+  writeBatch(batch).ignore();  // counted and reported inside
+}
+
+Status CacheLoader::flush() {
+  std::vector<KeyValue> batch;
+  {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    if (queue_.empty()) {
+      return Status::ok();
+    }
+    batch.swap(queue_);
+    queue_.reserve(options_.writerBufferSize);
+  }
+  return writeBatch(batch);
+}
+
+Status CacheLoader::writeBatch(std::vector<KeyValue>& batch) {
+  Status s = backend_->putMany(batch);
+  if (!s.isOk()) {
+    c_.droppedWrites.fetch_add(batch.size(), kRelaxed);
+    backendFailed(s);
+    return s;
+  }
+  backendOk();
+  uint64_t bytes = 0;
+  for (const KeyValue& kv : batch) {
+    bytes += kv.value.size();
+  }
+  c_.writes.fetch_add(batch.size(), kRelaxed);
+  c_.writtenBytes.fetch_add(bytes, kRelaxed);
+  return Status::ok();
+}
+
+void CacheLoader::backendFailed(const Status& status) {
+  c_.backendErrors.fetch_add(1, kRelaxed);
+  if (healthy_.exchange(false, std::memory_order_acq_rel)) {
+    c_.outages.fetch_add(1, kRelaxed);
+    BAGUA_LOG_WARN(kCache,
+                   "cache '%s': backend %s failed; serving samples from the source until it "
+                   "is back: %s",
+                   options_.datasetName.c_str(), backend_->describe().c_str(),
+                   status.message().c_str());
+  }
+}
+
+void CacheLoader::backendOk() {
+  if (!healthy_.load(kRelaxed) && !healthy_.exchange(true, std::memory_order_acq_rel)) {
+    BAGUA_LOG_INFO(kCache, "cache '%s': backend %s is back; caching again",
+                   options_.datasetName.c_str(), backend_->describe().c_str());
+  }
+}
+
+CacheStats CacheLoader::stats() const {
+  CacheStats s;
+  s.hits = c_.hits.load(kRelaxed);
+  s.misses = c_.misses.load(kRelaxed);
+  s.hitBytes = c_.hitBytes.load(kRelaxed);
+  s.missBytes = c_.missBytes.load(kRelaxed);
+  s.writes = c_.writes.load(kRelaxed);
+  s.writtenBytes = c_.writtenBytes.load(kRelaxed);
+  s.droppedWrites = c_.droppedWrites.load(kRelaxed);
+  s.corrupt = c_.corrupt.load(kRelaxed);
+  s.backendErrors = c_.backendErrors.load(kRelaxed);
+  s.outages = c_.outages.load(kRelaxed);
+  return s;
+}
+
+void CacheLoader::resetStats() {
+  for (std::atomic<uint64_t>* a :
+       {&c_.hits, &c_.misses, &c_.hitBytes, &c_.missBytes, &c_.writes, &c_.writtenBytes,
+        &c_.droppedWrites, &c_.corrupt, &c_.backendErrors, &c_.outages}) {
+    a->store(0, kRelaxed);
+  }
+}
+
+}  // namespace bagua::cache

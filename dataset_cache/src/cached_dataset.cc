@@ -1,0 +1,29 @@
+#include "bagua/dataset_cache/cached_dataset.h"
+
+#include <utility>
+
+namespace bagua::cache {
+
+CachedDataset::CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend,
+                             std::string datasetName, size_t writerBufferSize)
+    : CachedDataset(source, std::move(backend),
+                    CacheLoaderOptions{std::move(datasetName), writerBufferSize}) {}
+
+CachedDataset::CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend,
+                             CacheLoaderOptions options)
+    : source_(source), loader_(std::move(backend), std::move(options)) {}
+
+Status CachedDataset::read(size_t index, std::string& sample) {
+  if (index >= source_.size()) {
+    return BAGUA_ERROR(kInvalidArgument, "sample %zu out of range (dataset '%s' has %zu)", index,
+                       loader_.options().datasetName.c_str(), source_.size());
+  }
+  char key[24];
+  auto [end, ec] = std::to_chars(key, key + sizeof(key), index);
+  (void)ec;
+  return loader_.get(
+      std::string_view(key, static_cast<size_t>(end - key)), sample,
+      [&](std::string_view, std::string& value) { return source_.read(index, value); });
+}
+
+}  // namespace bagua::cache
