@@ -1,0 +1,108 @@
+// The host (CPU) communicator: collectives over the Transport seam, run in issue order by one
+// worker thread ("bagua-host-comm").
+//
+// Algorithms: ring reduce-scatter + all-gather for large all-reduces (bandwidth optimal), with
+// each received segment reduced while the next is in flight; recursive doubling for small ones
+// (latency optimal; non-powers of two fold the extra ranks in first); binomial tree broadcast
+// for small messages, scatter + ring all-gather for large; ring all-gather and reduce-scatter;
+// all-to-all as one batch of n-1 concurrent exchanges.
+//
+// Thread model: callers enqueue (mutex-protected queue) and get a Work; the worker pops in FIFO
+// order and runs each operation under the collective deadline. Locks: queueMu_ (queue and
+// broken state) is never held while an operation runs. abort() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/host/reduce_kernels.h"
+#include "backend/host/transport.h"
+#include "bagua/core/communicator.h"
+
+namespace bagua::core::host {
+
+struct HostOptions {
+  std::chrono::milliseconds timeout{300000};
+  enum class Algo { kAuto, kRing, kTree } algo = Algo::kAuto;
+  size_t treeMaxBytes = 64 * 1024;
+  size_t segmentBytes = 256 * 1024;
+  int reduceThreads = 1;
+};
+
+// Reads the BAGUA_HOST_* parameters (and BAGUA_COLLECTIVE_TIMEOUT_MS when timeout is 0).
+Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout);
+
+class HostCommunicator final : public Communicator {
+ public:
+  HostCommunicator(std::unique_ptr<Transport> transport, const HostOptions& options);
+  ~HostCommunicator() override;
+  HostCommunicator(const HostCommunicator&) = delete;
+  HostCommunicator& operator=(const HostCommunicator&) = delete;
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  std::string backendName() const override { return "host"; }
+
+  WorkPtr allReduce(const void* send, void* recv, size_t count, DataType dtype,
+                    ReduceOp op) override;
+  WorkPtr reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                 int root) override;
+  WorkPtr reduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                        ReduceOp op) override;
+  WorkPtr allGather(const void* send, void* recv, size_t count, DataType dtype) override;
+  WorkPtr broadcast(void* buffer, size_t count, DataType dtype, int root) override;
+  WorkPtr allToAll(const void* send, void* recv, size_t count, DataType dtype) override;
+  WorkPtr send(const void* buffer, size_t count, DataType dtype, int peer) override;
+  WorkPtr recv(void* buffer, size_t count, DataType dtype, int peer) override;
+  WorkPtr sendRecv(const void* send, size_t sendCount, int sendPeer, void* recv, size_t recvCount,
+                   int recvPeer, DataType dtype) override;
+  WorkPtr barrier() override;
+  void abort(const std::string& why) override;
+  CommStats stats() const override;
+
+ private:
+  class HostWork;
+  struct Item {
+    std::string name;
+    std::function<Status(Deadline)> run;
+    std::shared_ptr<HostWork> work;
+  };
+
+  WorkPtr enqueue(std::string name, std::function<Status(Deadline)> run);
+  void workerLoop(std::stop_token stop);
+
+  // Algorithms (worker thread only).
+  Status allReduceImpl(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       Deadline dl);
+  Status ringAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, Deadline dl);
+  Status doublingAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, Deadline dl);
+  // Ring all-gather over n arbitrary chunks of data (chunk i at offsets[i], lengths[i] bytes);
+  // on entry chunk `have` is present locally, on exit all are.
+  Status ringAllGather(uint8_t* data, const std::vector<size_t>& offsets,
+                       const std::vector<size_t>& lengths, int have, Deadline dl);
+  Status treeBroadcast(uint8_t* data, size_t bytes, int root, Deadline dl);
+  bool useTree(size_t bytes) const;
+  uint8_t* scratch(size_t bytes);
+
+  std::unique_ptr<Transport> transport_;
+  HostOptions options_;
+  ReduceEngine reducer_;
+  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> scratch2_;
+
+  mutable std::mutex queueMu_;
+  std::condition_variable_any queueCv_;
+  std::deque<Item> queue_;
+  Status broken_;  // guarded by queueMu_
+  std::atomic<uint64_t> operations_{0};
+  std::jthread worker_;
+};
+
+}  // namespace bagua::core::host

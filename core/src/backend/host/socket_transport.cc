@@ -1,0 +1,476 @@
+// Plain TCP sockets behind the host Transport seam: one nonblocking connection per peer,
+// progressed with poll(2) by the calling thread.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backend/host/transport.h"
+#include "bagua/base/logging.h"
+
+namespace bagua::core::host {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kHelloMagic = 0xBA6A0C0Du;
+
+int msLeft(Deadline d) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset(o.release());
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset(int f = -1) {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+    fd_ = f;
+  }
+
+ private:
+  int fd_;
+};
+
+// Parses "a.b.c.d:port" or "[v6]:port".
+bool parseHostPort(const std::string& s, sockaddr_storage* out, socklen_t* len) {
+  std::memset(out, 0, sizeof(*out));
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos) {
+    return false;
+  }
+  std::string host = s.substr(0, colon);
+  int port = std::atoi(s.c_str() + colon + 1);
+  if (!host.empty() && host.front() == '[') {
+    host = host.substr(1, host.size() - 2);
+    auto* a = reinterpret_cast<sockaddr_in6*>(out);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(static_cast<uint16_t>(port));
+    *len = sizeof(*a);
+    return ::inet_pton(AF_INET6, host.c_str(), &a->sin6_addr) == 1;
+  }
+  auto* a = reinterpret_cast<sockaddr_in*>(out);
+  a->sin_family = AF_INET;
+  a->sin_port = htons(static_cast<uint16_t>(port));
+  *len = sizeof(*a);
+  return ::inet_pton(AF_INET, host.c_str(), &a->sin_addr) == 1;
+}
+
+void tuneSocket(int fd, size_t buffer) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (buffer > 0) {
+    int b = static_cast<int>(std::min<size_t>(buffer, 1 << 30));
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
+  }
+}
+
+Status blockingIo(int fd, void* data, size_t len, bool write, Deadline deadline, const char* what) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = write ? ::send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                      : ::recv(fd, p + done, len - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      return BAGUA_ERROR(kRemoteError, "%s: connection closed during set-up", what);
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return BAGUA_ERRNO(errno, what);
+    }
+    int left = msLeft(deadline);
+    if (left == 0) {
+      return BAGUA_ERROR(kDeadlineExceeded, "%s: timed out", what);
+    }
+    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    ::poll(&pfd, 1, std::min(left, 100));
+  }
+  return Status::ok();
+}
+
+class SocketTransport final : public Transport {
+ public:
+  SocketTransport(int rank, int size, std::vector<Fd> fds)
+      : rank_(rank), size_(size), fds_(std::move(fds)) {}
+  SocketTransport(const SocketTransport&) = delete;
+  SocketTransport& operator=(const SocketTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
+
+  void abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(abortMu_);
+      abortWhy_ = why;
+    }
+    aborted_.store(true, std::memory_order_release);
+  }
+
+  Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                  Deadline deadline) override;
+
+ private:
+  struct SendState {
+    const SendOp* op;
+    size_t done = 0;
+  };
+  struct RecvState {
+    RecvOp* op;
+    size_t done = 0;
+    size_t reported = 0;
+  };
+
+  static void report(RecvState& r) {
+    RecvOp& op = *r.op;
+    if (!op.onSegment) {
+      r.reported = r.done;
+      return;
+    }
+    const size_t seg = op.segment == 0 ? op.len : op.segment;
+    while (r.reported < op.len &&
+           (r.done - r.reported >= seg || (r.done == op.len && r.reported < r.done))) {
+      size_t n = std::min(seg, op.len - r.reported);
+      op.onSegment(r.reported, n);
+      r.reported += n;
+    }
+  }
+
+  Status abortedStatus() {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
+  }
+
+  int rank_;
+  int size_;
+  std::vector<Fd> fds_;  // indexed by peer rank; -1 for self
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> received_{0};
+  std::atomic<bool> aborted_{false};
+  std::mutex abortMu_;
+  std::string abortWhy_;
+};
+
+Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                                 Deadline deadline) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    return abortedStatus();
+  }
+  // Per-peer FIFO queues (indices into the state arrays).
+  std::vector<SendState> ss;
+  std::vector<RecvState> rs;
+  ss.reserve(sends.size());
+  rs.reserve(recvs.size());
+  std::vector<const SendOp*> selfSends;
+  std::vector<RecvOp*> selfRecvs;
+  for (const SendOp& s : sends) {
+    if (s.peer < 0 || s.peer >= size_) {
+      return BAGUA_ERROR(kInvalidArgument, "send to rank %d of a group of %d", s.peer, size_);
+    }
+    if (s.peer == rank_) {
+      selfSends.push_back(&s);
+    } else if (s.len > 0) {
+      ss.push_back({&s});
+    }
+  }
+  for (RecvOp& r : recvs) {
+    if (r.peer < 0 || r.peer >= size_) {
+      return BAGUA_ERROR(kInvalidArgument, "recv from rank %d of a group of %d", r.peer, size_);
+    }
+    if (r.peer == rank_) {
+      selfRecvs.push_back(&r);
+    } else if (r.len > 0) {
+      rs.push_back({&r});
+    } else {
+      RecvState empty{&r};
+      report(empty);
+    }
+  }
+  if (selfSends.size() != selfRecvs.size()) {
+    return BAGUA_ERROR(kInternal, "rank %d: %zu self sends but %zu self receives", rank_,
+                       selfSends.size(), selfRecvs.size());
+  }
+  for (size_t i = 0; i < selfSends.size(); ++i) {
+    if (selfSends[i]->len != selfRecvs[i]->len) {
+      return BAGUA_ERROR(kInternal, "rank %d: self send of %zu bytes into a receive of %zu", rank_,
+                         selfSends[i]->len, selfRecvs[i]->len);
+    }
+    if (selfSends[i]->len > 0 && selfRecvs[i]->data != selfSends[i]->data) {
+      std::memmove(selfRecvs[i]->data, selfSends[i]->data, selfSends[i]->len);
+    }
+    RecvState st{selfRecvs[i], selfRecvs[i]->len, 0};
+    report(st);
+  }
+
+  // Head of each peer's queue: first not-finished op in that direction.
+  std::vector<size_t> sendHead(size_, SIZE_MAX), recvHead(size_, SIZE_MAX);
+  auto refreshHeads = [&] {
+    std::fill(sendHead.begin(), sendHead.end(), SIZE_MAX);
+    std::fill(recvHead.begin(), recvHead.end(), SIZE_MAX);
+    for (size_t i = 0; i < ss.size(); ++i) {
+      int p = ss[i].op->peer;
+      if (ss[i].done < ss[i].op->len && sendHead[p] == SIZE_MAX) {
+        sendHead[p] = i;
+      }
+    }
+    for (size_t i = 0; i < rs.size(); ++i) {
+      int p = rs[i].op->peer;
+      if (rs[i].done < rs[i].op->len && recvHead[p] == SIZE_MAX) {
+        recvHead[p] = i;
+      }
+    }
+  };
+  refreshHeads();
+  size_t pendingOps = ss.size() + rs.size();
+  std::vector<pollfd> pfds;
+  std::vector<int> pfdPeer;
+  while (pendingOps > 0) {
+    bool progress = false;
+    bool headsChanged = false;
+    for (int p = 0; p < size_; ++p) {
+      if (sendHead[p] != SIZE_MAX) {
+        SendState& s = ss[sendHead[p]];
+        const auto* base = static_cast<const uint8_t*>(s.op->data);
+        ssize_t n =
+            ::send(fds_[p].get(), base + s.done, s.op->len - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+          s.done += static_cast<size_t>(n);
+          sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+          progress = true;
+          if (s.done == s.op->len) {
+            --pendingOps;
+            headsChanged = true;
+          }
+        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          int err = errno;
+          return BAGUA_ERRNO(err, strPrintf("rank %d: send of %zu bytes to rank %d failed (peer "
+                                            "exited or failed?)",
+                                            rank_, s.op->len, p));
+        }
+      }
+      if (recvHead[p] != SIZE_MAX) {
+        RecvState& r = rs[recvHead[p]];
+        auto* base = static_cast<uint8_t*>(r.op->data);
+        ssize_t n = ::recv(fds_[p].get(), base + r.done, r.op->len - r.done, MSG_DONTWAIT);
+        if (n > 0) {
+          r.done += static_cast<size_t>(n);
+          received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+          progress = true;
+          report(r);
+          if (r.done == r.op->len) {
+            --pendingOps;
+            headsChanged = true;
+          }
+        } else if (n == 0) {
+          return BAGUA_ERROR(kRemoteError,
+                             "rank %d: rank %d closed its connection while %zu of %zu bytes "
+                             "were still expected from it (did it exit or fail?)",
+                             rank_, p, r.op->len - r.done, r.op->len);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          int err = errno;
+          return BAGUA_ERRNO(err, strPrintf("rank %d: receive from rank %d failed", rank_, p));
+        }
+      }
+    }
+    if (headsChanged) {
+      refreshHeads();
+    }
+    if (pendingOps == 0) {
+      break;
+    }
+    if (aborted_.load(std::memory_order_acquire)) {
+      return abortedStatus();
+    }
+    if (progress) {
+      continue;
+    }
+    int left = msLeft(deadline);
+    if (left == 0) {
+      std::string waiting;
+      for (int p = 0; p < size_; ++p) {
+        if (sendHead[p] != SIZE_MAX || recvHead[p] != SIZE_MAX) {
+          waiting += strPrintf("%s%d", waiting.empty() ? "" : ",", p);
+        }
+      }
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: transfer did not complete before the collective deadline; "
+                         "still waiting on ranks [%s] (a peer is stuck or issued a different "
+                         "collective)",
+                         rank_, waiting.c_str());
+    }
+    pfds.clear();
+    pfdPeer.clear();
+    for (int p = 0; p < size_; ++p) {
+      short ev = 0;
+      if (sendHead[p] != SIZE_MAX) {
+        ev |= POLLOUT;
+      }
+      if (recvHead[p] != SIZE_MAX) {
+        ev |= POLLIN;
+      }
+      if (ev != 0) {
+        pfds.push_back({fds_[p].get(), ev, 0});
+        pfdPeer.push_back(p);
+      }
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), std::min(left, 50));
+    if (rc < 0 && errno != EINTR) {
+      return BAGUA_ERRNO(errno, "poll");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
+                                                          const SocketTransportOptions& options) {
+  const Deadline deadline = Clock::now() + options.connectTimeout;
+  std::vector<Fd> fds;
+  fds.resize(size);
+  if (size == 1) {
+    return std::unique_ptr<Transport>(new SocketTransport(rank, size, std::move(fds)));
+  }
+  std::string addr = options.listenAddress.empty() ? store.localAddress() : options.listenAddress;
+  const bool v6 = addr.find(':') != std::string::npos;
+  Fd listener(::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (listener.get() < 0) {
+    return BAGUA_ERRNO(errno, "socket");
+  }
+  sockaddr_storage sa{};
+  socklen_t salen = 0;
+  if (!parseHostPort(v6 ? "[" + addr + "]:0" : addr + ":0", &sa, &salen)) {
+    return BAGUA_ERROR(kInvalidArgument, "host backend: cannot listen on '%s' (not an IP address)",
+                       addr.c_str());
+  }
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&sa), salen) != 0 ||
+      ::listen(listener.get(), size) != 0) {
+    return BAGUA_ERRNO(errno, "host backend: bind/listen on " + addr);
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+  int port = v6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&sa)->sin6_port)
+                : ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
+  std::string published =
+      v6 ? strPrintf("[%s]:%d", addr.c_str(), port) : strPrintf("%s:%d", addr.c_str(), port);
+  BAGUA_RETURN_IF_ERROR(store.set(strPrintf("addr/%d", rank), toBytes(published)));
+
+  // Connect to every lower rank and introduce ourselves.
+  for (int peer = 0; peer < rank; ++peer) {
+    BAGUA_ASSIGN_OR_RETURN(Bytes where,
+                           store.get(strPrintf("addr/%d", peer),
+                                     std::chrono::milliseconds(std::max(1, msLeft(deadline)))));
+    sockaddr_storage pa{};
+    socklen_t palen = 0;
+    if (!parseHostPort(toString(where), &pa, &palen)) {
+      return BAGUA_ERROR(kRemoteError, "rank %d published a bad address '%s'", peer,
+                         toString(where).c_str());
+    }
+    std::string lastErr;
+    while (true) {
+      Fd fd(::socket(pa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      tuneSocket(fd.get(), options.socketBuffer);
+      int r = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&pa), palen);
+      if (r < 0 && errno == EINPROGRESS) {
+        pollfd p{fd.get(), POLLOUT, 0};
+        if (::poll(&p, 1, std::max(1, std::min(msLeft(deadline), 1000))) == 1) {
+          int err = 0;
+          socklen_t elen = sizeof(err);
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &elen);
+          r = err == 0 ? 0 : -1;
+          errno = err;
+        } else {
+          errno = ETIMEDOUT;
+        }
+      }
+      if (r == 0) {
+        uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(rank)};
+        BAGUA_RETURN_IF_ERROR(
+            blockingIo(fd.get(), hello, sizeof(hello), true, deadline, "host backend hello"));
+        fds[peer] = std::move(fd);
+        break;
+      }
+      lastErr = std::strerror(errno);
+      if (msLeft(deadline) == 0) {
+        return BAGUA_ERROR(kUnavailable, "rank %d: cannot connect to rank %d at %s: %s", rank, peer,
+                           toString(where).c_str(), lastErr.c_str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  // Accept every higher rank.
+  int expected = size - 1 - rank;
+  while (expected > 0) {
+    int left = msLeft(deadline);
+    if (left == 0) {
+      std::string missing;
+      for (int p = rank + 1; p < size; ++p) {
+        if (fds[p].get() < 0) {
+          missing += strPrintf("%s%d", missing.empty() ? "" : ",", p);
+        }
+      }
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: ranks [%s] never connected within the rendezvous timeout", rank,
+                         missing.c_str());
+    }
+    pollfd p{listener.get(), POLLIN, 0};
+    ::poll(&p, 1, std::min(left, 100));
+    Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd.get() < 0) {
+      continue;
+    }
+    tuneSocket(fd.get(), options.socketBuffer);
+    uint32_t hello[2] = {0, 0};
+    Status s = blockingIo(fd.get(), hello, sizeof(hello), false,
+                          std::min(deadline, Clock::now() + std::chrono::seconds(10)),
+                          "host backend hello");
+    if (!s.isOk() || hello[0] != kHelloMagic) {
+      BAGUA_LOG_WARN(kCore, "rank %d: dropped a connection that did not say hello properly", rank);
+      continue;
+    }
+    int peer = static_cast<int>(hello[1]);
+    if (peer <= rank || peer >= size || fds[peer].get() >= 0) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "rank %d: unexpected connection claiming rank %d (duplicate rank or "
+                         "wrong world size?)",
+                         rank, peer);
+    }
+    fds[peer] = std::move(fd);
+    --expected;
+  }
+  return std::unique_ptr<Transport>(new SocketTransport(rank, size, std::move(fds)));
+}
+
+}  // namespace bagua::core::host

@@ -1,0 +1,73 @@
+// The seam between the host collectives and the bytes on the wire: connect to every peer
+// through the store, then move bytes to and from peer ranks. The collectives only see this
+// interface, so the transport can be our own sockets (socket_transport.cc, today) or the
+// Bagua-Net multi-stream engine (once its public header exists) without touching them.
+//
+// Model: a batch of sends and receives is posted at once and progressed together until all
+// complete, the deadline passes, or the transport is aborted. Ops to the same peer in the same
+// direction complete in order. Receives report completed segments through a callback while the
+// rest of the batch is still in flight, which is how reduction overlaps transfer.
+//
+// Thread safety: exchange() is called by one thread at a time (the communicator's worker);
+// abort() and the counters may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "bagua/base/status.h"
+#include "bagua/core/store.h"
+
+namespace bagua::core::host {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+struct SendOp {
+  int peer = 0;
+  const void* data = nullptr;
+  size_t len = 0;
+};
+
+struct RecvOp {
+  int peer = 0;
+  void* data = nullptr;
+  size_t len = 0;
+  // When nonzero, onSegment(offset, length) runs (on the calling thread) each time another
+  // `segment` bytes (or the tail) have arrived.
+  size_t segment = 0;
+  std::function<void(size_t offset, size_t length)> onSegment;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Progresses every op to completion. Self ops (peer == rank) are matched in order and copied.
+  virtual Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                          Deadline deadline) = 0;
+  // Makes the current and every later exchange fail with Aborted (promptly: within ~50 ms).
+  virtual void abort(const std::string& why) = 0;
+  virtual uint64_t bytesSent() const = 0;
+  virtual uint64_t bytesReceived() const = 0;
+};
+
+struct SocketTransportOptions {
+  std::chrono::milliseconds connectTimeout{60000};
+  size_t socketBuffer = 4 << 20;
+  // Address to listen on and publish; empty: the store's localAddress().
+  std::string listenAddress;
+};
+
+// A full mesh of TCP connections (one per peer pair; the higher rank connects to the lower),
+// addresses exchanged through `store` under "<key>/addr/<rank>".
+Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
+                                                          const SocketTransportOptions& options);
+
+}  // namespace bagua::core::host
