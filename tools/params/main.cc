@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/core/params.h"
 #include "bagua/dataset_cache/params.h"
 #include "bagua/loader/params.h"
 
@@ -16,7 +17,8 @@ namespace {
 
 std::vector<bagua::ParamCatalogue*> allCatalogues() {
   // One line per library catalogue.
-  return {&bagua::baseParams(), &bagua::cache::cacheParams(), &bagua::loader::loaderParams()};
+  return {&bagua::baseParams(), &bagua::core::coreParams(), &bagua::cache::cacheParams(),
+          &bagua::loader::loaderParams()};
 }
 
 std::string jsonEscape(const std::string& s) {
