@@ -1,0 +1,434 @@
+#include "plugin_api.h"
+
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bagua/base/logging.h"
+#include "bagua/base/params.h"
+#include "bagua/net/engine.h"
+#include "net_params.h"
+
+namespace bagua::net::plugin {
+
+namespace {
+
+constexpr uint64_t kListenMagic = 0x4c4e474142ULL;   // "BAGNL"
+constexpr uint64_t kSendMagic = 0x534e474142ULL;     // "BAGNS"
+constexpr uint64_t kRecvMagic = 0x524e474142ULL;     // "BAGNR"
+constexpr uint64_t kConnectMagic = 0x434e474142ULL;  // "BAGNC" (connect state in the handle)
+
+struct Device {
+  NetInterface iface;
+  std::string pciPath;  // empty: none
+  int speedMbps = 0;
+};
+
+struct ListenComm {
+  uint64_t magic = kListenMagic;
+  std::unique_ptr<Listener> listener;
+};
+struct PluginSendComm {
+  uint64_t magic = kSendMagic;
+  std::unique_ptr<SendComm> comm;
+};
+struct PluginRecvComm {
+  uint64_t magic = kRecvMagic;
+  std::unique_ptr<RecvComm> comm;
+};
+
+// Connect progress kept in the caller-owned part of the 128-byte handle.
+struct ConnectState {
+  uint64_t magic;
+  Connector* connector;
+};
+static_assert(kHandleCallerOffset + sizeof(ConnectState) <= kHandleBytes);
+static_assert(kHandleBytes == NCCL_NET_HANDLE_MAXSIZE);
+
+struct Global {
+  std::mutex mu;
+  int refs = 0;                 // guarded by mu
+  std::vector<Device> devices;  // guarded by mu; stable while refs > 0
+  EngineOptions options;        // set at first init
+  std::atomic<ncclDebugLogger_t> logger{nullptr};
+};
+
+Global& global() {
+  static Global g;
+  return g;
+}
+
+void forwardToNccl(LogLevel level, LogCategory category, const char* file, int line,
+                   const std::string& message) {
+  ncclDebugLogger_t fn = global().logger.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    return;
+  }
+  ncclDebugLogLevel l = level >= LogLevel::kWarn   ? NCCL_LOG_WARN
+                        : level == LogLevel::kInfo ? NCCL_LOG_INFO
+                                                   : NCCL_LOG_TRACE;
+  unsigned long flags = category == LogCategory::kInit  ? (NCCL_INIT | NCCL_NET)
+                        : category == LogCategory::kEnv ? (NCCL_ENV | NCCL_NET)
+                                                        : NCCL_NET;
+  fn(l, flags, file, line, "NET/Bagua %s", message.c_str());
+}
+
+int readSpeed(const std::string& ifname) {
+  std::string path = "/sys/class/net/" + ifname + "/speed";
+  FILE* f = std::fopen(path.c_str(), "r");
+  int speed = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%d", &speed) != 1) {
+      speed = 0;
+    }
+    std::fclose(f);
+  }
+  return speed;
+}
+
+std::string pciPathOf(const std::string& ifname) {
+  std::string path = "/sys/class/net/" + ifname + "/device";
+  char real[PATH_MAX];
+  if (realpath(path.c_str(), real) == nullptr) {
+    return {};
+  }
+  return real;
+}
+
+Status discover(Global& g) {
+  NetParams& p = netParamRefs();
+  BAGUA_RETURN_IF_ERROR(netParams().loadAll());
+  BAGUA_ASSIGN_OR_RETURN(g.options, EngineOptions::fromParams());
+  BAGUA_ASSIGN_OR_RETURN(std::string ifname, p.ifname.get());
+  BAGUA_ASSIGN_OR_RETURN(std::string familyText, p.family.get());
+  BAGUA_ASSIGN_OR_RETURN(int family, parseAddressFamily(familyText));
+  BAGUA_ASSIGN_OR_RETURN(std::vector<NetInterface> ifs, findInterfaces(ifname, family, 16));
+  BAGUA_ASSIGN_OR_RETURN(int64_t speedParam, p.speedMbps.get());
+  g.devices.clear();
+  std::string list;
+  for (size_t i = 0; i < ifs.size(); ++i) {
+    Device d;
+    d.iface = ifs[i];
+    d.pciPath = pciPathOf(d.iface.name);
+    int sysSpeed = readSpeed(d.iface.name);
+    d.speedMbps =
+        speedParam > 0 ? static_cast<int>(speedParam) : (sysSpeed > 0 ? sysSpeed : 100000);
+    list += strPrintf("%s[%zu]%s<%s>", i == 0 ? "" : " ", i, d.iface.name.c_str(),
+                      d.iface.address.toString().c_str());
+    g.devices.push_back(std::move(d));
+  }
+  BAGUA_LOG_INFO(kInit, "Using interfaces %s", list.c_str());
+  std::string knobs;
+  for (const auto& param : netParams().params()) {
+    Result<std::string> v = param->valueString();
+    knobs += strPrintf("%s%s=%s(%s)", knobs.empty() ? "" : " ", param->key().c_str(),
+                       v.isOk() ? v->c_str() : "?", paramSourceName(param->source()));
+  }
+  BAGUA_LOG_INFO(kEnv, "Parameters: %s", knobs.c_str());
+  return Status::ok();
+}
+
+template <typename T>
+Result<T*> checked(void* p, uint64_t magic, const char* what) {
+  if (p == nullptr) {
+    return BAGUA_ERROR(kInternal, "null %s passed to the plugin", what);
+  }
+  auto* t = static_cast<T*>(p);
+  if (t->magic != magic) {
+    return BAGUA_ERROR(kInternal, "%s %p is not a live Bagua-Net object", what, p);
+  }
+  return t;
+}
+
+Result<const Device*> device(int dev) {
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.refs == 0) {
+    return BAGUA_ERROR(kInternal, "plugin used before init()");
+  }
+  if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) {
+    return BAGUA_ERROR(kInternal, "device %d out of range (%zu devices)", dev, g.devices.size());
+  }
+  return &g.devices[static_cast<size_t>(dev)];
+}
+
+}  // namespace
+
+Status init(ncclDebugLogger_t logger) {
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (logger != nullptr) {
+    g.logger.store(logger, std::memory_order_release);
+  }
+  if (g.refs > 0) {
+    ++g.refs;
+    return Status::ok();
+  }
+  if (g.logger.load(std::memory_order_acquire) != nullptr) {
+    setLogSink(forwardToNccl);
+    // NCCL filters by NCCL_DEBUG itself; let INFO lines through to it.
+    setLogLevel(LogCategory::kNet, LogLevel::kInfo);
+    setLogLevel(LogCategory::kInit, LogLevel::kInfo);
+    setLogLevel(LogCategory::kEnv, LogLevel::kInfo);
+  }
+  Status s = discover(g);
+  if (!s.isOk()) {
+    BAGUA_LOG_WARN(kInit, "init failed, NCCL will fall back to its own transports: %s",
+                   s.toString().c_str());
+    return s;
+  }
+  g.refs = 1;
+  return Status::ok();
+}
+
+Status finalize() {
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.refs <= 0) {
+    return BAGUA_ERROR(kInternal, "finalize() without a matching init()");
+  }
+  if (--g.refs == 0) {
+    g.devices.clear();
+    setLogSink(nullptr);
+    g.logger.store(nullptr, std::memory_order_release);
+  }
+  return Status::ok();
+}
+
+int initCount() {
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.refs;
+}
+
+Status devices(int* ndev) {
+  if (ndev == nullptr) {
+    return BAGUA_ERROR(kInternal, "devices(NULL)");
+  }
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.refs == 0) {
+    return BAGUA_ERROR(kInternal, "devices() before init()");
+  }
+  *ndev = static_cast<int>(g.devices.size());
+  return Status::ok();
+}
+
+Status getProperties(int dev, DeviceProps* props) {
+  if (props == nullptr) {
+    return BAGUA_ERROR(kInternal, "getProperties(NULL)");
+  }
+  BAGUA_ASSIGN_OR_RETURN(const Device* d, device(dev));
+  *props = DeviceProps();
+  // The strings live in the device list until the last finalize().
+  props->name = const_cast<char*>(d->iface.name.c_str());
+  props->pciPath = d->pciPath.empty() ? nullptr : const_cast<char*>(d->pciPath.c_str());
+  props->guid = static_cast<uint64_t>(dev);
+  props->speedMbps = d->speedMbps;
+  props->dev = dev;
+  return Status::ok();
+}
+
+Status listen(int dev, void* handle, void** listenComm) {
+  if (handle == nullptr || listenComm == nullptr) {
+    return BAGUA_ERROR(kInternal, "listen with a null handle or listenComm");
+  }
+  *listenComm = nullptr;
+  BAGUA_ASSIGN_OR_RETURN(const Device* d, device(dev));
+  SocketAddress bindAddr = d->iface.address;
+  if (bindAddr.family() == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&bindAddr.storage)->sin_port = 0;
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&bindAddr.storage)->sin6_port = 0;
+  }
+  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Listener> l, Listener::create(bindAddr, global().options));
+  std::memcpy(handle, l->handle().data(), kHandleBytes);
+  auto lc = std::make_unique<ListenComm>();
+  lc->listener = std::move(l);
+  *listenComm = lc.release();
+  return Status::ok();
+}
+
+Status connect(int dev, void* handle, void** sendComm) {
+  if (handle == nullptr || sendComm == nullptr) {
+    return BAGUA_ERROR(kInternal, "connect with a null handle or sendComm");
+  }
+  *sendComm = nullptr;
+  BAGUA_RETURN_IF_ERROR(device(dev).status());
+  auto* bytes = static_cast<uint8_t*>(handle);
+  ConnectState st;
+  std::memcpy(&st, bytes + kHandleCallerOffset, sizeof(st));
+  Connector* c = nullptr;
+  if (st.magic == kConnectMagic && st.connector != nullptr) {
+    c = st.connector;
+  } else {
+    Handle h;
+    std::memcpy(h.data(), bytes, kHandleBytes);
+    BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Connector> fresh, Connector::start(h, global().options));
+    c = fresh.release();
+    st = ConnectState{kConnectMagic, c};
+    std::memcpy(bytes + kHandleCallerOffset, &st, sizeof(st));
+  }
+  Result<std::unique_ptr<SendComm>> r = c->poll();
+  if (r.isOk() && *r == nullptr) {
+    return Status::ok();  // still connecting; NCCL calls again with the same handle
+  }
+  // Done either way: the connector goes, the handle forgets it.
+  delete c;
+  std::memset(bytes + kHandleCallerOffset, 0, sizeof(ConnectState));
+  if (!r.isOk()) {
+    return r.takeStatus();
+  }
+  auto sc = std::make_unique<PluginSendComm>();
+  sc->comm = std::move(*r);
+  *sendComm = sc.release();
+  return Status::ok();
+}
+
+Status accept(void* listenComm, void** recvComm) {
+  if (recvComm == nullptr) {
+    return BAGUA_ERROR(kInternal, "accept with a null recvComm");
+  }
+  *recvComm = nullptr;
+  BAGUA_ASSIGN_OR_RETURN(ListenComm * lc,
+                         checked<ListenComm>(listenComm, kListenMagic, "listenComm"));
+  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<RecvComm> r, lc->listener->accept());
+  if (r == nullptr) {
+    return Status::ok();
+  }
+  auto rc = std::make_unique<PluginRecvComm>();
+  rc->comm = std::move(r);
+  *recvComm = rc.release();
+  return Status::ok();
+}
+
+Status regMr(void* comm, int type, void** mhandle) {
+  if (comm == nullptr || mhandle == nullptr) {
+    return BAGUA_ERROR(kInternal, "regMr with a null comm or mhandle");
+  }
+  if (type != NCCL_PTR_HOST) {
+    return BAGUA_ERROR(kInternal,
+                       "regMr of memory type %d: Bagua-Net supports host memory only "
+                       "(ptrSupport = NCCL_PTR_HOST)",
+                       type);
+  }
+  *mhandle = comm;  // nothing to register for TCP
+  return Status::ok();
+}
+
+Status deregMr(void* /*comm*/, void* /*mhandle*/) {
+  return Status::ok();
+}
+
+Status isend(void* sendComm, void* data, size_t size, void** request) {
+  if (request == nullptr) {
+    return BAGUA_ERROR(kInternal, "isend with a null request pointer");
+  }
+  *request = nullptr;
+  BAGUA_ASSIGN_OR_RETURN(PluginSendComm * sc,
+                         checked<PluginSendComm>(sendComm, kSendMagic, "sendComm"));
+  Result<Request*> r = sc->comm->isend(data, size);
+  if (!r.isOk()) {
+    if (r.status().code() == StatusCode::kUnavailable) {
+      return Status::ok();  // NULL request: NCCL retries
+    }
+    return r.takeStatus();
+  }
+  *request = *r;
+  return Status::ok();
+}
+
+Status irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request) {
+  if (request == nullptr) {
+    return BAGUA_ERROR(kInternal, "irecv with a null request pointer");
+  }
+  *request = nullptr;  // also clears NCCL's optional-completion marker
+  BAGUA_ASSIGN_OR_RETURN(PluginRecvComm * rc,
+                         checked<PluginRecvComm>(recvComm, kRecvMagic, "recvComm"));
+  if (n != 1) {
+    return BAGUA_ERROR(kInternal, "grouped irecv of n=%d buffers, but Bagua-Net reports maxRecvs=1",
+                       n);
+  }
+  if (data == nullptr || sizes == nullptr) {
+    return BAGUA_ERROR(kInternal, "irecv with null data or sizes arrays");
+  }
+  Result<Request*> r = rc->comm->irecv(data[0], sizes[0]);
+  if (!r.isOk()) {
+    if (r.status().code() == StatusCode::kUnavailable) {
+      return Status::ok();
+    }
+    return r.takeStatus();
+  }
+  *request = *r;
+  return Status::ok();
+}
+
+Status test(void* request, int* done, size_t* sizes) {
+  if (request == nullptr || done == nullptr) {
+    return BAGUA_ERROR(kInternal, "test with a null request or done");
+  }
+  *done = 0;
+  bool finished = false;
+  size_t size = 0;
+  BAGUA_RETURN_IF_ERROR(static_cast<Request*>(request)->test(&finished, &size));
+  if (finished) {
+    *done = 1;
+    if (sizes != nullptr) {
+      sizes[0] = size;
+    }
+  }
+  return Status::ok();
+}
+
+Status closeSend(void* sendComm) {
+  BAGUA_ASSIGN_OR_RETURN(PluginSendComm * sc,
+                         checked<PluginSendComm>(sendComm, kSendMagic, "sendComm"));
+  sc->magic = 0;
+  delete sc;  // joins the helper threads
+  return Status::ok();
+}
+
+Status closeRecv(void* recvComm) {
+  BAGUA_ASSIGN_OR_RETURN(PluginRecvComm * rc,
+                         checked<PluginRecvComm>(recvComm, kRecvMagic, "recvComm"));
+  rc->magic = 0;
+  delete rc;
+  return Status::ok();
+}
+
+Status closeListen(void* listenComm) {
+  BAGUA_ASSIGN_OR_RETURN(ListenComm * lc,
+                         checked<ListenComm>(listenComm, kListenMagic, "listenComm"));
+  lc->magic = 0;
+  delete lc;
+  return Status::ok();
+}
+
+ncclResult_t toNcclResult(const Status& status) {
+  switch (status.code()) {
+  case StatusCode::kOk:
+    return ncclSuccess;
+  case StatusCode::kRemoteError:
+  case StatusCode::kDeadlineExceeded:
+    return ncclRemoteError;
+  case StatusCode::kSystemError:
+  case StatusCode::kNotFound:
+  case StatusCode::kUnavailable:
+  case StatusCode::kResourceExhausted:
+    return ncclSystemError;
+  case StatusCode::kInvalidArgument:
+    return ncclInvalidUsage;
+  default:
+    return ncclInternalError;
+  }
+}
+
+}  // namespace bagua::net::plugin

@@ -1,0 +1,62 @@
+// The one internal API behind every exported ncclNetPlugin_vN table. Each function returns a
+// Status; the per-version adapters in abi_nccl.cc convert argument types, catch exceptions and
+// map Status codes to ncclResult_t (toNcclResult).
+//
+// Thread model: NCCL calls set-up functions from its service thread(s) and isend/irecv/test
+// from its progress thread(s); several communicators may call concurrently. Global state (the
+// device list, the logger, the init refcount) is guarded by one mutex taken only in init,
+// finalize, devices and getProperties; per-comm calls touch only their comm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "bagua/base/status.h"
+#include "nccl_net_abi.h"
+
+namespace bagua::net::plugin {
+
+inline constexpr const char* kPluginName = "Bagua";
+
+// Version-neutral device properties (converted to each version's struct by the adapters).
+struct DeviceProps {
+  char* name = nullptr;
+  char* pciPath = nullptr;
+  uint64_t guid = 0;
+  int speedMbps = 0;
+  int maxComms = 65536;
+  int maxRecvs = 1;
+  int dev = 0;
+  size_t maxP2pBytes = size_t{1} << 30;
+  size_t maxCollBytes = size_t{512} << 20;
+};
+
+// Refcounted: the first call discovers interfaces and installs the NCCL logger as the log sink;
+// each successful call must be matched by finalize() (v11) or stays for the process (v6..v10).
+Status init(ncclDebugLogger_t logger);
+Status finalize();
+// Live init() calls (tests).
+int initCount();
+
+Status devices(int* ndev);
+Status getProperties(int dev, DeviceProps* props);
+Status listen(int dev, void* handle, void** listenComm);
+// Non-blocking; *sendComm stays null until connected. Keeps its progress inside the handle.
+Status connect(int dev, void* handle, void** sendComm);
+Status accept(void* listenComm, void** recvComm);
+Status regMr(void* comm, int type, void** mhandle);
+Status deregMr(void* comm, void* mhandle);
+// *request = nullptr means "no free slot, call again" (NCCL retries).
+Status isend(void* sendComm, void* data, size_t size, void** request);
+Status irecv(void* recvComm, int n, void** data, const size_t* sizes, void** request);
+// sizes (optional) gets the real size of each of the request's n (= 1) messages.
+Status test(void* request, int* done, size_t* sizes);
+Status closeSend(void* sendComm);
+Status closeRecv(void* recvComm);
+Status closeListen(void* listenComm);
+
+// Status -> ncclResult_t: peer gone -> ncclRemoteError, OS/network -> ncclSystemError, caller
+// mistakes -> ncclInvalidUsage, NCCL misusing the plugin / bugs -> ncclInternalError.
+ncclResult_t toNcclResult(const Status& status);
+
+}  // namespace bagua::net::plugin
