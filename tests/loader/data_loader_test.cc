@@ -13,7 +13,12 @@
 #include <gtest/gtest.h>
 
 #include "bagua/loader/params.h"
+#include "bagua_config.h"
 #include "loader_test_util.h"
+
+#if BAGUA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace bagua::loader {
 namespace {
@@ -400,6 +405,48 @@ TEST(DataLoader, PinnedMemory) {
   expectBatchMatches(**b, s.plan->batches()[0]);
   std::vector<Batch> rest = drain(**l);
   EXPECT_EQ(rest.size() + 1, s.plan->batches().size());
+}
+
+TEST(DataLoader, PinnedBatchesCopyToTheGpu) {
+#if BAGUA_HAVE_CUDA
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device visible: the cudaHostAlloc path runs on the GPU machine";
+  }
+  HostAllocator& pinned = pinnedHostAllocator();
+  EXPECT_STREQ(pinned.name(), "cudaHostAlloc");
+  VectorDataset ds(patternSamples(120));
+  Plan s = makePlan(ds.size());
+  LoaderOptions o = opts(2, 3);
+  o.pinMemory = true;
+  auto l = DataLoader::create(ds, *s.plan, concatCollate(), o);
+  ASSERT_TRUE(l.isOk());
+  ASSERT_TRUE((*l)->startEpoch(0).isOk());
+  auto b = (*l)->next();
+  ASSERT_TRUE(b.isOk() && b->has_value()) << b.status().toString();
+  const Batch& batch = **b;
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, batch.data.data()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "batch memory is not CUDA page-locked";
+  // Round trip through the device with asynchronous copies from the pinned buffer.
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, batch.data.size()), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::vector<uint8_t> back(batch.data.size());
+  EXPECT_EQ(
+      cudaMemcpyAsync(dev, batch.data.data(), batch.data.size(), cudaMemcpyHostToDevice, stream),
+      cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(back.data(), dev, back.size(), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(0, std::memcmp(back.data(), batch.data.data(), back.size()));
+  cudaStreamDestroy(stream);
+  cudaFree(dev);
+#else
+  GTEST_SKIP() << "bagua built without CUDA";
+#endif
 }
 
 TEST(CachingHostAllocator, ReusesFreedBlocks) {
