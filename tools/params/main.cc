@@ -12,13 +12,14 @@
 #include "bagua/core/params.h"
 #include "bagua/dataset_cache/params.h"
 #include "bagua/loader/params.h"
+#include "bagua/net/engine.h"
 
 namespace {
 
 std::vector<bagua::ParamCatalogue*> allCatalogues() {
   // One line per library catalogue.
   return {&bagua::baseParams(), &bagua::core::coreParams(), &bagua::cache::cacheParams(),
-          &bagua::loader::loaderParams()};
+          &bagua::loader::loaderParams(), &bagua::net::netParams()};
 }
 
 std::string jsonEscape(const std::string& s) {
