@@ -137,6 +137,13 @@ class SocketTransport final : public Transport {
       abortWhy_ = why;
     }
     aborted_.store(true, std::memory_order_release);
+    // Peers blocked on us see the connections close at once instead of waiting for their
+    // deadline. The descriptors stay open (and valid for a concurrent poll) until destruction.
+    for (Fd& fd : fds_) {
+      if (fd.get() >= 0) {
+        ::shutdown(fd.get(), SHUT_RDWR);
+      }
+    }
   }
 
   Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
@@ -275,6 +282,9 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
           }
         } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           int err = errno;
+          if (aborted_.load(std::memory_order_acquire)) {
+            return abortedStatus();
+          }
           return BAGUA_ERRNO(err, strPrintf("rank %d: send of %zu bytes to rank %d failed (peer "
                                             "exited or failed?)",
                                             rank_, s.op->len, p));
@@ -294,12 +304,18 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
             headsChanged = true;
           }
         } else if (n == 0) {
+          if (aborted_.load(std::memory_order_acquire)) {
+            return abortedStatus();
+          }
           return BAGUA_ERROR(kRemoteError,
                              "rank %d: rank %d closed its connection while %zu of %zu bytes "
                              "were still expected from it (did it exit or fail?)",
                              rank_, p, r.op->len - r.done, r.op->len);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           int err = errno;
+          if (aborted_.load(std::memory_order_acquire)) {
+            return abortedStatus();
+          }
           return BAGUA_ERRNO(err, strPrintf("rank %d: receive from rank %d failed", rank_, p));
         }
       }

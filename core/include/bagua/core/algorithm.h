@@ -1,0 +1,108 @@
+// The algorithm interface the reducer calls (Bagua's Algorithm / AlgorithmImpl split): an
+// Algorithm is a declaration holding the user's parameters; reify() binds it to a process group.
+// The Impl decides which tensors are communicated, how they are bucketed, what each bucket's
+// communication does, and hooks around forward, backward and the optimizer step.
+//
+// Thread model: runBucket() runs on the reducer's single background thread ("bagua-bucket"),
+// one bucket at a time, buckets in the same order on every rank. Every other hook runs on the
+// trainer's thread. A hook's error fails the training step that called it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/base/status.h"
+#include "bagua/core/parameter.h"
+#include "bagua/core/process_group.h"
+
+namespace bagua::core {
+
+// A communicated tensor: the "effective tensor" of a parameter (its gradient by default).
+struct TensorRef {
+  std::string name;
+  int paramIndex = -1;  // index in DistributedDataParallel::parameters()
+  size_t numel = 0;
+  DataType dtype = DataType::kF32;
+  Device device;
+  size_t bytes() const { return numel * dataTypeSize(dtype); }
+};
+
+// A bucket: tensors of one dtype and device, flattened into contiguous storage that the
+// reducer owns. Communication always runs on `flat`.
+struct Bucket {
+  int index = 0;
+  std::vector<int> tensors;     // indices into the reducer's tensor list, in bucket order
+  std::vector<size_t> offsets;  // element offset of each tensor in flat
+  DataType dtype = DataType::kF32;
+  Device device;
+  size_t numel = 0;
+  void* flat = nullptr;
+  size_t bytes() const { return numel * dataTypeSize(dtype); }
+};
+
+struct BucketOptions {
+  size_t firstBucketBytes = 1 << 20;
+  size_t bucketCapBytes = 25 << 20;
+};
+
+// PyTorch DDP's compute_bucket_assignment_by_size: groups by (dtype, device) in the given
+// order; a bucket closes once its bytes reach the current limit; the limits advance per key
+// (limits[0] for the first bucket, then limits[1], ...); leftovers close at the end; buckets
+// are sorted by their smallest tensor position. Returns positions into `tensors`.
+std::vector<std::vector<int>> computeBucketAssignmentBySize(const std::vector<TensorRef>& tensors,
+                                                            const std::vector<size_t>& limits);
+
+class DistributedDataParallel;
+
+class AlgorithmImpl {
+ public:
+  virtual ~AlgorithmImpl() = default;
+
+  // True when the reducer must rebuild tensors and buckets (and re-broadcast rank 0's state)
+  // before the next forward.
+  virtual bool needReset(DistributedDataParallel& /*ddp*/) { return false; }
+  // The communicated tensors in bucketing order. Default: gradients of the parameters that
+  // require grad and are not ignored, in reverse registration order.
+  virtual std::vector<TensorRef> initTensors(DistributedDataParallel& ddp);
+  // Partition (positions into `tensors`). Default: DDP's assignment with [first, cap] limits,
+  // then reversed so the last-registered parameters (ready first in backward) go first.
+  virtual std::vector<std::vector<int>> tensorsToBuckets(const std::vector<TensorRef>& tensors,
+                                                         const BucketOptions& options);
+  // Per-bucket set-up after (re)bucketing.
+  virtual Status initOperations(Bucket& /*bucket*/) { return Status::ok(); }
+  // The bucket's communication, run when all its tensors are ready (background thread).
+  virtual Status runBucket(Bucket& bucket, ProcessGroup& group) = 0;
+
+  virtual Status onForwardPre(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
+  virtual Status onBackwardReady(DistributedDataParallel& /*ddp*/, int /*tensor*/) {
+    return Status::ok();
+  }
+  virtual Status onPostBackward(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
+  virtual Status onPostOptimizerStep(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
+};
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual std::string name() const = 0;
+  virtual Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& group) = 0;
+};
+
+// The default algorithm: all-reduce the gradients bucket by bucket. `average` divides by the
+// world size (else sums). `hierarchical`: intra-node reduce to the local leader, all-reduce among
+// leaders, intra-node broadcast (needs a process group built with hierarchical sub-groups).
+class GradientAllReduce final : public Algorithm {
+ public:
+  explicit GradientAllReduce(bool hierarchical = false, bool average = true)
+      : hierarchical_(hierarchical), average_(average) {}
+  std::string name() const override { return "gradient_allreduce"; }
+  Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& group) override;
+
+ private:
+  bool hierarchical_;
+  bool average_;
+};
+
+}  // namespace bagua::core

@@ -1,0 +1,161 @@
+// DistributedDataParallel for C++ trainers, with the options of the seeds' DDP, and
+// with_bagua(), its Bagua-style entry point.
+//
+// Per iteration the trainer calls:
+//   ddp.prepareForward();          // hooks; buffer broadcast; one-time bucket rebuild
+//   ...forward...
+//   ddp.markGradReady(i)           // as each parameter's gradient becomes final in backward
+//   ddp.finishBackward();          // unused params, waits for communication, copies back
+//   ddp.step();                    // optimizers' step + post-step hook
+// Inside a noSync() scope markGradReady/finishBackward do not communicate, so gradients
+// accumulate locally (gradient accumulation); the first iteration after it reduces the sum.
+//
+// Buckets are launched strictly in bucket order (a ready bucket waits for earlier ones, as in
+// DDP's next_bucket_ and Bagua's ordered buckets) on one background thread, so every rank runs
+// the same communication sequence, overlapped with the rest of the backward pass.
+//
+// Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
+// finishBackward() as an error within the collective timeout; the reducer is then unusable.
+//
+// Thread safety: the methods above are called from the trainer's thread, one at a time.
+// Internally: mu_ guards the bucket queue and completion state, shared with the "bagua-bucket"
+// thread; algorithm hooks other than runBucket never run under mu_.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/status.h"
+#include "bagua/core/algorithm.h"
+#include "bagua/core/parameter.h"
+#include "bagua/core/process_group.h"
+
+namespace bagua::core {
+
+struct DdpOptions {
+  double bucketCapMb = 25.0;
+  size_t firstBucketBytes = 1 << 20;
+  bool gradientAsBucketView = false;
+  bool findUnusedParameters = false;
+  bool broadcastBuffers = true;
+  // Rebuild buckets once from the gradient-ready order seen in the first iteration (DDP does
+  // this unless find_unused_parameters).
+  bool rebuildBuckets = true;
+  // Parameters and buffers to leave alone, by "{module}.{param}" name.
+  std::vector<std::string> paramsToIgnore;
+  // Bound on waiting for communication in finishBackward (0: BAGUA_COLLECTIVE_TIMEOUT_MS).
+  std::chrono::milliseconds timeout{0};
+};
+
+class DistributedDataParallel {
+ public:
+  // Broadcasts rank 0's parameters, buffers and optimizer state, reifies the algorithm and
+  // builds the buckets. `params` and `buffers` are the trainer's lists (borrowed: they must
+  // outlive the reducer; setGrad updates them). Optimizers are borrowed too.
+  static Result<std::unique_ptr<DistributedDataParallel>> create(
+      std::vector<Parameter>& params, std::vector<Parameter>& buffers,
+      std::vector<Optimizer*> optimizers, std::shared_ptr<Algorithm> algorithm, ProcessGroup& group,
+      const DdpOptions& options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  Status prepareForward();
+  Status markGradReady(int paramIndex);
+  Status finishBackward();
+  Status step();
+
+  // Gradient accumulation scope (DDP's no_sync()).
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) { ddp_->noSync_ = true; }
+    ~NoSyncGuard() { ddp_->noSync_ = false; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+  };
+  NoSyncGuard noSync() { return NoSyncGuard(this); }
+
+  std::vector<Parameter>& parameters() { return params_; }
+  std::vector<Parameter>& buffers() { return buffers_; }
+  const std::vector<TensorRef>& tensors() const { return tensors_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Bucket layout as parameter names, bucket by bucket (for logs and tests).
+  std::vector<std::vector<std::string>> bucketLayout() const;
+  bool isIgnored(const std::string& name) const;
+  ProcessGroup& group() { return group_; }
+  int64_t trainStep() const { return trainStep_; }
+  bool bucketsRebuilt() const { return rebuilt_; }
+  const DdpOptions& options() const { return options_; }
+  std::vector<Optimizer*>& optimizers() { return optimizers_; }
+
+  // Broadcasts rank 0's parameters, buffers and optimizer state (used at creation and resets).
+  Status broadcastState();
+
+ private:
+  DistributedDataParallel(std::vector<Parameter>& params, std::vector<Parameter>& buffers,
+                          std::vector<Optimizer*> optimizers, std::shared_ptr<Algorithm> algorithm,
+                          ProcessGroup& group, const DdpOptions& options);
+  Status initAlgorithm();
+  Status buildBuckets(const std::vector<std::vector<int>>& assignment);
+  Status rebuildFromReadyOrder();
+  Status launchReadyBuckets();
+  void commLoop(std::stop_token stop);
+  Status waitForBuckets();
+
+  std::vector<Parameter>& params_;
+  std::vector<Parameter>& buffers_;
+  std::vector<Optimizer*> optimizers_;
+  std::shared_ptr<Algorithm> algorithm_;
+  ProcessGroup& group_;
+  DdpOptions options_;
+  std::chrono::milliseconds timeout_{0};
+  std::unique_ptr<AlgorithmImpl> impl_;
+
+  std::vector<TensorRef> tensors_;
+  std::vector<int> tensorOfParam_;  // param index -> tensor index or -1
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<uint8_t>> storage_;  // one flat allocation per bucket
+  std::vector<int> bucketOfTensor_;
+  std::vector<int> slotOfTensor_;
+
+  // Per-iteration state (trainer thread).
+  std::vector<bool> marked_;
+  std::vector<int> pendingInBucket_;
+  size_t nextBucket_ = 0;
+  bool inBackward_ = false;
+  bool noSync_ = false;
+  int64_t trainStep_ = 0;
+  std::vector<int> readyOrder_;  // tensor indices, first iteration
+  bool recordOrder_ = true;
+  bool rebuilt_ = false;
+  bool rebuildPending_ = false;
+
+  // Shared with the bucket thread.
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::condition_variable_any doneCv_;
+  std::deque<int> queue_;
+  size_t launched_ = 0;
+  size_t completed_ = 0;
+  Status commError_;
+  std::jthread commThread_;
+};
+
+// The seeds' with_bagua(optimizers, algorithm, process_group) in C++ form.
+Result<std::unique_ptr<DistributedDataParallel>> withBagua(std::vector<Parameter>& params,
+                                                           std::vector<Parameter>& buffers,
+                                                           std::vector<Optimizer*> optimizers,
+                                                           std::shared_ptr<Algorithm> algorithm,
+                                                           ProcessGroup& group,
+                                                           const DdpOptions& options = {});
+
+}  // namespace bagua::core

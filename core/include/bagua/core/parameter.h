@@ -1,0 +1,60 @@
+// The small parameter abstraction the reducer works on, so any trainer (hand-written, libtorch,
+// ...) can use it: a name, the weights, the gradient, element count, dtype and device.
+//
+// Ownership: the trainer owns the memory. With gradient_as_bucket_view the reducer moves the
+// gradient into its bucket storage and tells the trainer through setGrad(); from then on the
+// trainer must write gradients at the new address (which stays valid until the reducer is
+// destroyed or calls setGrad again).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bagua/core/types.h"
+
+namespace bagua::core {
+
+struct Parameter {
+  std::string name;  // "{module}.{param}", e.g. "fc1.weight"
+  void* data = nullptr;
+  void* grad = nullptr;  // may be null for buffers and params without grad
+  size_t numel = 0;
+  DataType dtype = DataType::kF32;
+  Device device;
+  bool requiresGrad = true;
+  // Re-points the trainer's gradient (gradient_as_bucket_view). Optional otherwise.
+  std::function<void(void* newGrad)> setGrad;
+
+  size_t bytes() const { return numel * dataTypeSize(dtype); }
+};
+
+// An optimizer the reducer can step and whose state it can broadcast.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual Status step() = 0;
+  virtual void zeroGrad() = 0;
+  // Tensors of state (momentum buffers, ...) that must equal rank 0's after wrapping.
+  virtual std::vector<Parameter> stateTensors() { return {}; }
+};
+
+// Plain SGD with momentum and weight decay on f32 CPU parameters, reading the gradients through
+// the trainer's parameter list (so re-pointed gradients are followed).
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<Parameter>& params, float lr, float momentum = 0.0f, float weightDecay = 0.0f);
+  Status step() override;
+  void zeroGrad() override;
+  std::vector<Parameter> stateTensors() override;
+
+ private:
+  std::vector<Parameter>& params_;
+  float lr_;
+  float momentum_;
+  float weightDecay_;
+  std::vector<std::vector<float>> velocity_;
+};
+
+}  // namespace bagua::core

@@ -1,0 +1,490 @@
+#include "bagua/core/ddp.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "bagua/base/logging.h"
+#include "bagua/base/thread.h"
+#include "bagua/core/params.h"
+
+namespace bagua::core {
+
+std::vector<std::vector<int>> assignInOrder(const std::vector<TensorRef>& tensors,
+                                            const std::vector<int>& order,
+                                            const std::vector<size_t>& limits);
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create(
+    std::vector<Parameter>& params, std::vector<Parameter>& buffers,
+    std::vector<Optimizer*> optimizers, std::shared_ptr<Algorithm> algorithm, ProcessGroup& group,
+    const DdpOptions& options) {
+  if (!algorithm) {
+    return BAGUA_ERROR(kInvalidArgument, "DistributedDataParallel: no algorithm given");
+  }
+  if (options.bucketCapMb <= 0 || options.firstBucketBytes == 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "DistributedDataParallel: bucket_cap_mb (%g) and the first bucket size "
+                       "(%zu) must be positive",
+                       options.bucketCapMb, options.firstBucketBytes);
+  }
+  std::set<std::string> names;
+  for (const auto* list : {&params, &buffers}) {
+    for (const Parameter& p : *list) {
+      if (!names.insert(p.name).second) {
+        return BAGUA_ERROR(kInvalidArgument, "DistributedDataParallel: duplicate name '%s'",
+                           p.name.c_str());
+      }
+      if (p.numel > 0 && p.data == nullptr) {
+        return BAGUA_ERROR(kInvalidArgument, "DistributedDataParallel: '%s' has no data",
+                           p.name.c_str());
+      }
+    }
+  }
+  for (const std::string& n : options.paramsToIgnore) {
+    if (names.count(n) == 0) {
+      BAGUA_LOG_WARN(kBucket,
+                     "paramsToIgnore names '%s', which is neither a parameter nor a buffer",
+                     n.c_str());
+    }
+  }
+  std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel(
+      params, buffers, std::move(optimizers), std::move(algorithm), group, options));
+  if (ddp->timeout_.count() <= 0) {
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
+    ddp->timeout_ = std::chrono::milliseconds(t);
+  }
+  BAGUA_RETURN_IF_ERROR(ddp->broadcastState());
+  BAGUA_RETURN_IF_ERROR(ddp->initAlgorithm());
+  ddp->commThread_ = std::jthread([raw = ddp.get()](std::stop_token st) { raw->commLoop(st); });
+  return ddp;
+}
+
+DistributedDataParallel::DistributedDataParallel(std::vector<Parameter>& params,
+                                                 std::vector<Parameter>& buffers,
+                                                 std::vector<Optimizer*> optimizers,
+                                                 std::shared_ptr<Algorithm> algorithm,
+                                                 ProcessGroup& group, const DdpOptions& options)
+    : params_(params),
+      buffers_(buffers),
+      optimizers_(std::move(optimizers)),
+      algorithm_(std::move(algorithm)),
+      group_(group),
+      options_(options),
+      timeout_(options.timeout) {}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  commThread_.request_stop();
+  cv_.notify_all();
+  if (commThread_.joinable()) {
+    commThread_.join();
+  }
+}
+
+bool DistributedDataParallel::isIgnored(const std::string& name) const {
+  return std::find(options_.paramsToIgnore.begin(), options_.paramsToIgnore.end(), name) !=
+         options_.paramsToIgnore.end();
+}
+
+Status DistributedDataParallel::broadcastState() {
+  Communicator& c = group_.global();
+  std::vector<WorkPtr> works;
+  auto bcast = [&](const Parameter& p) {
+    if (!isIgnored(p.name) && p.numel > 0) {
+      works.push_back(c.broadcast(p.data, p.numel, p.dtype, 0));
+    }
+  };
+  for (const Parameter& p : params_) {
+    bcast(p);
+  }
+  for (const Parameter& p : buffers_) {
+    bcast(p);
+  }
+  std::vector<std::vector<Parameter>> states;
+  for (Optimizer* o : optimizers_) {
+    states.push_back(o->stateTensors());
+    for (const Parameter& p : states.back()) {
+      bcast(p);
+    }
+  }
+  for (auto& w : works) {
+    BAGUA_RETURN_IF_ERROR(w->wait(timeout_));
+  }
+  return Status::ok();
+}
+
+Status DistributedDataParallel::initAlgorithm() {
+  BAGUA_ASSIGN_OR_RETURN(impl_, algorithm_->reify(group_));
+  tensors_ = impl_->initTensors(*this);
+  BucketOptions bo;
+  bo.firstBucketBytes = options_.firstBucketBytes;
+  bo.bucketCapBytes = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
+  auto assignment = impl_->tensorsToBuckets(tensors_, bo);
+  BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
+  readyOrder_.clear();
+  recordOrder_ = true;
+  return Status::ok();
+}
+
+Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>& assignment) {
+  tensorOfParam_.assign(params_.size(), -1);
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const int p = tensors_[t].paramIndex;
+    if (p < 0 || p >= static_cast<int>(params_.size())) {
+      return BAGUA_ERROR(kInternal, "tensor %s refers to parameter %d", tensors_[t].name.c_str(),
+                         p);
+    }
+    tensorOfParam_[p] = static_cast<int>(t);
+  }
+  std::vector<Bucket> buckets;
+  std::vector<std::vector<uint8_t>> storage;
+  bucketOfTensor_.assign(tensors_.size(), -1);
+  slotOfTensor_.assign(tensors_.size(), -1);
+  for (size_t bi = 0; bi < assignment.size(); ++bi) {
+    Bucket b;
+    b.index = static_cast<int>(bi);
+    b.tensors = assignment[bi];
+    if (b.tensors.empty()) {
+      return BAGUA_ERROR(kInternal, "bucket %zu is empty", bi);
+    }
+    b.dtype = tensors_[b.tensors[0]].dtype;
+    b.device = tensors_[b.tensors[0]].device;
+    for (size_t k = 0; k < b.tensors.size(); ++k) {
+      const int t = b.tensors[k];
+      if (t < 0 || t >= static_cast<int>(tensors_.size()) || bucketOfTensor_[t] != -1) {
+        return BAGUA_ERROR(kInternal, "bucket %zu: tensor %d missing or in two buckets", bi, t);
+      }
+      const TensorRef& tr = tensors_[t];
+      if (tr.dtype != b.dtype || !(tr.device == b.device)) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "bucket %zu mixes %s (%s) with %s: a bucket holds one dtype and device",
+                           bi, tr.name.c_str(), dataTypeName(tr.dtype), dataTypeName(b.dtype));
+      }
+      if (tr.device.type != DeviceType::kCpu) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "%s lives on a CUDA device: this reducer flattens buckets in host "
+                           "memory only (GPU buckets are not implemented yet)",
+                           tr.name.c_str());
+      }
+      b.offsets.push_back(b.numel);
+      b.numel += tr.numel;
+      bucketOfTensor_[t] = static_cast<int>(bi);
+      slotOfTensor_[t] = static_cast<int>(k);
+    }
+    storage.emplace_back(b.bytes() + 64);
+    buckets.push_back(std::move(b));
+  }
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    if (bucketOfTensor_[t] < 0) {
+      return BAGUA_ERROR(kInternal, "tensor %s is in no bucket", tensors_[t].name.c_str());
+    }
+  }
+  for (size_t bi = 0; bi < buckets.size(); ++bi) {
+    Bucket& b = buckets[bi];
+    b.flat = storage[bi].data();
+    const size_t es = dataTypeSize(b.dtype);
+    for (size_t k = 0; k < b.tensors.size(); ++k) {
+      Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+      uint8_t* slot = static_cast<uint8_t*>(b.flat) + b.offsets[k] * es;
+      if (p.grad != nullptr) {
+        std::memcpy(slot, p.grad, p.bytes());
+      }
+      if (options_.gradientAsBucketView) {
+        if (!p.setGrad) {
+          return BAGUA_ERROR(kInvalidArgument,
+                             "gradient_as_bucket_view needs Parameter::setGrad for '%s'",
+                             p.name.c_str());
+        }
+        p.setGrad(slot);
+        p.grad = slot;
+      }
+    }
+    BAGUA_RETURN_IF_ERROR(impl_->initOperations(b));
+  }
+  buckets_ = std::move(buckets);
+  storage_ = std::move(storage);
+  marked_.assign(tensors_.size(), false);
+  pendingInBucket_.resize(buckets_.size());
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    pendingInBucket_[bi] = static_cast<int>(buckets_[bi].tensors.size());
+  }
+  nextBucket_ = 0;
+  if (logEnabled(LogLevel::kInfo, LogCategory::kBucket)) {
+    for (const Bucket& b : buckets_) {
+      BAGUA_LOG_INFO(kBucket, "bucket %d: %zu tensors, %zu x %s (%zu bytes)", b.index,
+                     b.tensors.size(), b.numel, dataTypeName(b.dtype), b.bytes());
+    }
+  }
+  return Status::ok();
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucketLayout() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& b : buckets_) {
+    out.emplace_back();
+    for (int t : b.tensors) {
+      out.back().push_back(tensors_[t].name);
+    }
+  }
+  return out;
+}
+
+Status DistributedDataParallel::rebuildFromReadyOrder() {
+  // Every rank adopts rank 0's observed order so the buckets match everywhere.
+  std::vector<int64_t> order(tensors_.size(), -1);
+  for (size_t i = 0; i < readyOrder_.size() && i < order.size(); ++i) {
+    order[i] = readyOrder_[i];
+  }
+  BAGUA_RETURN_IF_ERROR(
+      group_.global().broadcast(order.data(), order.size(), DataType::kI64, 0)->wait(timeout_));
+  std::vector<int> positions;
+  std::vector<bool> seen(tensors_.size(), false);
+  for (int64_t t : order) {
+    if (t < 0 || t >= static_cast<int64_t>(tensors_.size()) || seen[t]) {
+      return BAGUA_ERROR(kInternal, "rank 0's gradient-ready order is not a permutation");
+    }
+    seen[t] = true;
+    positions.push_back(static_cast<int>(t));
+  }
+  const size_t cap = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
+  auto assignment = assignInOrder(tensors_, positions, {options_.firstBucketBytes, cap});
+  BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
+  rebuilt_ = true;
+  BAGUA_LOG_INFO(kBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
+  return Status::ok();
+}
+
+Status DistributedDataParallel::prepareForward() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!commError_.isOk()) {
+      return commError_;
+    }
+  }
+  if (inBackward_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "prepareForward() during a backward pass: call finishBackward() first");
+  }
+  ++trainStep_;
+  if (rebuildPending_) {
+    rebuildPending_ = false;
+    BAGUA_RETURN_IF_ERROR(rebuildFromReadyOrder());
+  }
+  if (impl_->needReset(*this)) {
+    BAGUA_RETURN_IF_ERROR(broadcastState());
+    BAGUA_RETURN_IF_ERROR(initAlgorithm());
+  }
+  if (options_.broadcastBuffers && !buffers_.empty()) {
+    std::vector<WorkPtr> works;
+    for (const Parameter& b : buffers_) {
+      if (!isIgnored(b.name) && b.numel > 0) {
+        works.push_back(group_.global().broadcast(b.data, b.numel, b.dtype, 0));
+      }
+    }
+    for (auto& w : works) {
+      BAGUA_RETURN_IF_ERROR(w->wait(timeout_));
+    }
+  }
+  return impl_->onForwardPre(*this);
+}
+
+Status DistributedDataParallel::markGradReady(int paramIndex) {
+  if (paramIndex < 0 || paramIndex >= static_cast<int>(params_.size())) {
+    return BAGUA_ERROR(kInvalidArgument, "markGradReady(%d): %zu parameters", paramIndex,
+                       params_.size());
+  }
+  if (noSync_) {
+    return Status::ok();
+  }
+  const int t = tensorOfParam_[paramIndex];
+  if (t < 0) {
+    return Status::ok();  // ignored or not communicated
+  }
+  if (marked_[t]) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "gradient of '%s' marked ready twice in one iteration (a parameter used "
+                       "twice must be marked once, when its gradient is final)",
+                       tensors_[t].name.c_str());
+  }
+  inBackward_ = true;
+  marked_[t] = true;
+  if (recordOrder_) {
+    readyOrder_.push_back(t);
+  }
+  const int bi = bucketOfTensor_[t];
+  Bucket& b = buckets_[bi];
+  const Parameter& p = params_[paramIndex];
+  uint8_t* slot =
+      static_cast<uint8_t*>(b.flat) + b.offsets[slotOfTensor_[t]] * dataTypeSize(b.dtype);
+  if (!options_.gradientAsBucketView && p.grad != slot) {
+    std::memcpy(slot, p.grad, p.bytes());
+  }
+  BAGUA_RETURN_IF_ERROR(impl_->onBackwardReady(*this, t));
+  --pendingInBucket_[bi];
+  return launchReadyBuckets();
+}
+
+Status DistributedDataParallel::launchReadyBuckets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool any = false;
+  while (nextBucket_ < buckets_.size() && pendingInBucket_[nextBucket_] == 0) {
+    queue_.push_back(static_cast<int>(nextBucket_));
+    ++launched_;
+    ++nextBucket_;
+    any = true;
+  }
+  if (any) {
+    cv_.notify_all();
+  }
+  return Status::ok();
+}
+
+void DistributedDataParallel::commLoop(std::stop_token stop) {
+  setThreadName("bagua-bucket");
+  while (true) {
+    int bi = -1;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, stop, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
+      if (queue_.empty()) {
+        if (stop.stop_requested()) {
+          return;
+        }
+        continue;
+      }
+      bi = queue_.front();
+      queue_.pop_front();
+    }
+    Status s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = commError_;
+    }
+    if (s.isOk()) {
+      s = impl_->runBucket(buckets_[bi], group_);
+      if (!s.isOk()) {
+        s.withContext(strPrintf("bucket %d (%zu x %s)", bi, buckets_[bi].numel,
+                                dataTypeName(buckets_[bi].dtype)));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.isOk() && commError_.isOk()) {
+        commError_ = s;
+      }
+      ++completed_;
+    }
+    doneCv_.notify_all();
+  }
+}
+
+Status DistributedDataParallel::waitForBuckets() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
+  if (!doneCv_.wait_until(lock, deadline, [&] { return completed_ == launched_; })) {
+    return BAGUA_ERROR(kDeadlineExceeded,
+                       "rank %d: bucket communication did not finish within %lld ms (%zu of %zu "
+                       "buckets done)",
+                       group_.rank(), static_cast<long long>(timeout_.count()), completed_,
+                       launched_);
+  }
+  return commError_;
+}
+
+Status DistributedDataParallel::finishBackward() {
+  if (noSync_) {
+    inBackward_ = false;
+    return Status::ok();
+  }
+  // Parameters that got no gradient this iteration.
+  std::vector<int> unused;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    if (!marked_[t]) {
+      unused.push_back(static_cast<int>(t));
+    }
+  }
+  if (!unused.empty()) {
+    if (!options_.findUnusedParameters) {
+      std::string names;
+      for (size_t i = 0; i < unused.size() && i < 8; ++i) {
+        names += (i ? ", " : "") + tensors_[unused[i]].name;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (commError_.isOk()) {
+          commError_ = BAGUA_ERROR(
+              kFailedPrecondition,
+              "rank %d: %zu parameter(s) did not receive a gradient in this iteration (%s): "
+              "set find_unused_parameters (DdpOptions::findUnusedParameters) or add them to "
+              "paramsToIgnore",
+              group_.rank(), unused.size(), names.c_str());
+        }
+      }
+      group_.abort("a rank found unused parameters without find_unused_parameters");
+      return commError_;
+    }
+    for (int t : unused) {
+      const int bi = bucketOfTensor_[t];
+      Bucket& b = buckets_[bi];
+      const size_t es = dataTypeSize(b.dtype);
+      std::memset(static_cast<uint8_t*>(b.flat) + b.offsets[slotOfTensor_[t]] * es, 0,
+                  tensors_[t].bytes());
+      marked_[t] = true;
+      --pendingInBucket_[bi];
+    }
+    recordOrder_ = false;  // the order is incomplete; DDP does not rebuild in this mode either
+    BAGUA_RETURN_IF_ERROR(launchReadyBuckets());
+  }
+  if (nextBucket_ != buckets_.size()) {
+    return BAGUA_ERROR(kInternal, "finishBackward: only %zu of %zu buckets launched", nextBucket_,
+                       buckets_.size());
+  }
+  Status s = waitForBuckets();
+  if (!s.isOk()) {
+    return s;
+  }
+  if (!options_.gradientAsBucketView) {
+    for (const Bucket& b : buckets_) {
+      const size_t es = dataTypeSize(b.dtype);
+      for (size_t k = 0; k < b.tensors.size(); ++k) {
+        Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+        std::memcpy(p.grad, static_cast<const uint8_t*>(b.flat) + b.offsets[k] * es, p.bytes());
+      }
+    }
+  }
+  // Next iteration.
+  std::fill(marked_.begin(), marked_.end(), false);
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    pendingInBucket_[bi] = static_cast<int>(buckets_[bi].tensors.size());
+  }
+  nextBucket_ = 0;
+  inBackward_ = false;
+  if (recordOrder_) {
+    recordOrder_ = false;
+    rebuildPending_ = options_.rebuildBuckets && !options_.findUnusedParameters && !rebuilt_ &&
+                      readyOrder_.size() == tensors_.size();
+  }
+  return impl_->onPostBackward(*this);
+}
+
+Status DistributedDataParallel::step() {
+  for (Optimizer* o : optimizers_) {
+    BAGUA_RETURN_IF_ERROR(o->step());
+  }
+  return impl_->onPostOptimizerStep(*this);
+}
+
+Result<std::unique_ptr<DistributedDataParallel>> withBagua(std::vector<Parameter>& params,
+                                                           std::vector<Parameter>& buffers,
+                                                           std::vector<Optimizer*> optimizers,
+                                                           std::shared_ptr<Algorithm> algorithm,
+                                                           ProcessGroup& group,
+                                                           const DdpOptions& options) {
+  return DistributedDataParallel::create(params, buffers, std::move(optimizers),
+                                         std::move(algorithm), group, options);
+}
+
+}  // namespace bagua::core

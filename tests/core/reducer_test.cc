@@ -1,0 +1,508 @@
+// The reducer (DistributedDataParallel) and its default algorithm: DDP's bucket assignment
+// oracle, bucket order and rebuild, and training equivalence: a 4-rank DDP run of a real MLP
+// equals single-process training on the concatenated batch, with gradient_as_bucket_view on and
+// off, unused parameters, ignore lists, no_sync accumulation, hierarchical all-reduce; a rank
+// that dies makes the others fail instead of hang.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "bagua/core/ddp.h"
+#include "bagua/core/example_mlp.h"
+#include "multi_rank.h"
+
+namespace bagua::core {
+namespace {
+
+using namespace std::chrono_literals;
+using example::Mlp;
+using example::MlpConfig;
+
+// ---- Bucket assignment (PyTorch's test_c10d_common cases, copied into Bagua's suite) ---------
+
+std::vector<TensorRef> refs(const std::vector<std::pair<size_t, DataType>>& spec) {
+  std::vector<TensorRef> out;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    out.push_back(
+        {"t" + std::to_string(i), static_cast<int>(i), spec[i].first, spec[i].second, Device{}});
+  }
+  return out;
+}
+
+using Assignment = std::vector<std::vector<int>>;
+
+TEST(BucketAssignment, SingleLimitSingleDtype) {
+  auto t = refs(
+      {{100, DataType::kF32}, {200, DataType::kF32}, {100, DataType::kF32}, {50, DataType::kF32}});
+  EXPECT_EQ(computeBucketAssignmentBySize(t, {400}), (Assignment{{0}, {1}, {2}, {3}}));
+}
+
+TEST(BucketAssignment, SingleLimitMultiDtype) {
+  auto t = refs({{50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64}});
+  EXPECT_EQ(computeBucketAssignmentBySize(t, {400}), (Assignment{{0, 2}, {1, 3}, {4}, {5}}));
+}
+
+TEST(BucketAssignment, MultiLimitSingleDtype) {
+  auto t = refs(
+      {{10, DataType::kF32}, {10, DataType::kF32}, {10, DataType::kF32}, {10, DataType::kF32}});
+  EXPECT_EQ(computeBucketAssignmentBySize(t, {40, 80}), (Assignment{{0}, {1, 2}, {3}}));
+}
+
+TEST(BucketAssignment, MultiLimitMultiDtype) {
+  auto t = refs({{50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64}});
+  EXPECT_EQ(computeBucketAssignmentBySize(t, {200, 400}), (Assignment{{0}, {1}, {2, 4}, {3, 5}}));
+}
+
+// ---- Training harness ------------------------------------------------------------------------
+
+constexpr int kIn = 12;
+constexpr int kClasses = 5;
+constexpr int kPerRank = 8;
+
+MlpConfig modelConfig(uint64_t seed, bool aux = false) {
+  MlpConfig c;
+  c.sizes = {kIn, 48, 40, kClasses};
+  c.seed = seed;
+  c.auxHead = aux;
+  return c;
+}
+
+// Deterministic data: sample s of step t.
+void makeBatch(int step, int first, int count, std::vector<float>* x, std::vector<int32_t>* y) {
+  x->resize(static_cast<size_t>(count) * kIn);
+  y->resize(count);
+  for (int k = 0; k < count; ++k) {
+    std::mt19937 rng(static_cast<uint32_t>(step * 100003 + first + k));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    float score[kClasses] = {};
+    for (int i = 0; i < kIn; ++i) {
+      float v = d(rng);
+      (*x)[static_cast<size_t>(k) * kIn + i] = v;
+      for (int c = 0; c < kClasses; ++c) {
+        score[c] += v * static_cast<float>(((i + 1) * (c + 3)) % 7 - 3);
+      }
+    }
+    (*y)[k] = static_cast<int32_t>(std::max_element(score, score + kClasses) - score);
+  }
+}
+
+std::vector<float> flatWeights(Mlp& m) {
+  std::vector<float> w;
+  for (auto& p : m.parameters()) {
+    auto* d = static_cast<float*>(p.data);
+    w.insert(w.end(), d, d + p.numel);
+  }
+  return w;
+}
+
+struct RunSpec {
+  int world = 4;
+  int steps = 4;
+  int microBatches = 1;  // > 1: the first ones under noSync()
+  DdpOptions ddp;
+  bool hierarchical = false;
+  int localWorldSize = -1;
+  std::function<bool(int rank, int step)> useAux;  // null: never
+  bool aux = false;
+};
+
+// Single-process reference: the mean of the per-rank mean losses, i.e. per-rank gradients
+// accumulated and divided by the world size (equal batches: the mean over the whole batch).
+std::vector<float> referenceRun(const RunSpec& spec, const std::vector<std::string>& ignore = {}) {
+  Mlp m(modelConfig(1000, spec.aux));  // rank 0's seed: DDP broadcasts rank 0's weights
+  Sgd opt(m.parameters(), 0.05f, 0.9f);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  for (int step = 0; step < spec.steps; ++step) {
+    m.zeroGrad();
+    for (int mb = 0; mb < spec.microBatches; ++mb) {
+      for (int r = 0; r < spec.world; ++r) {
+        makeBatch(step * spec.microBatches + mb, r * kPerRank, kPerRank, &x, &y);
+        bool aux = spec.useAux && spec.useAux(r, step);
+        m.forward(x.data(), y.data(), kPerRank, aux);
+        m.backward([](int) {});
+      }
+    }
+    for (auto& p : m.parameters()) {
+      auto* g = static_cast<float*>(p.grad);
+      for (size_t k = 0; k < p.numel; ++k) {
+        g[k] /= static_cast<float>(spec.world);
+      }
+    }
+    (void)opt.step();
+  }
+  (void)ignore;
+  return flatWeights(m);
+}
+
+struct RankResult {
+  std::vector<float> weights;
+  std::vector<std::vector<std::string>> layout;
+  bool rebuilt = false;
+  std::vector<float> buffer;
+};
+
+std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
+  auto store = std::make_shared<InMemoryStore>();
+  results->assign(spec.world, {});
+  auto res = bagua::testing::runRanks(
+      spec.world,
+      [&](int r) -> std::string {
+        ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = spec.world;
+        po.localWorldSize = spec.localWorldSize;
+        po.hierarchical = spec.hierarchical;
+        po.rendezvousTimeout = 20000ms;
+        po.collectiveTimeout = 30000ms;
+        auto pg = ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Mlp m(modelConfig(1000 + static_cast<uint64_t>(r) * 17, spec.aux));  // differ per rank
+        Sgd opt(m.parameters(), 0.05f, 0.9f);
+        auto ddp =
+            withBagua(m.parameters(), m.buffers(), {&opt},
+                      std::make_shared<GradientAllReduce>(spec.hierarchical), **pg, spec.ddp);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        DistributedDataParallel& d = **ddp;
+        std::vector<float> x;
+        std::vector<int32_t> y;
+        for (int step = 0; step < spec.steps; ++step) {
+          opt.zeroGrad();
+          for (int mb = 0; mb < spec.microBatches; ++mb) {
+            const bool sync = mb == spec.microBatches - 1;
+            std::optional<DistributedDataParallel::NoSyncGuard> guard;
+            if (!sync) {
+              guard.emplace(&d);
+            }
+            Status s = d.prepareForward();
+            if (!s.isOk()) {
+              return s.toString();
+            }
+            makeBatch(step * spec.microBatches + mb, r * kPerRank, kPerRank, &x, &y);
+            bool aux = spec.useAux && spec.useAux(r, step);
+            m.forward(x.data(), y.data(), kPerRank, aux);
+            Status ready;
+            m.backward([&](int p) {
+              if (ready.isOk()) {
+                ready = d.markGradReady(p);
+              }
+            });
+            if (!ready.isOk()) {
+              return ready.toString();
+            }
+            s = d.finishBackward();
+            if (!s.isOk()) {
+              return s.toString();
+            }
+          }
+          Status s = d.step();
+          if (!s.isOk()) {
+            return s.toString();
+          }
+        }
+        (*results)[r].weights = flatWeights(m);
+        (*results)[r].layout = d.bucketLayout();
+        (*results)[r].rebuilt = d.bucketsRebuilt();
+        auto* b = static_cast<float*>(m.buffers()[0].data);
+        (*results)[r].buffer.assign(b, b + m.buffers()[0].numel);
+        return "";
+      },
+      120s);
+  return bagua::testing::joinFailures(res);
+}
+
+void expectMatchesReference(const std::vector<RankResult>& got, const std::vector<float>& want) {
+  ASSERT_FALSE(got.empty());
+  for (size_t r = 0; r < got.size(); ++r) {
+    ASSERT_EQ(got[r].weights.size(), want.size());
+    // Every rank holds bitwise the same model.
+    EXPECT_EQ(std::memcmp(got[r].weights.data(), got[0].weights.data(), want.size() * 4), 0)
+        << "rank " << r << " diverged from rank 0";
+  }
+  double maxErr = 0;
+  for (size_t k = 0; k < want.size(); ++k) {
+    maxErr = std::max(maxErr, std::fabs(static_cast<double>(got[0].weights[k]) - want[k]) /
+                                  std::max(1.0, std::fabs(static_cast<double>(want[k]))));
+  }
+  EXPECT_LT(maxErr, 2e-5) << "DDP differs from single-process training beyond rounding";
+}
+
+class DdpEquivalence : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DdpEquivalence, MatchesSingleProcessOnConcatenatedBatch) {
+  RunSpec spec;
+  spec.ddp.gradientAsBucketView = GetParam();
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+}
+
+TEST_P(DdpEquivalence, SmallBucketsAreRebuiltInReadyOrder) {
+  RunSpec spec;
+  spec.ddp.gradientAsBucketView = GetParam();
+  spec.ddp.firstBucketBytes = 512;
+  spec.ddp.bucketCapMb = 4096.0 / (1024 * 1024);  // 4 KiB
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+  EXPECT_TRUE(got[0].rebuilt);
+  // Backward produces the last layer first (bias, then weight). In that order with limits
+  // [512 B, 4 KiB]: fc2 (820 B) closes the first bucket, fc1 (7840 B) the second, fc0 is left.
+  std::vector<std::vector<std::string>> want = {
+      {"fc2.bias", "fc2.weight"}, {"fc1.bias", "fc1.weight"}, {"fc0.bias", "fc0.weight"}};
+  EXPECT_EQ(got[0].layout, want);
+  for (size_t r = 1; r < got.size(); ++r) {
+    EXPECT_EQ(got[r].layout, got[0].layout) << "ranks disagree on buckets";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, DdpEquivalence, ::testing::Bool());
+
+TEST(Ddp, InitialBucketsAreReverseRegistrationWithSmallFirstBucketLast) {
+  auto store = std::make_shared<InMemoryStore>();
+  ProcessGroupOptions po;
+  po.hierarchical = false;
+  auto pg = ProcessGroup::create(store, po);
+  ASSERT_TRUE(pg.isOk());
+  // 4 params of 512 KiB f32 each, then one f64 param: first bucket limit 1 MiB, cap 1.5 MiB.
+  std::vector<std::vector<uint8_t>> mem;
+  std::vector<Parameter> params;
+  auto add = [&](const std::string& n, size_t numel, DataType t) {
+    mem.emplace_back(numel * dataTypeSize(t) * 2);
+    Parameter p;
+    p.name = n;
+    p.numel = numel;
+    p.dtype = t;
+    p.data = mem.back().data();
+    p.grad = mem.back().data() + numel * dataTypeSize(t);
+    params.push_back(p);
+  };
+  for (int i = 0; i < 4; ++i) {
+    add("l" + std::to_string(i) + ".weight", 128 * 1024, DataType::kF32);
+  }
+  add("head.weight", 1000, DataType::kF64);
+  std::vector<Parameter> buffers;
+  DdpOptions o;
+  o.bucketCapMb = 1.5;
+  auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, o);
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  // Forward-order assignment: f32 [l0,l1] (1 MiB, first limit), [l2,l3] (1 MiB < 1.5 MiB:
+  // leftover), f64 [head]; sorted by first member then reversed.
+  auto layout = (*ddp)->bucketLayout();
+  std::vector<std::vector<std::string>> want = {
+      {"head.weight"}, {"l3.weight", "l2.weight"}, {"l1.weight", "l0.weight"}};
+  EXPECT_EQ(layout, want);
+}
+
+TEST(Ddp, FindUnusedParametersMatchesReference) {
+  RunSpec spec;
+  spec.aux = true;
+  spec.ddp.findUnusedParameters = true;
+  spec.useAux = [](int rank, int step) { return (rank + step) % 2 == 0; };
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+}
+
+TEST(Ddp, UnusedParameterWithoutFindUnusedIsAnErrorEverywhereNotAHang) {
+  RunSpec spec;
+  spec.aux = true;
+  spec.steps = 2;
+  spec.useAux = [](int rank, int) { return rank != 1; };  // rank 1 never uses the aux head
+  std::vector<RankResult> got;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err = ddpRun(spec, &got);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 25s);
+  EXPECT_NE(err.find("[rank 1]"), std::string::npos) << err;
+  EXPECT_NE(err.find("find_unused_parameters"), std::string::npos) << err;
+  EXPECT_NE(err.find("aux.weight"), std::string::npos) << err;
+  for (int r : {0, 2, 3}) {
+    EXPECT_NE(err.find("[rank " + std::to_string(r) + "]"), std::string::npos)
+        << "rank " << r << " did not fail: " << err;
+  }
+}
+
+TEST(Ddp, NoSyncAccumulatesThenReducesTheSum) {
+  RunSpec spec;
+  spec.microBatches = 3;
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+}
+
+TEST(Ddp, HierarchicalAllReduceMatchesReference) {
+  RunSpec spec;
+  spec.hierarchical = true;
+  spec.localWorldSize = 2;
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+}
+
+TEST(Ddp, BuffersAreBroadcastFromRankZero) {
+  RunSpec spec;
+  spec.steps = 2;
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  // Each rank's running mean saw different data in its last forward, so they differ; but every
+  // forward starts from rank 0's buffer: the difference is only the last update's share.
+  std::vector<RankResult> noBcast;
+  spec.ddp.broadcastBuffers = false;
+  ASSERT_EQ(ddpRun(spec, &noBcast), "");
+  // Without broadcast the buffers drift further apart than with it.
+  double with = 0, without = 0;
+  for (size_t k = 0; k < got[0].buffer.size(); ++k) {
+    with += std::fabs(got[1].buffer[k] - got[0].buffer[k]);
+    without += std::fabs(noBcast[1].buffer[k] - noBcast[0].buffer[k]);
+  }
+  EXPECT_LT(with, without);
+}
+
+TEST(Ddp, IgnoredParametersAreNeitherBroadcastNorReduced) {
+  auto store = std::make_shared<InMemoryStore>();
+  const int world = 2;
+  std::vector<std::vector<float>> bias(world), weight(world);
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) -> std::string {
+        ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = world;
+        po.hierarchical = false;
+        auto pg = ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Mlp m(modelConfig(50 + static_cast<uint64_t>(r)));
+        // Give the ignored bias a per-rank value to see that it is not broadcast.
+        auto& params = m.parameters();
+        int bi = -1;
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (params[i].name == "fc0.bias") {
+            bi = static_cast<int>(i);
+          }
+        }
+        std::fill_n(static_cast<float*>(params[bi].data), params[bi].numel, 1.0f + r);
+        DdpOptions o;
+        o.paramsToIgnore = {"fc0.bias"};
+        auto ddp =
+            withBagua(params, m.buffers(), {}, std::make_shared<GradientAllReduce>(), **pg, o);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        for (const auto& b : (*ddp)->bucketLayout()) {
+          for (const auto& n : b) {
+            if (n == "fc0.bias") {
+              return "ignored parameter is in a bucket";
+            }
+          }
+        }
+        // One step: set every gradient to rank+1 and mark them ready.
+        for (auto& p : params) {
+          std::fill_n(static_cast<float*>(p.grad), p.numel, 1.0f + r);
+        }
+        Status s = (*ddp)->prepareForward();
+        for (size_t i = 0; i < params.size() && s.isOk(); ++i) {
+          s = (*ddp)->markGradReady(static_cast<int>(i));
+        }
+        if (s.isOk()) {
+          s = (*ddp)->finishBackward();
+        }
+        if (!s.isOk()) {
+          return s.toString();
+        }
+        bias[r].assign(static_cast<float*>(params[bi].data),
+                       static_cast<float*>(params[bi].data) + 1);
+        bias[r].push_back(static_cast<float*>(params[bi].grad)[0]);
+        weight[r].assign(static_cast<float*>(params[0].grad),
+                         static_cast<float*>(params[0].grad) + 1);
+        return "";
+      },
+      60s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  EXPECT_EQ(bias[0][0], 1.0f);  // data not broadcast
+  EXPECT_EQ(bias[1][0], 2.0f);
+  EXPECT_EQ(bias[0][1], 1.0f);  // gradient not reduced
+  EXPECT_EQ(bias[1][1], 2.0f);
+  EXPECT_EQ(weight[0][0], 1.5f);  // others averaged
+  EXPECT_EQ(weight[1][0], 1.5f);
+}
+
+TEST(Ddp, RankThatDiesMidTrainingFailsTheOthersWithinTheTimeout) {
+  auto store = std::make_shared<InMemoryStore>();
+  const int world = 3;
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) -> std::string {
+        ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = world;
+        po.hierarchical = false;
+        po.collectiveTimeout = 15000ms;
+        auto pg = ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Mlp m(modelConfig(7));
+        Sgd opt(m.parameters(), 0.05f);
+        auto ddp = withBagua(m.parameters(), m.buffers(), {&opt},
+                             std::make_shared<GradientAllReduce>(), **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        std::vector<float> x;
+        std::vector<int32_t> y;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int step = 0; step < 5; ++step) {
+          if (r == 2 && step == 2) {
+            ddp->reset();
+            pg->reset();  // dies
+            return "";
+          }
+          Status s = (*ddp)->prepareForward();
+          makeBatch(step, r * kPerRank, kPerRank, &x, &y);
+          m.forward(x.data(), y.data(), kPerRank);
+          m.backward([&](int p) {
+            if (s.isOk()) {
+              s = (*ddp)->markGradReady(p);
+            }
+          });
+          if (s.isOk()) {
+            s = (*ddp)->finishBackward();
+          }
+          if (!s.isOk()) {
+            if (step < 2) {
+              return "failed before the peer died: " + s.toString();
+            }
+            if (std::chrono::steady_clock::now() - t0 > 12s) {
+              return "error only after the deadline: " + s.toString();
+            }
+            return "";  // expected: an error, promptly
+          }
+          (void)(*ddp)->step();
+        }
+        return "training went on although rank 2 died";
+      },
+      60s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+}  // namespace
+}  // namespace bagua::core
