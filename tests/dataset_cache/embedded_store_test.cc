@@ -82,8 +82,8 @@ TEST(EmbeddedStore, RejectsBadOptions) {
   EXPECT_NE(r.status().message().find("per shard"), std::string::npos) << r.status().message();
 }
 
-// One shard, so the eviction order is fully determined.
-TEST(EmbeddedStore, LruEvictsTheLeastRecentlyUsedAndStaysWithinCapacity) {
+// One shard, so the eviction order is fully determined. kLru is CLOCK (second chance).
+TEST(EmbeddedStore, LruEvictsAnEntryNotReadSinceItsLastChanceAndStaysWithinCapacity) {
   const std::string value(100, 'v');
   const uint64_t entry = 2 + value.size() + EmbeddedStore::kEntryOverhead;  // keys "k0".."k9"
   EmbeddedOptions o;
@@ -94,7 +94,7 @@ TEST(EmbeddedStore, LruEvictsTheLeastRecentlyUsedAndStaysWithinCapacity) {
     ASSERT_TRUE(store->put(keyOf(i), value).isOk());
   }
   std::string v;
-  ASSERT_TRUE(*store->get("k0", v));  // k0 becomes most recent; k1 is now the oldest
+  ASSERT_TRUE(*store->get("k0", v));  // the oldest was read: k1 is the least recently used
   ASSERT_TRUE(store->put("k4", value).isOk());
   EXPECT_FALSE(*store->get("k1", v));
   for (const char* k : {"k0", "k2", "k3", "k4"}) {
@@ -104,10 +104,25 @@ TEST(EmbeddedStore, LruEvictsTheLeastRecentlyUsedAndStaysWithinCapacity) {
   EXPECT_EQ(u.entries, 4u);
   EXPECT_EQ(u.bytes, 4 * entry);
   EXPECT_EQ(u.evictions, 1u);
-  // The gets above left the order (old -> new) k0 k2 k3 k4.
+  // Everything was read: each gets its second chance in turn and the oldest in list order (k2,
+  // after k0 moved to the front) goes.
   ASSERT_TRUE(store->put("k5", value).isOk());
-  EXPECT_FALSE(*store->get("k0", v));
-  EXPECT_TRUE(*store->get("k5", v));
+  EXPECT_FALSE(*store->get("k2", v));
+  // The second chances cleared every mark. Read k0, k3, k4 again: new and unread k5 goes next.
+  for (const char* k : {"k0", "k3", "k4"}) {
+    ASSERT_TRUE(*store->get(k, v)) << k;
+  }
+  ASSERT_TRUE(store->put("k6", value).isOk());
+  for (const char* k : {"k0", "k3", "k4", "k6"}) {
+    EXPECT_TRUE(*store->get(k, v)) << k;
+  }
+  EXPECT_FALSE(*store->get("k5", v));
+  // Every further insert evicts exactly one entry.
+  ASSERT_TRUE(store->put("k7", value).isOk());
+  ASSERT_TRUE(store->put("k8", value).isOk());
+  ASSERT_TRUE(store->put("k9", value).isOk());
+  EXPECT_EQ(store->usage().evictions, 6u);
+  EXPECT_LE(store->usage().bytes, 4 * entry);
 }
 
 TEST(EmbeddedStore, RandomEvictionKeepsTheBudgetAndValues) {

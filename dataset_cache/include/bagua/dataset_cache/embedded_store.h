@@ -15,8 +15,12 @@
 //
 // Thread model: every method may be called from any thread. A call locks one shard at a time
 // (putMany locks the shards of its batch one after another, never two at once); the LMDB write
-// lock is taken inside a shard lock, never the other way round. get() on an LRU store moves the
-// entry to the front, so it takes the shard lock exclusively.
+// lock is taken inside a shard lock, never the other way round. get() takes its shard's lock
+// too (it sets the entry's referenced flag), held for the lookup and the copy of the value.
+//
+// Eviction kLru is CLOCK: a read marks the entry; when the shard is full, the oldest entry in
+// insertion order is dropped unless marked, in which case it is unmarked and moved to the front
+// (a second chance). An entry read since it last reached the back is never the victim.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +34,7 @@
 namespace bagua::cache {
 
 enum class Eviction {
-  kLru,     // least recently used entry of the shard
+  kLru,     // least recently used entry of the shard, approximated by CLOCK (second chance)
   kRandom,  // a random entry of the shard (Redis allkeys-random)
   kNone,    // refuse new entries when the shard is full
 };
