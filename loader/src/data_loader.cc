@@ -40,6 +40,14 @@ Result<double> doubleParam(const char* key) {
   return p->get();
 }
 
+// Pinned allocation is slow (page faults, a system call, for CUDA a driver call), so freed
+// batch buffers are kept for reuse. One process-wide cache, never destroyed, so a Batch may
+// outlive the loader that made it and several loaders share the cached blocks.
+HostAllocator& pinnedBatchAllocator() {
+  static auto* caching = new CachingHostAllocator(pinnedHostAllocator(), size_t{1} << 30);
+  return *caching;
+}
+
 }  // namespace
 
 // --- Collate functions ------------------------------------------------------------------------
@@ -152,9 +160,7 @@ Result<std::unique_ptr<DataLoader>> DataLoader::create(const Dataset& dataset, B
   if (options.allocator != nullptr) {
     l->allocator_ = options.allocator;
   } else if (pin) {
-    // Pinned allocation is slow: keep enough freed blocks for the prefetch window.
-    l->caching_ = std::make_unique<CachingHostAllocator>(pinnedHostAllocator(), size_t{1} << 30);
-    l->allocator_ = l->caching_.get();
+    l->allocator_ = &pinnedBatchAllocator();
   } else {
     l->allocator_ = &defaultHostAllocator();
   }
@@ -177,7 +183,6 @@ DataLoader::~DataLoader() {
       w.join();
     }
   }
-  // Results still in the ring hold HostBuffers from allocator_; free them before caching_.
   ring_.clear();
 }
 

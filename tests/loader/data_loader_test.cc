@@ -405,6 +405,10 @@ TEST(DataLoader, PinnedMemory) {
   expectBatchMatches(**b, s.plan->batches()[0]);
   std::vector<Batch> rest = drain(**l);
   EXPECT_EQ(rest.size() + 1, s.plan->batches().size());
+  // A batch may outlive its loader (the pinned block cache lives for the process).
+  Batch kept = std::move(**b);
+  l->reset();
+  expectBatchMatches(kept, s.plan->batches()[0]);
 }
 
 TEST(DataLoader, PinnedBatchesCopyToTheGpu) {
@@ -447,6 +451,24 @@ TEST(DataLoader, PinnedBatchesCopyToTheGpu) {
 #else
   GTEST_SKIP() << "bagua built without CUDA";
 #endif
+}
+
+TEST(Dataset, InMemoryAndFunctionDatasetsCheckTheIndex) {
+  VectorDataset v(patternSamples(3));
+  Sample out;
+  ASSERT_TRUE(v.get(2, out).isOk());
+  EXPECT_EQ(out, patternSample(2));
+  Status bad = v.get(3, out);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("index 3 out of range"), std::string::npos);
+  FunctionDataset f(5, [](size_t i, Sample& s) {
+    s = patternSample(i * 2);
+    return Status::ok();
+  });
+  EXPECT_EQ(f.size(), 5u);
+  ASSERT_TRUE(f.get(4, out).isOk());
+  EXPECT_EQ(out, patternSample(8));
+  EXPECT_FALSE(f.get(5, out).isOk());
 }
 
 TEST(CachingHostAllocator, ReusesFreedBlocks) {

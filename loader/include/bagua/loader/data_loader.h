@@ -84,7 +84,9 @@ struct LoaderOptions {
   // Where the progress line goes (default stderr) and how.
   FILE* progressOut = nullptr;
   ProgressOptions progressOptions;
-  // Overrides pinMemory's choice; borrowed, must outlive the loader.
+  // Overrides pinMemory's choice; borrowed, must outlive the loader and every Batch it made.
+  // (The default and pinned allocators live for the whole process, so batches may outlive
+  // the loader.)
   HostAllocator* allocator = nullptr;
 };
 
@@ -125,7 +127,6 @@ class DataLoader {
   int prefetch_ = 1;
   double timeoutSeconds_ = 0;
   HostAllocator* allocator_ = nullptr;
-  std::unique_ptr<CachingHostAllocator> caching_;
   bool progress_ = false;
   FILE* progressOut_ = nullptr;
   ProgressOptions progressOptions_;
