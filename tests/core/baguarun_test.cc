@@ -1,0 +1,170 @@
+// baguarun, the launcher, run as a real process: variables per rank, first failure stops the
+// others and is reported, signals are forwarded.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/params.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct LaunchResult {
+  int status = -1;
+  std::string err;
+  std::chrono::milliseconds took{0};
+};
+
+std::string launcher() {
+  return bagua::processEnv("BAGUARUN_BIN").value_or("");
+}
+
+// Runs baguarun with args; optionally sends `signal` to it after `signalAfter`.
+LaunchResult runLauncher(const std::vector<std::string>& args, int signal = 0,
+                         std::chrono::milliseconds signalAfter = 0ms) {
+  int pipefd[2];
+  EXPECT_EQ(::pipe2(pipefd, O_CLOEXEC), 0);
+  auto t0 = Clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipefd[1], 2);
+    std::vector<std::string> all = {launcher()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) {
+      argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  LaunchResult r;
+  bool signalled = signal == 0;
+  const auto deadline = t0 + 30s;
+  char buf[4096];
+  while (true) {
+    if (!signalled && Clock::now() - t0 >= signalAfter) {
+      ::kill(pid, signal);
+      signalled = true;
+    }
+    pollfd p{pipefd[0], POLLIN, 0};
+    if (::poll(&p, 1, 20) == 1) {
+      ssize_t n = ::read(pipefd[0], buf, sizeof(buf));
+      if (n > 0) {
+        r.err.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+    }
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      r.status = st;
+      break;
+    }
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      r.err += "\n[test: launcher hung]";
+      break;
+    }
+  }
+  while (true) {
+    ssize_t n = ::read(pipefd[0], buf, sizeof(buf));
+    if (n <= 0) {
+      break;
+    }
+    r.err.append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipefd[0]);
+  r.took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  return r;
+}
+
+class Baguarun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (launcher().empty()) {
+      GTEST_SKIP() << "BAGUARUN_BIN is not set (run through meson test)";
+    }
+    char tmpl[] = "/tmp/baguarun_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) {
+      std::string cmd = "rm -rf '" + dir_ + "'";
+      (void)std::system(cmd.c_str());
+    }
+  }
+  std::string read(const std::string& name) {
+    std::ifstream f(dir_ + "/" + name);
+    std::string s;
+    std::getline(f, s);
+    return s;
+  }
+  std::string dir_;
+};
+
+TEST_F(Baguarun, SetsTorchrunVariablesPerRank) {
+  LaunchResult r =
+      runLauncher({"--nproc_per_node", "2", "--nnodes", "3", "--node_rank", "1", "--master_addr",
+                   "127.0.0.1", "--master_port", "29999", "--", "sh", "-c",
+                   "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR "
+                   "$MASTER_PORT > " +
+                       dir_ + "/r$RANK"});
+  ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.err;
+  EXPECT_EQ(read("r2"), "2 6 0 2 127.0.0.1 29999");
+  EXPECT_EQ(read("r3"), "3 6 1 2 127.0.0.1 29999");
+}
+
+TEST_F(Baguarun, FirstFailureStopsTheOthersAndNamesTheRank) {
+  LaunchResult r =
+      runLauncher({"--nproc_per_node", "4", "--master_port", "0", "--grace_s", "2", "sh", "-c",
+                   "if [ $RANK = 2 ]; then sleep 0.2; exit 9; fi; sleep 60"});
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+  EXPECT_EQ(WEXITSTATUS(r.status), 9) << r.err;
+  EXPECT_NE(r.err.find("rank 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 9"), std::string::npos) << r.err;
+  EXPECT_LT(r.took, 10s) << "the sleeping ranks were not stopped";
+}
+
+TEST_F(Baguarun, ReportsAWorkerKilledByASignal) {
+  LaunchResult r = runLauncher({"--nproc_per_node", "2", "--master_port", "0", "sh", "-c",
+                                "if [ $RANK = 1 ]; then kill -SEGV $$; fi; sleep 60"});
+  EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("signal 11"), std::string::npos) << r.err;
+  EXPECT_LT(r.took, 10s);
+}
+
+TEST_F(Baguarun, ForwardsSigtermToTheWorkers) {
+  LaunchResult r =
+      runLauncher({"--nproc_per_node", "2", "--master_port", "0", "sh", "-c",
+                   "trap 'echo got > " + dir_ + "/t$RANK; exit 0' TERM; sleep 60 & wait"},
+                  SIGTERM, 500ms);
+  EXPECT_LT(r.took, 10s) << r.err;
+  EXPECT_EQ(read("t0"), "got") << r.err;
+  EXPECT_EQ(read("t1"), "got") << r.err;
+  EXPECT_NE(r.err.find("forwarding"), std::string::npos) << r.err;
+}
+
+TEST_F(Baguarun, RejectsBadArguments) {
+  LaunchResult r = runLauncher({"--nproc_per_node", "zero", "true"});
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.err;
+  EXPECT_NE(r.err.find("--nproc_per_node"), std::string::npos) << r.err;
+  r = runLauncher({"--nnodes", "2", "--node_rank", "2", "true"});
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 2) << r.err;
+}
+
+}  // namespace

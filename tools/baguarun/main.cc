@@ -1,0 +1,336 @@
+// baguarun: a torchrun-like launcher. Starts --nproc_per_node workers on this node with
+// MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (plus NODE_RANK and
+// NNODES) set, forwards SIGINT/SIGTERM/SIGHUP to them, and when the first worker fails stops the
+// others (SIGTERM, then SIGKILL after --grace_s) and reports which rank failed and why.
+//
+//   baguarun [--nproc_per_node N] [--nnodes M] [--node_rank R] [--master_addr A]
+//            [--master_port P] [--grace_s S] [--] program [args...]
+//
+// --master_port 0 picks a free port (single-node jobs only). Exit status: 0 when every worker
+// succeeded, else the first failed worker's exit code (128 + signal when it was killed).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/params.h"
+
+namespace {
+
+volatile sig_atomic_t gSignal = 0;
+
+void onSignal(int sig) {
+  gSignal = sig;
+}
+
+struct Options {
+  int nprocPerNode = 1;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+  double graceS = 5.0;
+  std::vector<std::string> command;
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: baguarun [--nproc_per_node N] [--nnodes M] [--node_rank R]\n"
+               "                [--master_addr A] [--master_port P] [--grace_s S] [--] program "
+               "[args...]\n"
+               "Starts N workers with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,\n"
+               "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), forwards signals, and stops every\n"
+               "worker when one fails, reporting which rank failed and why.\n"
+               "  --master_port 0   pick a free port (single node)\n"
+               "  --grace_s S       seconds between SIGTERM and SIGKILL (default 5)\n");
+}
+
+bool parseIntArg(const std::string& name, const std::string& text, int lo, int hi, int* out) {
+  bagua::Result<int64_t> v = bagua::parseInt(text);
+  if (!v.isOk() || *v < lo || *v > hi) {
+    std::fprintf(stderr, "baguarun: %s must be an integer in [%d, %d], got '%s'\n", name.c_str(),
+                 lo, hi, text.c_str());
+    return false;
+  }
+  *out = static_cast<int>(*v);
+  return true;
+}
+
+// Returns 0 on success, 2 on a usage error, -1 for --help.
+int parseArgs(int argc, char** argv, Options* o) {
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      return -1;
+    }
+    if (a.rfind("--", 0) != 0) {
+      break;  // the program
+    }
+    std::string key = a, value;
+    size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "baguarun: %s needs a value\n", a.c_str());
+        return 2;
+      }
+      value = argv[++i];
+    }
+    bool ok = true;
+    if (key == "--nproc_per_node" || key == "--nproc-per-node") {
+      ok = parseIntArg(key, value, 1, 4096, &o->nprocPerNode);
+    } else if (key == "--nnodes") {
+      ok = parseIntArg(key, value, 1, 65536, &o->nnodes);
+    } else if (key == "--node_rank" || key == "--node-rank") {
+      ok = parseIntArg(key, value, 0, 65535, &o->nodeRank);
+    } else if (key == "--master_addr" || key == "--master-addr") {
+      o->masterAddr = value;
+    } else if (key == "--master_port" || key == "--master-port") {
+      ok = parseIntArg(key, value, 0, 65535, &o->masterPort);
+    } else if (key == "--grace_s") {
+      bagua::Result<double> g = bagua::parseDouble(value);
+      ok = g.isOk() && *g >= 0;
+      if (ok) {
+        o->graceS = *g;
+      } else {
+        std::fprintf(stderr, "baguarun: --grace_s must be a non-negative number\n");
+      }
+    } else {
+      std::fprintf(stderr, "baguarun: unknown option %s\n", key.c_str());
+      return 2;
+    }
+    if (!ok) {
+      return 2;
+    }
+  }
+  for (; i < argc; ++i) {
+    o->command.push_back(argv[i]);
+  }
+  if (o->command.empty()) {
+    std::fprintf(stderr, "baguarun: no program given\n");
+    return 2;
+  }
+  if (o->nodeRank >= o->nnodes) {
+    std::fprintf(stderr, "baguarun: --node_rank %d must be below --nnodes %d\n", o->nodeRank,
+                 o->nnodes);
+    return 2;
+  }
+  if (o->masterPort == 0 && o->nnodes > 1) {
+    std::fprintf(stderr, "baguarun: --master_port 0 (pick a free port) works on one node only\n");
+    return 2;
+  }
+  return 0;
+}
+
+int pickFreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    return -1;
+  }
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct Worker {
+  pid_t pid = -1;
+  int rank = 0;
+  int localRank = 0;
+  bool running = false;
+  int status = 0;
+};
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) {
+    return bagua::strPrintf("exited with code %d", WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    return bagua::strPrintf("was killed by signal %d (%s)", WTERMSIG(status),
+                            strsignal(WTERMSIG(status)));
+  }
+  return "ended abnormally";
+}
+
+int exitCodeOf(int status) {
+  if (WIFEXITED(status)) {
+    return WEXITSTATUS(status);
+  }
+  if (WIFSIGNALED(status)) {
+    return 128 + WTERMSIG(status);
+  }
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  int rc = parseArgs(argc, argv, &o);
+  if (rc != 0) {
+    usage(rc < 0 ? stdout : stderr);
+    return rc < 0 ? 0 : rc;
+  }
+  if (o.masterPort == 0) {
+    o.masterPort = pickFreePort();
+    if (o.masterPort <= 0) {
+      std::fprintf(stderr, "baguarun: could not find a free port\n");
+      return 1;
+    }
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+    sigaction(s, &sa, nullptr);
+  }
+  const int world = o.nprocPerNode * o.nnodes;
+  std::vector<Worker> workers(o.nprocPerNode);
+  for (int l = 0; l < o.nprocPerNode; ++l) {
+    Worker& w = workers[l];
+    w.localRank = l;
+    w.rank = o.nodeRank * o.nprocPerNode + l;
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "baguarun: fork failed: %s\n", std::strerror(errno));
+      for (auto& other : workers) {
+        if (other.running) {
+          ::kill(-other.pid, SIGKILL);
+        }
+      }
+      return 1;
+    }
+    if (pid == 0) {
+      // Own process group: signals reach the worker's whole tree (shells, helpers).
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+        sigaction(s, &dfl, nullptr);
+      }
+      ::setenv("MASTER_ADDR", o.masterAddr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(o.masterPort).c_str(), 1);
+      ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(l).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nprocPerNode).c_str(), 1);
+      ::setenv("NODE_RANK", std::to_string(o.nodeRank).c_str(), 1);
+      ::setenv("NNODES", std::to_string(o.nnodes).c_str(), 1);
+      std::vector<char*> args;
+      for (auto& s : o.command) {
+        args.push_back(s.data());
+      }
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "baguarun: rank %d: cannot run '%s': %s\n", w.rank, args[0],
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here, so there is no window before the child runs
+    w.pid = pid;
+    w.running = true;
+  }
+  std::fprintf(stderr,
+               "baguarun: started %d worker(s) (ranks %d..%d of %d) for '%s', master %s:%d\n",
+               o.nprocPerNode, workers.front().rank, workers.back().rank, world,
+               o.command[0].c_str(), o.masterAddr.c_str(), o.masterPort);
+
+  using Clock = std::chrono::steady_clock;
+  int failedIndex = -1;
+  int forwarded = 0;
+  bool stopping = false;
+  Clock::time_point killAt{};
+  auto stopAll = [&](int sig) {
+    for (auto& w : workers) {
+      if (w.running) {
+        ::kill(-w.pid, sig);
+      }
+    }
+  };
+  int running = o.nprocPerNode;
+  while (running > 0) {
+    if (gSignal != 0 && forwarded != gSignal) {
+      forwarded = gSignal;
+      std::fprintf(stderr, "baguarun: got signal %d (%s), forwarding to the workers\n", forwarded,
+                   strsignal(forwarded));
+      stopAll(forwarded);
+      if (!stopping) {
+        stopping = true;
+        killAt = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.graceS * 1000));
+      }
+    }
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (size_t i = 0; i < workers.size(); ++i) {
+        Worker& w = workers[i];
+        if (w.pid != pid || !w.running) {
+          continue;
+        }
+        w.running = false;
+        w.status = status;
+        --running;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && failedIndex < 0 && !(stopping && gSignal != 0)) {
+          failedIndex = static_cast<int>(i);
+          std::fprintf(stderr,
+                       "baguarun: rank %d (local rank %d, pid %d) %s; stopping the other "
+                       "workers\n",
+                       w.rank, w.localRank, static_cast<int>(pid), describe(status).c_str());
+          if (!stopping) {
+            stopping = true;
+            stopAll(SIGTERM);
+            killAt =
+                Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.graceS * 1000));
+          }
+        }
+      }
+      continue;
+    }
+    if (stopping && Clock::now() >= killAt) {
+      for (auto& w : workers) {
+        if (w.running) {
+          std::fprintf(stderr, "baguarun: rank %d did not stop within %.1f s, killing it\n", w.rank,
+                       o.graceS);
+          ::kill(-w.pid, SIGKILL);
+        }
+      }
+      killAt = Clock::now() + std::chrono::hours(24);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (failedIndex >= 0) {
+    const Worker& w = workers[failedIndex];
+    std::fprintf(stderr, "baguarun: FAILED: rank %d %s (first failure)\n", w.rank,
+                 describe(w.status).c_str());
+    return exitCodeOf(w.status);
+  }
+  if (gSignal != 0) {
+    std::fprintf(stderr, "baguarun: stopped by signal %d\n", static_cast<int>(gSignal));
+    return 128 + gSignal;
+  }
+  return 0;
+}
