@@ -9,8 +9,9 @@
 #include <utility>
 
 #include "bagua/base/logging.h"
+#include "bagua_config.h"
 
-#if BAGUA_LOADER_HAVE_CUDA
+#if BAGUA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
@@ -69,7 +70,7 @@ class MlockAllocator final : public HostAllocator {
   const char* name() const override { return "mlock"; }
 };
 
-#if BAGUA_LOADER_HAVE_CUDA
+#if BAGUA_HAVE_CUDA
 class CudaPinnedAllocator final : public HostAllocator {
  public:
   Result<void*> allocate(size_t bytes) override {
@@ -89,7 +90,7 @@ class CudaPinnedAllocator final : public HostAllocator {
 #endif
 
 HostAllocator* choosePinned() {
-#if BAGUA_LOADER_HAVE_CUDA
+#if BAGUA_HAVE_CUDA
   int devices = 0;
   cudaError_t e = cudaGetDeviceCount(&devices);
   if (e == cudaSuccess && devices > 0) {
