@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
-# The main job behind `./bagua demo`. Until the core's training job exists, the demo measures
-# the Bagua-Net transport on loopback with bagua-net-bench.
+# The main job behind `./bagua demo`:
+#   1. a 4-rank data-parallel training run on loopback (CPU, host backend) of a real MLP on
+#      generated data, launched with baguarun: progress bar, loss going down, samples/s and the
+#      bytes each rank sent (bagua-train-demo);
+#   2. the Bagua-Net transport measured on loopback (bagua-net-bench --demo).
+# Extra arguments go to bagua-train-demo (e.g. --steps 500 --hierarchical).
 set -euo pipefail
 BUILD="$1"; shift
+launcher="$BUILD/tools/baguarun/baguarun"
+trainer="$BUILD/tools/train_demo/bagua-train-demo"
 bench="$BUILD/tools/net_bench/bagua-net-bench"
+for exe in "$launcher" "$trainer"; do
+  if [ ! -x "$exe" ]; then
+    echo "bagua demo: $exe was not built" >&2
+    exit 1
+  fi
+done
+
+printf '\n== Part 1: 4-rank data-parallel training (baguarun, host backend, loopback) ==\n'
+"$launcher" --nproc_per_node 4 --master_addr 127.0.0.1 --master_port 0 -- "$trainer" "$@"
+
+printf '\n== Part 2: Bagua-Net transport on loopback ==\n'
 if [ ! -x "$bench" ]; then
   echo "bagua demo: $bench was not built (the net_plugin part is missing from this build)" >&2
   exit 1
 fi
-exec "$bench" --demo "$@"
+exec "$bench" --demo

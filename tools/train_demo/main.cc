@@ -1,0 +1,331 @@
+// bagua-train-demo: the main job. Data-parallel training of a real MLP (hand-written forward and
+// backward, bagua::core::example::Mlp) on generated data, through the reducer and the host
+// backend. Launch it with baguarun (env:// initialisation):
+//
+//   baguarun --nproc_per_node 4 --master_port 0 bagua-train-demo [options]
+//
+// Rank 0 draws a progress bar with the global loss, accuracy and samples/s; at the end every rank
+// reports the bytes it sent and received. The exit status is 1 if the loss did not go down.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bagua/base/logging.h"
+#include "bagua/base/params.h"
+#include "bagua/core/ddp.h"
+#include "bagua/core/example_mlp.h"
+#include "bagua/core/process_group.h"
+
+namespace {
+
+using namespace bagua;
+using namespace bagua::core;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int steps = 200;
+  int batch = 64;  // per rank
+  int hidden = 512;
+  int features = 64;
+  int classes = 10;
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  double bucketCapMb = 25.0;
+  bool hierarchical = false;
+  bool viewGrads = true;
+  std::string algorithm = "gradient_allreduce";
+};
+
+void usage() {
+  std::printf(
+      "usage: bagua-train-demo [--steps N] [--batch B] [--hidden H] [--lr X] [--momentum X]\n"
+      "                        [--bucket_cap_mb X] [--hierarchical] [--no_grad_view]\n"
+      "                        [--algorithm gradient_allreduce]\n"
+      "Data-parallel training of an MLP on generated data. Run under baguarun (env://).\n");
+}
+
+bool parseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&](const char* what) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bagua-train-demo: %s needs a value\n", what);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    auto intArg = [&](int* out, int lo, int hi) {
+      const char* v = next(k.c_str());
+      Result<int64_t> r = v ? parseInt(v) : Result<int64_t>(BAGUA_ERROR(kInvalidArgument, "-"));
+      if (!r.isOk() || *r < lo || *r > hi) {
+        std::fprintf(stderr, "bagua-train-demo: %s must be an integer in [%d, %d]\n", k.c_str(), lo,
+                     hi);
+        return false;
+      }
+      *out = static_cast<int>(*r);
+      return true;
+    };
+    auto dblArg = [&](double* out, double lo, double hi) {
+      const char* v = next(k.c_str());
+      Result<double> r = v ? parseDouble(v) : Result<double>(BAGUA_ERROR(kInvalidArgument, "-"));
+      if (!r.isOk() || *r < lo || *r > hi) {
+        std::fprintf(stderr, "bagua-train-demo: %s must be a number in [%g, %g]\n", k.c_str(), lo,
+                     hi);
+        return false;
+      }
+      *out = *r;
+      return true;
+    };
+    double d = 0;
+    if (k == "--steps") {
+      if (!intArg(&a->steps, 1, 1000000))
+        return false;
+    } else if (k == "--batch") {
+      if (!intArg(&a->batch, 1, 1 << 16))
+        return false;
+    } else if (k == "--hidden") {
+      if (!intArg(&a->hidden, 1, 1 << 14))
+        return false;
+    } else if (k == "--lr") {
+      if (!dblArg(&d, 0, 10))
+        return false;
+      a->lr = static_cast<float>(d);
+    } else if (k == "--momentum") {
+      if (!dblArg(&d, 0, 1))
+        return false;
+      a->momentum = static_cast<float>(d);
+    } else if (k == "--bucket_cap_mb") {
+      if (!dblArg(&a->bucketCapMb, 1e-6, 1 << 20))
+        return false;
+    } else if (k == "--hierarchical") {
+      a->hierarchical = true;
+    } else if (k == "--no_grad_view") {
+      a->viewGrads = false;
+    } else if (k == "--algorithm") {
+      const char* v = next("--algorithm");
+      if (v == nullptr)
+        return false;
+      a->algorithm = v;
+    } else if (k == "-h" || k == "--help") {
+      usage();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "bagua-train-demo: unknown option %s\n", k.c_str());
+      usage();
+      return false;
+    }
+  }
+  return true;
+}
+
+// The task: a fixed random "teacher" network labels gaussian inputs; every rank draws its own
+// samples (rank-dependent stream), like a sharded dataset.
+class Task {
+ public:
+  Task(int features, int classes) : features_(features), classes_(classes) {
+    std::mt19937 rng(12345);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    hidden_ = 32;
+    w1_.resize(static_cast<size_t>(features) * hidden_);
+    w2_.resize(static_cast<size_t>(hidden_) * classes);
+    for (float& v : w1_)
+      v = d(rng);
+    for (float& v : w2_)
+      v = d(rng);
+  }
+  void batch(uint64_t stream, int n, std::vector<float>* x, std::vector<int32_t>* y) {
+    std::mt19937_64 rng(stream);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    x->resize(static_cast<size_t>(n) * features_);
+    y->resize(n);
+    std::vector<float> h(hidden_);
+    for (int b = 0; b < n; ++b) {
+      float* xb = x->data() + static_cast<size_t>(b) * features_;
+      for (int i = 0; i < features_; ++i)
+        xb[i] = d(rng);
+      for (int j = 0; j < hidden_; ++j) {
+        float s = 0;
+        for (int i = 0; i < features_; ++i)
+          s += xb[i] * w1_[static_cast<size_t>(i) * hidden_ + j];
+        h[j] = std::tanh(s / 4.0f);
+      }
+      int best = 0;
+      float bestScore = -1e30f;
+      for (int c = 0; c < classes_; ++c) {
+        float s = 0;
+        for (int j = 0; j < hidden_; ++j)
+          s += h[j] * w2_[static_cast<size_t>(j) * classes_ + c];
+        if (s > bestScore) {
+          bestScore = s;
+          best = c;
+        }
+      }
+      (*y)[b] = best;
+    }
+  }
+
+ private:
+  int features_;
+  int classes_;
+  int hidden_;
+  std::vector<float> w1_;
+  std::vector<float> w2_;
+};
+
+std::string humanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return strPrintf("%.1f %s", b, units[u]);
+}
+
+void drawBar(int step, int steps, float loss, float acc, double samplesPerS, bool tty) {
+  const int width = 30;
+  int filled = static_cast<int>(static_cast<double>(step) / steps * width);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '.');
+  std::fprintf(stdout, "%s[%s] step %4d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s%s",
+               tty ? "\r" : "", bar.c_str(), step, steps, loss, acc * 100, samplesPerS,
+               tty ? "" : "\n");
+  std::fflush(stdout);
+}
+
+Status run(const Args& a) {
+  if (a.algorithm != "gradient_allreduce") {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "unknown algorithm '%s' (available: gradient_allreduce; the algorithms "
+                       "library adds more)",
+                       a.algorithm.c_str());
+  }
+  ProcessGroupOptions po;
+  po.hierarchical = a.hierarchical;
+  po.name = "train_demo";
+  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, ProcessGroup::initFromEnv(po));
+  const int rank = pg->rank();
+  const int world = pg->size();
+  setLogRank(rank);
+
+  example::MlpConfig mc;
+  mc.sizes = {a.features, a.hidden, a.hidden, a.classes};
+  mc.seed = 1000 + static_cast<uint64_t>(rank);  // differs per rank: the initial broadcast fixes it
+  example::Mlp model(mc);
+  Sgd opt(model.parameters(), a.lr, a.momentum);
+  DdpOptions dopt;
+  dopt.bucketCapMb = a.bucketCapMb;
+  dopt.gradientAsBucketView = a.viewGrads;
+  BAGUA_ASSIGN_OR_RETURN(auto ddp,
+                         withBagua(model.parameters(), model.buffers(), {&opt},
+                                   std::make_shared<GradientAllReduce>(a.hierarchical), *pg, dopt));
+  const bool tty = ::isatty(1) != 0;
+  if (rank == 0) {
+    std::printf(
+        "bagua-train-demo: %d ranks, host backend, algorithm %s; MLP %d-%d-%d-%d (%zu params, "
+        "%s of gradients per step) in %zu bucket(s); batch %d per rank\n",
+        world, a.algorithm.c_str(), a.features, a.hidden, a.hidden, a.classes, model.numParams(),
+        humanBytes(static_cast<double>(model.numParams()) * 4).c_str(), ddp->buckets().size(),
+        a.batch);
+  }
+  Task task(a.features, a.classes);
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  float firstLoss = -1;
+  float lastLoss = 0;
+  float lastAcc = 0;
+  auto t0 = Clock::now();
+  const int reportEvery = std::max(1, a.steps / (tty ? 100 : 10));
+  double window[2] = {0, 0};  // loss sum, correct sum since the last report
+  int windowSteps = 0;
+  for (int step = 1; step <= a.steps; ++step) {
+    opt.zeroGrad();
+    BAGUA_RETURN_IF_ERROR(ddp->prepareForward());
+    task.batch(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(rank), a.batch, &x,
+               &y);
+    float loss = model.forward(x.data(), y.data(), a.batch);
+    Status ready;
+    model.backward([&](int p) {
+      if (ready.isOk()) {
+        ready = ddp->markGradReady(p);
+      }
+    });
+    BAGUA_RETURN_IF_ERROR(ready);
+    BAGUA_RETURN_IF_ERROR(ddp->finishBackward());
+    BAGUA_RETURN_IF_ERROR(ddp->step());
+    window[0] += loss;
+    window[1] += model.correct();
+    ++windowSteps;
+    if (step % reportEvery == 0 || step == a.steps || step == 1) {
+      // Global mean loss and accuracy over the window (every rank joins this all-reduce).
+      double g[2] = {window[0] / windowSteps, window[1] / (windowSteps * a.batch)};
+      BAGUA_RETURN_IF_ERROR(pg->global()
+                                .allReduce(g, g, 2, DataType::kF64, ReduceOp::kAvg)
+                                ->wait(pg->options().collectiveTimeout));
+      window[0] = window[1] = 0;
+      windowSteps = 0;
+      if (firstLoss < 0) {
+        firstLoss = static_cast<float>(g[0]);
+      }
+      lastLoss = static_cast<float>(g[0]);
+      lastAcc = static_cast<float>(g[1]);
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rank == 0) {
+        drawBar(step, a.steps, lastLoss, lastAcc,
+                secs > 0 ? static_cast<double>(step) * a.batch * world / secs : 0.0, tty);
+      }
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (rank == 0 && tty) {
+    std::printf("\n");
+  }
+  // Every rank's traffic, gathered on every rank, printed by rank 0.
+  CommStats s = pg->stats();
+  int64_t mine[3] = {static_cast<int64_t>(s.bytesSent), static_cast<int64_t>(s.bytesReceived),
+                     static_cast<int64_t>(s.operations)};
+  std::vector<int64_t> all(static_cast<size_t>(3) * world);
+  BAGUA_RETURN_IF_ERROR(pg->global()
+                            .allGather(mine, all.data(), 3, DataType::kI64)
+                            ->wait(pg->options().collectiveTimeout));
+  if (rank == 0) {
+    std::printf("trained %d steps in %.2f s: %.0f samples/s over %d ranks (%.1f steps/s)\n",
+                a.steps, secs, a.steps * a.batch * world / secs, world, a.steps / secs);
+    std::printf("global loss %.4f -> %.4f, accuracy %.1f%%\n", firstLoss, lastLoss, lastAcc * 100);
+    std::printf("  rank   bytes sent   bytes received   operations   sent/step\n");
+    for (int r = 0; r < world; ++r) {
+      std::printf("  %4d   %10s   %14s   %10lld   %9s\n", r,
+                  humanBytes(static_cast<double>(all[3 * r])).c_str(),
+                  humanBytes(static_cast<double>(all[3 * r + 1])).c_str(),
+                  static_cast<long long>(all[3 * r + 2]),
+                  humanBytes(static_cast<double>(all[3 * r]) / a.steps).c_str());
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(pg->global().barrier()->wait(pg->options().collectiveTimeout));
+  if (!(lastLoss < firstLoss)) {
+    return BAGUA_ERROR(kInternal, "the loss did not go down (%.4f -> %.4f)", firstLoss, lastLoss);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parseArgs(argc, argv, &a)) {
+    return 2;
+  }
+  Status s = run(a);
+  if (!s.isOk()) {
+    std::fprintf(stderr, "bagua-train-demo: %s\n", s.toString().c_str());
+    return 1;
+  }
+  return 0;
+}
