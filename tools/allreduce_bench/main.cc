@@ -1,0 +1,295 @@
+// bagua-allreduce-bench: all-reduce bandwidth of the host backend against gloo (and, on a GPU
+// machine, nothing else yet), over loopback TCP, same processes, same run. Launch it with
+// baguarun, one process per rank:
+//
+//   baguarun --nproc_per_node 4 --master_port 0 bagua-allreduce-bench [--sizes 4K,1M,64M]
+//            [--iters N] [--reps R] [--dtype f32] [--no_gloo]
+//
+// Figures follow nccl-tests: time = the slowest rank's mean time per all-reduce (in-place, sum),
+// algbw = bytes / time, busbw = algbw * 2 (n - 1) / n. For each size the two peers alternate in
+// R rounds and each reports its best round, so background load hits both alike. Every result is
+// checked against its closed form before a figure is printed.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "bagua/core/process_group.h"
+
+#if BAGUA_BENCH_HAVE_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <stdexcept>
+#endif
+
+namespace {
+
+using namespace bagua;
+using namespace bagua::core;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::vector<size_t> sizes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  int iters = 0;  // 0: adaptive
+  int reps = 3;
+  bool gloo = true;
+};
+
+bool parseSizes(const std::string& text, std::vector<size_t>* out) {
+  out->clear();
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    Result<uint64_t> b = parseBytes(item);
+    if (!b.isOk() || *b < 4) {
+      std::fprintf(stderr, "bagua-allreduce-bench: bad size '%s'\n", item.c_str());
+      return false;
+    }
+    out->push_back(*b);
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+#if BAGUA_BENCH_HAVE_GLOO
+// gloo's rendezvous through our store (gloo reports errors by throwing).
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(std::shared_ptr<core::Store> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Status st = s_->set(key, Bytes(data.begin(), data.end()));
+    if (!st.isOk()) {
+      throw std::runtime_error(st.toString());
+    }
+  }
+  std::vector<char> get(const std::string& key) override {
+    Result<Bytes> b = s_->get(key, std::chrono::seconds(60));
+    if (!b.isOk()) {
+      throw std::runtime_error(b.status().toString());
+    }
+    return std::vector<char>(b->begin(), b->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::seconds(60)); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    Status st = s_->wait(keys, timeout);
+    if (!st.isOk()) {
+      throw std::runtime_error(st.toString());
+    }
+  }
+
+ private:
+  std::shared_ptr<core::Store> s_;
+};
+#endif
+
+double maxOverRanks(ProcessGroup& pg, double v) {
+  Status s = pg.global()
+                 .allReduce(&v, &v, 1, DataType::kF64, ReduceOp::kMax)
+                 ->wait(std::chrono::seconds(120));
+  return s.isOk() ? v : -1;
+}
+
+void fill(std::vector<float>& buf, int rank) {
+  for (size_t i = 0; i < buf.size(); ++i) {
+    buf[i] = static_cast<float>((i % 7) + rank);
+  }
+}
+
+bool check(const std::vector<float>& buf, int world, int timesReduced) {
+  // After k in-place sums starting from (i % 7) + r: sum over ranks times world^(k-1).
+  double base = 0;
+  for (int r = 0; r < world; ++r) {
+    base += r;
+  }
+  for (size_t i = 0; i < buf.size(); i += std::max<size_t>(1, buf.size() / 1024)) {
+    double want = (static_cast<double>(i % 7) * world + base) * std::pow(world, timesReduced - 1);
+    if (std::fabs(buf[i] - want) > 1e-3 * std::max(1.0, std::fabs(want))) {
+      std::fprintf(stderr, "bagua-allreduce-bench: wrong result at %zu: %g != %g\n", i, buf[i],
+                   want);
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string sizeText(size_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) {
+    return strPrintf("%zuM", b >> 20);
+  }
+  if (b >= 1024 && b % 1024 == 0) {
+    return strPrintf("%zuK", b >> 10);
+  }
+  return strPrintf("%zu", b);
+}
+
+int run(const Args& a) {
+  ProcessGroupOptions po;
+  po.hierarchical = false;
+  po.name = "allreduce_bench";
+  auto pgr = ProcessGroup::initFromEnv(po);
+  if (!pgr.isOk()) {
+    std::fprintf(stderr, "bagua-allreduce-bench: %s\n", pgr.status().toString().c_str());
+    return 1;
+  }
+  ProcessGroup& pg = **pgr;
+  const int rank = pg.rank();
+  const int world = pg.size();
+  bool useGloo = a.gloo;
+#if BAGUA_BENCH_HAVE_GLOO
+  std::shared_ptr<gloo::rendezvous::Context> gctx;
+  if (useGloo) {
+    try {
+      gloo::transport::tcp::attr attr("127.0.0.1");
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto store =
+          std::make_shared<GlooStoreAdapter>(std::make_shared<PrefixStore>("gloo", pg.store()));
+      gctx = std::make_shared<gloo::rendezvous::Context>(rank, world);
+      gctx->setTimeout(std::chrono::seconds(120));
+      gctx->connectFullMesh(*store, device);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bagua-allreduce-bench: gloo set-up failed: %s\n", e.what());
+      return 1;
+    }
+  }
+#else
+  if (useGloo && rank == 0) {
+    std::printf("(gloo was not found at build time: the host backend only)\n");
+  }
+  useGloo = false;
+#endif
+  if (rank == 0) {
+    std::printf("bagua-allreduce-bench: %d ranks, f32 sum in place, loopback TCP; host backend%s\n",
+                world, useGloo ? " vs gloo (gloo::allreduce, tcp transport)" : "");
+    std::printf("%10s %6s | %12s %10s %10s | %12s %10s %10s | %8s\n", "size", "iters", "bagua us",
+                "algbw GB/s", "busbw GB/s", "gloo us", "algbw GB/s", "busbw GB/s", "busbw x");
+  }
+  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  uint32_t tag = 0;
+  for (size_t bytes : a.sizes) {
+    const size_t count = bytes / 4;
+    std::vector<float> buf(count);
+    int iters = a.iters;
+    if (iters <= 0) {
+      // Aim for about 0.3 s per round at a pessimistic 0.1 GB/s, between 3 and 200 iterations.
+      iters = static_cast<int>(
+          std::clamp<double>(0.3 / (static_cast<double>(bytes) / 1e8 + 5e-4), 3, 200));
+    }
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < a.reps; ++rep) {
+      for (int peer = 0; peer < (useGloo ? 2 : 1); ++peer) {
+        fill(buf, rank);
+        // One warm-up, then the timed loop; all start together.
+        auto once = [&]() -> bool {
+          if (peer == 0) {
+            Status s = pg.global()
+                           .allReduce(buf.data(), buf.data(), count, DataType::kF32, ReduceOp::kSum)
+                           ->wait(std::chrono::seconds(120));
+            if (!s.isOk()) {
+              std::fprintf(stderr, "bagua-allreduce-bench: %s\n", s.toString().c_str());
+              return false;
+            }
+            return true;
+          }
+#if BAGUA_BENCH_HAVE_GLOO
+          try {
+            gloo::AllreduceOptions opts(gctx);
+            opts.setOutput(buf.data(), count);
+            opts.setReduceFunction(
+                static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+            opts.setTag(tag++);
+            gloo::allreduce(opts);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "bagua-allreduce-bench: gloo: %s\n", e.what());
+            return false;
+          }
+#endif
+          return true;
+        };
+        if (!once()) {
+          return 1;
+        }
+        if (!check(buf, world, 1)) {
+          return 1;
+        }
+        fill(buf, rank);
+        if (!pg.global().barrier()->wait(std::chrono::seconds(120)).isOk()) {
+          return 1;
+        }
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) {
+          if (!once()) {
+            return 1;
+          }
+        }
+        double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+        us = maxOverRanks(pg, us);
+        if (us < 0) {
+          return 1;
+        }
+        best[peer] = std::min(best[peer], us);
+        // Values grow by `world` per iteration; keep them finite and checkable for short runs.
+        if (iters <= 6 && !check(buf, world, iters)) {
+          return 1;
+        }
+      }
+    }
+    if (rank == 0) {
+      const double alg0 = static_cast<double>(bytes) / (best[0] * 1e-6) / 1e9;
+      if (useGloo) {
+        const double alg1 = static_cast<double>(bytes) / (best[1] * 1e-6) / 1e9;
+        std::printf("%10s %6d | %12.1f %10.3f %10.3f | %12.1f %10.3f %10.3f | %7.2fx\n",
+                    sizeText(bytes).c_str(), iters, best[0], alg0, alg0 * busFactor, best[1], alg1,
+                    alg1 * busFactor, alg0 / alg1);
+      } else {
+        std::printf("%10s %6d | %12.1f %10.3f %10.3f |\n", sizeText(bytes).c_str(), iters, best[0],
+                    alg0, alg0 * busFactor);
+      }
+      std::fflush(stdout);
+    }
+  }
+  return pg.global().barrier()->wait(std::chrono::seconds(60)).isOk() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--sizes" && i + 1 < argc) {
+      if (!parseSizes(argv[++i], &a.sizes)) {
+        return 2;
+      }
+    } else if ((k == "--iters" || k == "--reps") && i + 1 < argc) {
+      Result<int64_t> v = parseInt(argv[++i]);
+      if (!v.isOk() || *v < 1 || *v > 100000) {
+        std::fprintf(stderr, "bagua-allreduce-bench: %s must be a positive integer\n", k.c_str());
+        return 2;
+      }
+      (k == "--iters" ? a.iters : a.reps) = static_cast<int>(*v);
+    } else if (k == "--no_gloo") {
+      a.gloo = false;
+    } else {
+      std::fprintf(stderr,
+                   "usage: baguarun --nproc_per_node N bagua-allreduce-bench [--sizes 4K,1M,64M] "
+                   "[--iters N] [--reps R] [--no_gloo]\n");
+      return k == "--help" || k == "-h" ? 0 : 2;
+    }
+  }
+  return run(a);
+}
