@@ -67,10 +67,7 @@ Status CacheLoader::getImpl(std::string_view key, std::string& value, LoadFn loa
   thread_local std::string full;
   full.assign(options_.datasetName).append(1, '_').append(key);
 
-  const uint64_t n = reads_.fetch_add(1, kRelaxed) + 1;
-  if (options_.flushEveryReads > 0 && n % options_.flushEveryReads == 0) {
-    flush().ignore();  // counted and reported inside
-  }
+  countReads(1);
 
   Result<bool> hit = backend_->get(full, value);
   if (!hit.isOk()) {
@@ -84,14 +81,7 @@ Status CacheLoader::getImpl(std::string_view key, std::string& value, LoadFn loa
         c_.hitBytes.fetch_add(value.size(), kRelaxed);
         return Status::ok();
       }
-      const uint64_t bad = c_.corrupt.fetch_add(1, kRelaxed) + 1;
-      if (isPowerOf10(bad)) {
-        BAGUA_LOG_WARN(kCache,
-                       "cache '%s': cached value of key '%s' (%zu bytes) is unreadable, reloading "
-                       "it from the source (%llu so far): %s",
-                       options_.datasetName.c_str(), full.c_str(), value.size(),
-                       static_cast<unsigned long long>(bad), ok.message().c_str());
-      }
+      reportCorrupt(full, value.size(), ok);
     }
   }
 
@@ -104,6 +94,83 @@ Status CacheLoader::getImpl(std::string_view key, std::string& value, LoadFn loa
   }
   c_.missBytes.fetch_add(value.size(), kRelaxed);
   enqueue(full, value);
+  return Status::ok();
+}
+
+void CacheLoader::countReads(uint64_t n) {
+  const uint64_t after = reads_.fetch_add(n, kRelaxed) + n;
+  const uint64_t every = options_.flushEveryReads;
+  // Flush when this call crossed a multiple of `every` (a batch may cross one).
+  if (every > 0 && after / every != (after - n) / every) {
+    flush().ignore();  // counted and reported inside
+  }
+}
+
+void CacheLoader::reportCorrupt(std::string_view fullKey, size_t bytes, const Status& why) {
+  const uint64_t bad = c_.corrupt.fetch_add(1, kRelaxed) + 1;
+  if (isPowerOf10(bad)) {
+    BAGUA_LOG_WARN(kCache,
+                   "cache '%s': cached value of key '%.*s' (%zu bytes) is unreadable, reloading "
+                   "it from the source (%llu so far): %s",
+                   options_.datasetName.c_str(), static_cast<int>(fullKey.size()), fullKey.data(),
+                   bytes, static_cast<unsigned long long>(bad), why.message().c_str());
+  }
+}
+
+Status CacheLoader::getMany(std::span<const std::string_view> keys,
+                            std::vector<std::string>& values, LoadAtFn load) {
+  return getManyImpl(keys, values, load, nullptr);
+}
+
+Status CacheLoader::getMany(std::span<const std::string_view> keys,
+                            std::vector<std::string>& values, LoadAtFn load, CheckAtFn check) {
+  return getManyImpl(keys, values, load, &check);
+}
+
+Status CacheLoader::getManyImpl(std::span<const std::string_view> keys,
+                                std::vector<std::string>& values, LoadAtFn load,
+                                const CheckAtFn* check) {
+  values.resize(keys.size());
+  if (keys.empty()) {
+    return Status::ok();
+  }
+  std::vector<std::string> full(keys.size());
+  std::vector<std::string_view> views(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    full[i].assign(options_.datasetName).append(1, '_').append(keys[i]);
+    views[i] = full[i];
+  }
+  countReads(keys.size());
+  std::vector<std::optional<std::string>> cached;
+  Status s = backend_->getMany(views, cached);
+  if (!s.isOk()) {
+    backendFailed(s);
+    cached.assign(keys.size(), std::nullopt);
+  } else {
+    backendOk();
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (cached[i].has_value()) {
+      Status ok = check != nullptr ? (*check)(i, *cached[i]) : Status::ok();
+      if (ok.isOk()) {
+        c_.hits.fetch_add(1, kRelaxed);
+        c_.hitBytes.fetch_add(cached[i]->size(), kRelaxed);
+        values[i] = std::move(*cached[i]);
+        continue;
+      }
+      reportCorrupt(full[i], cached[i]->size(), ok);
+    }
+    c_.misses.fetch_add(1, kRelaxed);
+    Status loaded = load(i, values[i]);
+    if (!loaded.isOk()) {
+      loaded.withContext(strPrintf("loading sample '%.*s' of '%s'",
+                                   static_cast<int>(keys[i].size()), keys[i].data(),
+                                   options_.datasetName.c_str()));
+      return std::move(loaded.addFrame(__FILE__, __LINE__));
+    }
+    c_.missBytes.fetch_add(values[i].size(), kRelaxed);
+    enqueue(full[i], values[i]);
+  }
   return Status::ok();
 }
 

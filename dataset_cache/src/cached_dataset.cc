@@ -1,5 +1,6 @@
 #include "bagua/dataset_cache/cached_dataset.h"
 
+#include <array>
 #include <utility>
 
 namespace bagua::cache {
@@ -24,6 +25,22 @@ Status CachedDataset::read(size_t index, std::string& sample) {
   return loader_.get(
       std::string_view(key, static_cast<size_t>(end - key)), sample,
       [&](std::string_view, std::string& value) { return source_.read(index, value); });
+}
+
+Status CachedDataset::readMany(std::span<const size_t> indices, std::vector<std::string>& samples) {
+  std::vector<std::array<char, 24>> buf(indices.size());
+  std::vector<std::string_view> keys(indices.size());
+  for (size_t j = 0; j < indices.size(); ++j) {
+    if (indices[j] >= source_.size()) {
+      return BAGUA_ERROR(kInvalidArgument, "sample %zu out of range (dataset '%s' has %zu)",
+                         indices[j], loader_.options().datasetName.c_str(), source_.size());
+    }
+    auto [end, ec] = std::to_chars(buf[j].data(), buf[j].data() + buf[j].size(), indices[j]);
+    (void)ec;
+    keys[j] = std::string_view(buf[j].data(), static_cast<size_t>(end - buf[j].data()));
+  }
+  return loader_.getMany(
+      keys, samples, [&](size_t j, std::string& value) { return source_.read(indices[j], value); });
 }
 
 }  // namespace bagua::cache

@@ -197,6 +197,66 @@ TEST(CachedDataset, BackendOutageIsReportedOnceAndServesFromTheSource) {
   EXPECT_EQ(warnings.warnings().size(), 2u);
 }
 
+TEST(CachedDataset, ReadManyMixesHitsAndMissesInOrder) {
+  PatternDataset source(100);
+  auto rec = std::make_shared<RecordingBackend>(makeEmbedded());
+  CachedDataset ds(source, rec, "m", 8);
+  std::string sample;
+  for (size_t i = 0; i < 100; i += 2) {  // even samples cached (50 = 6 batches of 8 + 2 queued)
+    ASSERT_TRUE(ds.read(i, sample).isOk());
+  }
+  ASSERT_TRUE(ds.flush().isOk());
+  // Reversed, with a duplicate and every odd sample missing from the cache.
+  std::vector<size_t> indices;
+  for (size_t k = 0; k < 100; ++k) {
+    indices.push_back(99 - k);
+  }
+  indices.push_back(42);
+  std::vector<std::string> samples;
+  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_EQ(samples.size(), indices.size());
+  for (size_t j = 0; j < indices.size(); ++j) {
+    ASSERT_EQ(samples[j], source.expected(indices[j])) << "position " << j;
+  }
+  CacheStats s = ds.stats();
+  EXPECT_EQ(s.hits, 51u);          // 50 even samples and the duplicate 42
+  EXPECT_EQ(s.misses, 50u + 50u);  // the first pass, then the odd samples
+  for (size_t i = 1; i < 100; i += 2) {
+    EXPECT_EQ(source.reads(i), 1u) << i;
+  }
+  ASSERT_TRUE(ds.flush().isOk());
+  EXPECT_EQ(*rec->numKeys(), 100u);
+  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  EXPECT_EQ(ds.stats().hits, 51u + 101u);
+  std::vector<size_t> bad = {1, 100};
+  EXPECT_EQ(ds.readMany(bad, samples).code(), StatusCode::kInvalidArgument);
+  std::vector<size_t> none;
+  ASSERT_TRUE(ds.readMany(none, samples).isOk());
+  EXPECT_TRUE(samples.empty());
+}
+
+TEST(CachedDataset, ReadManyWithTheBackendDownServesFromTheSource) {
+  PatternDataset source(40);
+  auto rec = std::make_shared<RecordingBackend>(makeEmbedded());
+  CachedDataset ds(source, rec, "md", 100);
+  rec->setDown(true);
+  std::vector<size_t> indices(40);
+  std::iota(indices.begin(), indices.end(), size_t{0});
+  std::vector<std::string> samples;
+  WarnCounter warnings;
+  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  for (size_t i = 0; i < 40; ++i) {
+    ASSERT_EQ(samples[i], source.expected(i));
+  }
+  EXPECT_EQ(ds.stats().misses, 80u);
+  EXPECT_EQ(ds.stats().outages, 1u);
+  EXPECT_EQ(warnings.warnings().size(), 1u);
+  source.failAt(7);
+  Status s = ds.readMany(indices, samples);
+  EXPECT_EQ(s.code(), StatusCode::kSystemError);
+}
+
 // ---- Typed samples ---------------------------------------------------------------------------
 
 class FloatDataset : public TypedDataset<std::vector<float>> {

@@ -164,6 +164,25 @@ TEST(RedisCluster, ShardsKeysOverThreeServersAndEveryRankAgrees) {
     ASSERT_TRUE(values[i].has_value()) << i;
     EXPECT_EQ(*values[i], patternSample(4, i)) << i;
   }
+  // A cached dataset over the three servers, read in batches (one MGET per server each).
+  std::shared_ptr<CacheBackend> shared = std::move(reader);
+  PatternDataset source(300);
+  CachedDataset ds(source, shared, "cl", 25);
+  std::vector<size_t> indices(300);
+  std::vector<std::string> samples;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (size_t b = 0; b < 300; b += 30) {
+      for (size_t j = 0; j < 30; ++j) {
+        indices[j] = b / 30 + j * 10;  // strided: each batch spans all servers
+      }
+      ASSERT_TRUE(ds.readMany(std::span<const size_t>(indices.data(), 30), samples).isOk());
+      for (size_t j = 0; j < 30; ++j) {
+        ASSERT_EQ(samples[j], source.expected(indices[j])) << "epoch " << epoch << " j " << j;
+      }
+    }
+  }
+  EXPECT_EQ(ds.stats().hits, 300u);
+  EXPECT_EQ(ds.stats().misses, 300u);
 }
 
 TEST(RedisCluster, PerNodeModeUsesOnlyTheNodesServer) {

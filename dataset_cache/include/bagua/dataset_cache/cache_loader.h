@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -109,6 +110,16 @@ class CacheLoader {
   Status get(std::string_view key, std::string& value, LoadFn load);
   Status get(std::string_view key, std::string& value, LoadFn load, CheckFn check);
 
+  // Batch form: values[i] for keys[i], with one backend getMany (Redis: one MGET per server) for
+  // all of them; misses are loaded with load(i, values[i]) in order and queued for writing.
+  // `values` is resized to keys.size(). Counted and faulted exactly like get() per key.
+  using LoadAtFn = FunctionRef<Status(size_t i, std::string& value)>;
+  using CheckAtFn = FunctionRef<Status(size_t i, std::string_view value)>;
+  Status getMany(std::span<const std::string_view> keys, std::vector<std::string>& values,
+                 LoadAtFn load);
+  Status getMany(std::span<const std::string_view> keys, std::vector<std::string>& values,
+                 LoadAtFn load, CheckAtFn check);
+
   // Writes the queued values now. Returns the backend's error if the write failed (the batch is
   // dropped and counted either way).
   Status flush();
@@ -124,6 +135,10 @@ class CacheLoader {
 
  private:
   Status getImpl(std::string_view key, std::string& value, LoadFn load, const CheckFn* check);
+  Status getManyImpl(std::span<const std::string_view> keys, std::vector<std::string>& values,
+                     LoadAtFn load, const CheckAtFn* check);
+  void countReads(uint64_t n);
+  void reportCorrupt(std::string_view fullKey, size_t bytes, const Status& why);
   void enqueue(const std::string& fullKey, const std::string& value);
   Status writeBatch(std::vector<KeyValue>& batch);
   void backendFailed(const Status& status);

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -56,6 +57,10 @@ class CachedDataset final : public Dataset {
   // kInvalidArgument for an index out of range; the source's error (with context) on a miss
   // that the source cannot serve. Never fails because of the cache.
   Status read(size_t index, std::string& sample) override;
+
+  // Many samples with one backend round trip per server (for a loader that knows its batch):
+  // samples[j] is sample indices[j]; misses come from the source in order.
+  Status readMany(std::span<const size_t> indices, std::vector<std::string>& samples);
 
   Status flush() { return loader_.flush(); }
   CacheStats stats() const { return loader_.stats(); }
