@@ -1,5 +1,6 @@
 #include "comm.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -62,10 +63,8 @@ void CommCore::stopThreads() {
       ::shutdown(fd.get(), SHUT_RDWR);
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(waitMu_);
-    waitCv_.notify_all();
-  }
+  park_.wakeAll();
+  dataPark_.wakeAll();
   for (std::jthread& t : threads_) {
     if (t.joinable()) {
       t.join();
@@ -113,8 +112,30 @@ void CommCore::contribute(Slot* slot, int64_t delta) {
   }
 }
 
+void Park::wakeAll() {
+  if (sleepers.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    cv.notify_all();
+  }
+}
+
+void Park::wakeSome(uint64_t n) {
+  int sleeping = sleepers.load(std::memory_order_seq_cst);
+  if (sleeping <= 0) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (n >= static_cast<uint64_t>(sleeping)) {
+    cv.notify_all();
+    return;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    cv.notify_one();
+  }
+}
+
 template <typename Pred>
-bool CommCore::waitUntil(Pred pred) {
+bool CommCore::waitUntil(Pred pred, Park& park) {
   if (pred()) {
     return true;
   }
@@ -129,26 +150,27 @@ bool CommCore::waitUntil(Pred pred) {
       break;
     }
   }
-  std::unique_lock<std::mutex> lock(waitMu_);
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  std::unique_lock<std::mutex> lock(park.mu);
+  park.sleepers.fetch_add(1, std::memory_order_seq_cst);
   while (!pred() && !stopping_.load(std::memory_order_seq_cst)) {
-    waitCv_.wait_for(lock, std::chrono::milliseconds(20));
+    park.cv.wait_for(lock, std::chrono::milliseconds(20));
   }
-  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  park.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   return !stopping_.load(std::memory_order_acquire);
 }
 
 void CommCore::wake() {
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lock(waitMu_);
-    waitCv_.notify_all();
-  }
+  park_.wakeAll();
+  dataPark_.wakeAll();
 }
 
 Status CommCore::testSlot(Slot* slot, bool* done, size_t* size) {
   *done = false;
   if (slot->stamp.load(std::memory_order_acquire) == 0) {
     return BAGUA_ERROR(kFailedPrecondition, "test() on a request that is not in flight");
+  }
+  if (!slot->done.load(std::memory_order_acquire)) {
+    callerProgress();
   }
   if (slot->done.load(std::memory_order_acquire)) {
     if (size != nullptr) {
@@ -208,17 +230,25 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   slot->size = size;
   slot->seq = seq;
   bool isInline = size <= options_.inlineBytes;
-  slot->chunk = isInline ? 0
-                         : wire::chunkBytesFor(size, nStreams(), options_.minChunkBytes,
-                                               options_.maxChunkBytes);
+  bool roundRobin = options_.schedule == Schedule::kRoundRobin;
+  // Round-robin splits evenly with no upper clamp (the NCCL Socket / Bagua-Net rule).
+  slot->chunk =
+      isInline ? 0
+               : wire::chunkBytesFor(size, nStreams(), options_.minChunkBytes,
+                                     roundRobin ? wire::kMaxChunkWire : options_.maxChunkBytes);
   slot->done.store(false, std::memory_order_relaxed);
+  slot->nChunks = isInline ? 0 : wire::chunkCount(size, slot->chunk);
+  slot->rrBase = rrCursor_;
+  rrCursor_ += slot->nChunks;
   // Tokens: the control record (1) plus every data byte; an inline message instead holds a
   // "claim passed" token so that it cannot complete (and its slot be reused) while the chunk
-  // cursor still points at it.
-  slot->remaining.store(static_cast<int64_t>(isInline ? 1 : size) + 1, std::memory_order_relaxed);
+  // cursor still points at it. Round-robin: one "passed" token per data stream instead.
+  int64_t passTokens = roundRobin ? nStreams() : (isInline ? 1 : 0);
+  slot->remaining.store(static_cast<int64_t>(isInline ? 0 : size) + 1 + passTokens,
+                        std::memory_order_relaxed);
   slot->stamp.store(seq + 1, std::memory_order_release);
   posted_.store(seq + 1, std::memory_order_seq_cst);
-  if (isInline) {
+  if (isInline && !roundRobin) {
     // Fast path: nothing earlier is left to claim, so move the cursor past it right here.
     std::unique_lock<std::mutex> lock(claimMu_);
     if (claimSeq_.load(std::memory_order_relaxed) == seq) {
@@ -228,29 +258,90 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
       contribute(slot, -1);
     }
   }
-  wake();
+  // Fast path: write the control record (and an inline payload) from the caller's thread when
+  // the control stream is idle; whatever the socket does not take now, the control thread sends.
+  callerProgress();
+  if (roundRobin) {
+    dataPark_.wakeAll();  // every stream walks every message
+  } else if (!isInline) {
+    dataPark_.wakeSome(slot->nChunks);
+  }
+  if (ctrlDone_.load(std::memory_order_acquire) <= seq) {
+    park_.wakeAll();  // the caller could not write the record: the control thread will
+  }
   return static_cast<Request*>(slot);
 }
 
-void SendComm::Impl::controlLoop() {
+void SendComm::Impl::callerProgress() {
+  if (ctrlDone_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(ctrlMu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return;  // the control thread is at it
+  }
+  Status s = pumpControl(/*blocking=*/false);
+  if (!s.isOk()) {
+    ioError(std::move(s), "control record", -1);
+  }
+}
+
+Status SendComm::Impl::pumpControl(bool blocking) {
   uint8_t record[wire::kControlBytes];
-  for (uint64_t seq = 0;; ++seq) {
-    if (!waitUntil([&] { return posted_.load(std::memory_order_acquire) > seq; })) {
-      return;
-    }
-    Slot* slot = &slots_[seq % kSlots];
+  while (ctrlSeq_ < posted_.load(std::memory_order_acquire)) {
+    Slot* slot = &slots_[ctrlSeq_ % kSlots];
     wire::ControlRecord r;
-    r.seq = seq;
+    r.seq = ctrlSeq_;
     r.size = slot->size;
     r.inlineBytes = slot->chunk == 0 ? static_cast<uint32_t>(slot->size) : 0;
     wire::encodeControl(r, record);
     iovec iov[2] = {{record, sizeof(record)}, {slot->data, r.inlineBytes}};
-    Status s = sendAllV(control_.get(), iov, r.inlineBytes > 0 ? 2 : 1);
+    size_t total = sizeof(record) + r.inlineBytes;
+    if (blocking) {
+      // Skip what an earlier non-blocking attempt already sent.
+      size_t skip = ctrlSent_;
+      iovec rest[2];
+      int n = 0;
+      for (iovec& v : iov) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        rest[n++] = iovec{static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+        skip = 0;
+      }
+      BAGUA_RETURN_IF_ERROR(sendAllV(control_.get(), rest, n));
+      ctrlSent_ = total;
+    } else {
+      BAGUA_RETURN_IF_ERROR(sendSomeV(control_.get(), iov, r.inlineBytes > 0 ? 2 : 1, &ctrlSent_));
+      if (ctrlSent_ < total) {
+        return Status::ok();  // the socket is full; the control thread finishes it
+      }
+    }
+    ctrlSent_ = 0;
+    ++ctrlSeq_;
+    ctrlDone_.store(ctrlSeq_, std::memory_order_release);
+    contribute(slot, -1);
+  }
+  return Status::ok();
+}
+
+void SendComm::Impl::controlLoop() {
+  for (;;) {
+    if (!waitUntil(
+            [&] {
+              return posted_.load(std::memory_order_acquire) >
+                     ctrlDone_.load(std::memory_order_acquire);
+            },
+            park_)) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(ctrlMu_);
+    Status s = pumpControl(/*blocking=*/true);
     if (!s.isOk()) {
       ioError(std::move(s), "control record", -1);
       return;
     }
-    contribute(slot, -1);
   }
 }
 
@@ -283,29 +374,65 @@ bool SendComm::Impl::claim(Slot** slot, uint64_t* offset, uint32_t* length) {
   return false;
 }
 
-void SendComm::Impl::dataLoop(int stream) {
-  int fd = data_[static_cast<size_t>(stream)].get();
+Status SendComm::Impl::sendChunk(int fd, Slot* slot, uint64_t offset, uint32_t length) {
   uint8_t header[wire::kChunkBytes];
+  wire::ChunkHeader h;
+  h.seq = slot->seq;
+  h.offset = offset;
+  h.length = length;
+  wire::encodeChunk(h, header);
+  iovec iov[2] = {{header, sizeof(header)}, {slot->data + offset, length}};
+  return sendAllV(fd, iov, 2);
+}
+
+// Equal split, chunk k of the connection to stream k mod N: the comparison baseline. A stream
+// walks every message (holding one "passed" token of each) and sends its own chunks.
+void SendComm::Impl::roundRobinLoop(int stream) {
+  int fd = data_[static_cast<size_t>(stream)].get();
+  uint64_t n = static_cast<uint64_t>(nStreams());
+  uint64_t mine = static_cast<uint64_t>(stream);
+  for (uint64_t seq = 0;; ++seq) {
+    if (!waitUntil([&] { return posted_.load(std::memory_order_acquire) > seq; }, dataPark_)) {
+      return;
+    }
+    Slot* slot = &slots_[seq % kSlots];
+    uint64_t first = (mine + n - slot->rrBase % n) % n;  // first j with (rrBase + j) % n == mine
+    for (uint64_t j = first; j < slot->nChunks; j += n) {
+      uint64_t offset = j * slot->chunk;
+      auto length = static_cast<uint32_t>(std::min(slot->chunk, slot->size - offset));
+      Status s = sendChunk(fd, slot, offset, length);
+      if (!s.isOk()) {
+        ioError(std::move(s), "chunk", stream);
+        return;
+      }
+      contribute(slot, -static_cast<int64_t>(length));
+    }
+    contribute(slot, -1);  // this stream has passed the message
+  }
+}
+
+void SendComm::Impl::dataLoop(int stream) {
+  if (options_.schedule == Schedule::kRoundRobin) {
+    roundRobinLoop(stream);
+    return;
+  }
+  int fd = data_[static_cast<size_t>(stream)].get();
   for (;;) {
     Slot* slot = nullptr;
     uint64_t offset = 0;
     uint32_t length = 0;
     if (!claim(&slot, &offset, &length)) {
-      if (!waitUntil([&] {
-            return posted_.load(std::memory_order_acquire) >
-                   claimSeq_.load(std::memory_order_relaxed);
-          })) {
+      if (!waitUntil(
+              [&] {
+                return posted_.load(std::memory_order_acquire) >
+                       claimSeq_.load(std::memory_order_relaxed);
+              },
+              dataPark_)) {
         return;
       }
       continue;
     }
-    wire::ChunkHeader h;
-    h.seq = slot->seq;
-    h.offset = offset;
-    h.length = length;
-    wire::encodeChunk(h, header);
-    iovec iov[2] = {{header, sizeof(header)}, {slot->data + offset, length}};
-    Status s = sendAllV(fd, iov, 2);
+    Status s = sendChunk(fd, slot, offset, length);
     if (!s.isOk()) {
       ioError(std::move(s), "chunk", stream);
       return;
@@ -362,7 +489,7 @@ Result<Request*> RecvComm::Impl::irecv(void* data, size_t capacity) {
 
 Slot* RecvComm::Impl::waitPosted(uint64_t seq) {
   Slot* slot = &slots_[seq % kSlots];
-  if (!waitUntil([&] { return slot->stamp.load(std::memory_order_acquire) == seq + 1; })) {
+  if (!waitUntil([&] { return slot->stamp.load(std::memory_order_acquire) == seq + 1; }, park_)) {
     return nullptr;
   }
   return slot;
@@ -378,51 +505,113 @@ Status RecvComm::Impl::truncation(const Slot* slot, uint64_t needed, const char*
                      static_cast<unsigned long long>(slot->capacity));
 }
 
-void RecvComm::Impl::controlLoop() {
-  uint8_t record[wire::kControlBytes];
-  for (uint64_t seq = 0;; ++seq) {
-    bool cleanEof = false;
-    Status s = recvAll(control_.get(), record, sizeof(record), &cleanEof);
-    if (!s.isOk()) {
-      if (cleanEof) {
+void RecvComm::Impl::callerProgress() {
+  if (ctrlSeq_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(ctrlMu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return;
+  }
+  bool waiting = false;
+  Status s = pumpControl(&waiting);
+  if (!s.isOk()) {
+    ioError(std::move(s), "control record", -1);
+  }
+}
+
+Status RecvComm::Impl::pumpControl(bool* waitingForPost) {
+  *waitingForPost = false;
+  int fd = control_.get();
+  while (!ctrlClosed_ && !failed()) {
+    if (!ctrlHave_) {
+      bool eof = false;
+      BAGUA_RETURN_IF_ERROR(recvSome(fd, ctrlBuf_, sizeof(ctrlBuf_), &ctrlGot_, &eof));
+      if (eof) {
+        if (ctrlGot_ != 0) {
+          return BAGUA_ERROR(kRemoteError, "connection closed by peer inside a control record");
+        }
+        ctrlClosed_ = true;
         closedStreams_.fetch_add(1, std::memory_order_acq_rel);
         wake();
-        return;
+        return Status::ok();
       }
-      ioError(std::move(s), "control record", -1);
+      if (ctrlGot_ < sizeof(ctrlBuf_)) {
+        return Status::ok();
+      }
+      BAGUA_ASSIGN_OR_RETURN(wire::ControlRecord r,
+                             wire::decodeControl(ctrlBuf_, sizeof(ctrlBuf_), options_.inlineBytes));
+      uint64_t expected = ctrlSeq_.load(std::memory_order_relaxed);
+      if (r.seq != expected) {
+        return BAGUA_ERROR(kRemoteError, "control record for message %llu, expected %llu",
+                           static_cast<unsigned long long>(r.seq),
+                           static_cast<unsigned long long>(expected));
+      }
+      ctrlHave_ = true;
+      ctrlRecSeq_ = r.seq;
+      ctrlRecSize_ = r.size;
+      ctrlRecInline_ = r.inlineBytes;
+      ctrlInlineGot_ = 0;
+    }
+    Slot* slot = &slots_[ctrlRecSeq_ % kSlots];
+    if (slot->stamp.load(std::memory_order_acquire) != ctrlRecSeq_ + 1) {
+      *waitingForPost = true;
+      return Status::ok();
+    }
+    if (ctrlRecSize_ > slot->capacity) {
+      Status t = truncation(slot, ctrlRecSize_, "announced size");
+      fail(t);
+      return t;
+    }
+    if (ctrlRecInline_ > 0) {
+      bool eof = false;
+      BAGUA_RETURN_IF_ERROR(recvSome(fd, slot->data, ctrlRecInline_, &ctrlInlineGot_, &eof));
+      if (eof) {
+        return BAGUA_ERROR(kRemoteError, "connection closed by peer inside an inline payload");
+      }
+      if (ctrlInlineGot_ < ctrlRecInline_) {
+        return Status::ok();
+      }
+    }
+    slot->realSize = ctrlRecSize_;
+    ctrlHave_ = false;
+    ctrlGot_ = 0;
+    ctrlSeq_.store(ctrlRecSeq_ + 1, std::memory_order_release);
+    contribute(slot, static_cast<int64_t>(ctrlRecSize_ - ctrlRecInline_) - kRecvBias);
+  }
+  return Status::ok();
+}
+
+void RecvComm::Impl::controlLoop() {
+  int fd = control_.get();
+  for (;;) {
+    if (stopping_.load(std::memory_order_acquire)) {
       return;
     }
-    Result<wire::ControlRecord> r =
-        wire::decodeControl(record, sizeof(record), options_.inlineBytes);
-    if (!r.isOk()) {
-      ioError(r.takeStatus(), "control record", -1);
-      return;
-    }
-    if (r->seq != seq) {
-      ioError(BAGUA_ERROR(kRemoteError, "control record for message %llu, expected %llu",
-                          static_cast<unsigned long long>(r->seq),
-                          static_cast<unsigned long long>(seq)),
-              "control record", -1);
-      return;
-    }
-    Slot* slot = waitPosted(seq);
-    if (slot == nullptr) {
-      return;
-    }
-    if (r->size > slot->capacity) {
-      fail(truncation(slot, r->size, "announced size"));
-      return;
-    }
-    if (r->inlineBytes > 0) {
-      s = recvAll(control_.get(), slot->data, r->inlineBytes);
+    bool waiting = false;
+    bool closed = false;
+    uint64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock(ctrlMu_);
+      Status s = pumpControl(&waiting);
       if (!s.isOk()) {
-        ioError(std::move(s), "inline payload", -1);
+        ioError(std::move(s), "control record", -1);
         return;
       }
+      closed = ctrlClosed_;
+      seq = ctrlRecSeq_;
     }
-    slot->realSize = r->size;
-    int64_t dataBytes = static_cast<int64_t>(r->size - r->inlineBytes);
-    contribute(slot, dataBytes - kRecvBias);
+    if (closed || failed()) {
+      return;
+    }
+    if (waiting) {
+      if (waitPosted(seq) == nullptr) {
+        return;
+      }
+      continue;
+    }
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, 100);  // bounded: also re-checks the stop flag
   }
 }
 
@@ -442,7 +631,7 @@ void RecvComm::Impl::dataLoop(int stream) {
       ioError(std::move(s), "chunk header", stream);
       return;
     }
-    Result<wire::ChunkHeader> h = wire::decodeChunk(header, sizeof(header), options_.maxChunkBytes);
+    Result<wire::ChunkHeader> h = wire::decodeChunk(header, sizeof(header), wire::kMaxChunkWire);
     if (!h.isOk()) {
       ioError(h.takeStatus(), "chunk header", stream);
       return;

@@ -13,9 +13,13 @@
 // the payload straight into the posted buffer at the chunk's offset).
 // Completion: each slot has an atomic byte/token count; whichever thread makes it reach zero
 // marks the slot done (release); test() observes it (acquire) and recycles the slot.
-// Idle threads spin for spinUs, then park on waitCv_ with a bounded wait (20 ms re-check).
-// Locks: claimMu_ (send data threads only), waitMu_ (parking), errorMu_ (first error). Never
-// nested. Teardown: stop flag, shutdown(2) on every socket (wakes blocked I/O), notify, join.
+// Idle threads spin for spinUs, then park (Park: condition variable, bounded 20 ms re-check).
+// isend wakes only as many send data threads as the message has chunks, and the control thread
+// only when the caller could not write the control record itself (small messages go out from the
+// caller's thread and, on the receiver, are read by test(): no helper-thread hop).
+// Locks: ctrlMu_ (control stream state; the caller only try_locks it), claimMu_ (send data
+// threads), Park::mu (parking), errorMu_ (first error). Never nested. Teardown: stop flag,
+// shutdown(2) on every socket (wakes blocked I/O), notify, join.
 #pragma once
 
 #include <atomic>
@@ -37,6 +41,18 @@ static_assert(kSlots >= kMinRequestsInFlight);
 
 class CommCore;
 
+// Where idle helper threads park: a condition variable with a sleeper count, so that wakers skip
+// the lock when nobody sleeps.
+struct Park {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> sleepers{0};
+
+  void wakeAll();
+  // Wakes about n sleepers (all when n >= sleepers).
+  void wakeSome(uint64_t n);
+};
+
 // One request slot; a Request handed to the caller.
 struct Slot : Request {
   CommCore* owner = nullptr;
@@ -44,7 +60,9 @@ struct Slot : Request {
   uint64_t size = 0;      // send: message size; recv: capacity until done, then real size
   uint64_t capacity = 0;  // recv: posted capacity
   uint64_t seq = 0;
-  uint64_t chunk = 0;  // send: chunk size (0 when inline)
+  uint64_t chunk = 0;    // send: chunk size (0 when inline)
+  uint64_t nChunks = 0;  // send: chunks of the message
+  uint64_t rrBase = 0;   // send, round-robin schedule: global index of the first chunk
   std::atomic<int64_t> remaining{0};
   std::atomic<uint64_t> stamp{0};  // seq + 1 while posted, 0 when free
   std::atomic<bool> done{false};
@@ -63,6 +81,8 @@ class CommCore {
   CommCore& operator=(const CommCore&) = delete;
 
   Status testSlot(Slot* slot, bool* done, size_t* size);
+  // Progress the caller's thread may make on the control stream inside test() (non-blocking).
+  virtual void callerProgress() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }
 
@@ -76,7 +96,8 @@ class CommCore {
   void contribute(Slot* slot, int64_t delta);
   // Waits until pred() holds or the comm stops; false when stopping.
   template <typename Pred>
-  bool waitUntil(Pred pred);
+  bool waitUntil(Pred pred, Park& park);
+  // Wakes every parked thread (new receive posted, failure, stop).
   void wake();
   // Handles an I/O error of a helper thread: quiet while stopping, else fails the comm.
   void ioError(Status status, const char* where, int stream);
@@ -92,10 +113,9 @@ class CommCore {
   std::atomic<bool> failed_{false};
   std::atomic<int> closedStreams_{0};  // receive side: streams that ended cleanly
   std::mutex errorMu_;
-  Status error_;  // guarded by errorMu_
-  std::mutex waitMu_;
-  std::condition_variable waitCv_;
-  std::atomic<int> sleepers_{0};
+  Status error_;   // guarded by errorMu_
+  Park park_;      // control thread; receive threads waiting for an irecv
+  Park dataPark_;  // send data threads waiting for chunks
   std::vector<std::jthread> threads_;
 };
 
@@ -111,12 +131,25 @@ struct SendComm::Impl : public CommCore {
  private:
   void controlLoop();
   void dataLoop(int stream);
+  void roundRobinLoop(int stream);
+  Status sendChunk(int fd, Slot* slot, uint64_t offset, uint32_t length);
   // Claims the next chunk; false when none is available now.
   bool claim(Slot** slot, uint64_t* offset, uint32_t* length);
 
+  // Sends what it can of the pending control records; requires ctrlMu_. Non-blocking unless
+  // `blocking`.
+  Status pumpControl(bool blocking);
+  void callerProgress() override;
+
+  // Control stream: written by the caller (isend fast path, try_lock) or the control thread.
+  std::mutex ctrlMu_;
+  uint64_t ctrlSeq_ = 0;               // guarded by ctrlMu_: next record to (finish) sending
+  size_t ctrlSent_ = 0;                // guarded by ctrlMu_: bytes of it already sent
+  std::atomic<uint64_t> ctrlDone_{0};  // mirrors ctrlSeq_ for lock-free checks
   std::mutex claimMu_;
   std::atomic<uint64_t> claimSeq_{0};  // written under claimMu_
   uint64_t claimOffset_ = 0;           // guarded by claimMu_
+  uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin)
 };
 
 struct RecvComm::Impl : public CommCore {
@@ -133,6 +166,22 @@ struct RecvComm::Impl : public CommCore {
   void dataLoop(int stream);
   // Waits until the receive for `seq` is posted; nullptr when stopping.
   Slot* waitPosted(uint64_t seq);
+  // Reads what is available of the control stream (non-blocking); requires ctrlMu_. Sets
+  // *waitingForPost when a record waits for its irecv.
+  Status pumpControl(bool* waitingForPost);
+  void callerProgress() override;
+
+  // Control stream parse state, guarded by ctrlMu_ (the control thread or the caller's test()).
+  std::mutex ctrlMu_;
+  uint8_t ctrlBuf_[24] = {};
+  size_t ctrlGot_ = 0;
+  bool ctrlHave_ = false;  // a decoded record waits for its slot / inline bytes
+  uint64_t ctrlRecSeq_ = 0;
+  uint64_t ctrlRecSize_ = 0;
+  uint32_t ctrlRecInline_ = 0;
+  size_t ctrlInlineGot_ = 0;
+  bool ctrlClosed_ = false;
+  std::atomic<uint64_t> ctrlSeq_{0};  // next message whose record is expected
   Status truncation(const Slot* slot, uint64_t needed, const char* what);
 };
 

@@ -44,6 +44,12 @@ struct Holder {
             catalogue.addInt("BAGUA_NET_SPEED_MBPS", 0, 0, 10 * 1000 * 1000,
                              "Port speed reported to NCCL (Mbps); 0 = read "
                              "/sys/class/net/<if>/speed, else 100000."),
+            catalogue.addEnum("BAGUA_NET_SCHEDULE", "dynamic",
+                              {{"dynamic", "the next chunk goes to whichever stream has room"},
+                               {"roundrobin",
+                                "chunk k to stream k mod N with an equal split (what NCCL Socket "
+                                "and the original Bagua-Net do); for comparison"}},
+                              "How chunks are spread over the data streams."),
             catalogue.addString("NCCL_SOCKET_IFNAME", "",
                                 "Interfaces to use, NCCL's syntax: comma-separated prefixes, "
                                 "'^' to exclude, '=' for exact names (e.g. 'eth', '^docker,lo', "
@@ -88,6 +94,8 @@ Result<EngineOptions> EngineOptions::fromParams() {
   BAGUA_ASSIGN_OR_RETURN(o.timeoutMs, p.timeoutMs.get());
   BAGUA_ASSIGN_OR_RETURN(o.spinUs, p.spinUs.get());
   BAGUA_ASSIGN_OR_RETURN(o.helloTimeoutMs, p.helloTimeoutMs.get());
+  BAGUA_ASSIGN_OR_RETURN(std::string schedule, p.schedule.get());
+  o.schedule = schedule == "roundrobin" ? Schedule::kRoundRobin : Schedule::kDynamic;
   BAGUA_RETURN_IF_ERROR(o.validate());
   return o;
 }

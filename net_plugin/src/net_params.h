@@ -18,6 +18,7 @@ struct NetParams {
   Param<int64_t>& spinUs;
   Param<int64_t>& helloTimeoutMs;
   Param<int64_t>& speedMbps;
+  Param<std::string>& schedule;
   Param<std::string>& ifname;
   Param<std::string>& family;
 };

@@ -141,12 +141,16 @@ Status sendSome(int fd, const uint8_t* data, size_t length, size_t* done) {
   return Status::ok();
 }
 
-Status recvSome(int fd, uint8_t* data, size_t length, size_t* done) {
+Status recvSome(int fd, uint8_t* data, size_t length, size_t* done, bool* eof) {
   while (*done < length) {
     ssize_t n = ::recv(fd, data + *done, length - *done, MSG_DONTWAIT);
     if (n > 0) {
       *done += static_cast<size_t>(n);
       continue;
+    }
+    if (n == 0 && eof != nullptr) {
+      *eof = true;
+      return Status::ok();
     }
     if (n == 0) {
       return BAGUA_ERROR(kRemoteError, "connection closed by peer after %zu of %zu bytes", *done,
@@ -161,6 +165,42 @@ Status recvSome(int fd, uint8_t* data, size_t length, size_t* done) {
     return BAGUA_ERRNO(errno, "recv");
   }
   return Status::ok();
+}
+
+Status sendSomeV(int fd, const iovec* iov, int iovcnt, size_t* done) {
+  for (;;) {
+    iovec local[4];
+    int n = 0;
+    size_t skip = *done;
+    for (int i = 0; i < iovcnt && n < 4; ++i) {
+      if (skip >= iov[i].iov_len) {
+        skip -= iov[i].iov_len;
+        continue;
+      }
+      local[n].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + skip;
+      local[n].iov_len = iov[i].iov_len - skip;
+      skip = 0;
+      ++n;
+    }
+    if (n == 0) {
+      return Status::ok();
+    }
+    msghdr msg{};
+    msg.msg_iov = local;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t k = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      *done += static_cast<size_t>(k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) {
+      continue;
+    }
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return Status::ok();
+    }
+    return BAGUA_ERRNO(errno, "send");
+  }
 }
 
 uint64_t randomU64() {

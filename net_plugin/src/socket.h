@@ -52,7 +52,11 @@ Status recvAll(int fd, void* data, size_t length, bool* cleanEof = nullptr);
 // Non-blocking: sends/receives what the socket takes now, advancing *done. Ok with no progress on
 // EAGAIN; kRemoteError on EOF.
 Status sendSome(int fd, const uint8_t* data, size_t length, size_t* done);
-Status recvSome(int fd, uint8_t* data, size_t length, size_t* done);
+// With `eof` given, an orderly close sets *eof and returns Ok instead of kRemoteError.
+Status recvSome(int fd, uint8_t* data, size_t length, size_t* done, bool* eof = nullptr);
+// Non-blocking gather send: sends what the socket takes now from the iovecs, skipping the first
+// *done bytes of them, and advances *done.
+Status sendSomeV(int fd, const iovec* iov, int iovcnt, size_t* done);
 
 // 64 random bits (getrandom, with a time/pid fallback).
 uint64_t randomU64();

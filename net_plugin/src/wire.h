@@ -93,6 +93,8 @@ Result<ControlRecord> decodeControl(const uint8_t* bytes, size_t length, uint64_
 // ---- chunk header (one per chunk on a data stream) --------------------------------------------
 // 0 magic u32 | 4 length u32 | 8 sequence u64 | 16 offset u64 | 24 zero u64 ; then payload
 inline constexpr size_t kChunkBytes = 32;
+// Largest chunk a receiver accepts (the sender's options decide the actual size).
+inline constexpr uint64_t kMaxChunkWire = uint64_t{1} << 30;
 struct ChunkHeader {
   uint64_t seq = 0;
   uint64_t offset = 0;

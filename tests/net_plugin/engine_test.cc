@@ -387,6 +387,16 @@ TEST_P(Transfer, ThirtyTwoOutstandingRequests) {
 
 INSTANTIATE_TEST_SUITE_P(Streams, Transfer, ::testing::Values(1, 2, 8));
 
+TEST(Engine, RoundRobinScheduleDeliversEveryByte) {
+  for (int n : {1, 3, 8}) {
+    EngineOptions o = testOptions(n);
+    o.schedule = Schedule::kRoundRobin;
+    Pair p = connectPair(o);
+    ASSERT_TRUE(p.send && p.recv);
+    transfer(p, {0, 1, 300, 5000, 4096 * 3 + 1, 1 << 20, 17, (2 << 20) + 9, 0}, 4);
+  }
+}
+
 TEST(Engine, LargeMessages64MiBPlus) {
   EngineOptions o = testOptions(8);
   o.maxChunkBytes = 1 << 20;

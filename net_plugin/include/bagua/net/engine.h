@@ -40,9 +40,9 @@
 //   kInvalidArgument    caller misuse (null buffer with size > 0); message larger than the posted
 //                       receive ("message truncated ..."): the comm is then failed
 //   kUnavailable        isend/irecv only: no free request slot right now; retry later
-//   kFailedPrecondition the comm already failed earlier (the first error is in the message)
-// Once a comm has failed, every pending and later request reports the error; the comm must still
-// be destroyed normally.
+//   kFailedPrecondition test() on a request that is not in flight
+// Once a comm has failed, every pending and later request reports that first error (same code);
+// the comm must still be destroyed normally.
 //
 // Threads and teardown
 // --------------------
@@ -76,16 +76,23 @@ inline constexpr int kMinRequestsInFlight = 32;
 // Data streams per connection are clamped to [1, kMaxStreams].
 inline constexpr int kMaxStreams = 64;
 
+// How a message's chunks are spread over the data streams.
+enum class Schedule {
+  kDynamic,     // the next chunk goes to whichever stream is free (default)
+  kRoundRobin,  // chunk k to stream k mod N, equal split (NCCL Socket / Bagua-Net; baseline)
+};
+
 // Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
 struct EngineOptions {
-  int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
-  uint64_t minChunkBytes = 128 * 1024;   // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
-  uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
-  uint64_t inlineBytes = 1024;           // messages up to this go on the control stream
-  uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
-  int64_t timeoutMs = 30000;             // dead-peer bound: TCP_USER_TIMEOUT + keepalive
-  int64_t spinUs = 50;                   // helper threads spin this long before parking
-  int64_t helloTimeoutMs = 10000;        // accepted sockets must say hello within this
+  int nStreams = 8;                        // data streams per connection (BAGUA_NET_NSTREAMS)
+  uint64_t minChunkBytes = 128 * 1024;     // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  uint64_t maxChunkBytes = 1024 * 1024;    // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
+  uint64_t inlineBytes = 1024;             // messages up to this go on the control stream
+  uint64_t socketBufferBytes = 4 << 20;    // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
+  int64_t timeoutMs = 30000;               // dead-peer bound: TCP_USER_TIMEOUT + keepalive
+  int64_t spinUs = 50;                     // helper threads spin this long before parking
+  int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
+  Schedule schedule = Schedule::kDynamic;  // BAGUA_NET_SCHEDULE
 
   // Options from the catalogue (environment or defaults). Fails on an invalid value, naming it.
   static Result<EngineOptions> fromParams();

@@ -1,0 +1,586 @@
+// bagua-net-bench: point-to-point throughput and latency of the Bagua-Net NCCL plugin over
+// loopback, driven exactly like NCCL drives it (dlopen libnccl-net.so, ncclNetPlugin_v11,
+// listen/connect/accept, isend/irecv/test with several requests in flight), against baselines
+// measured in the same run:
+//   tcp     one plain TCP socket, blocking send/recv of the same messages (what NCCL's Socket
+//           transport does on a NIC without helper threads, e.g. lo)
+//   rr      our engine with an equal split, chunk k to stream k mod N (NCCL Socket with helper
+//           threads and the original Bagua-Net schedule)
+//   bagua   our engine with dynamic chunk scheduling (the default)
+//
+//   bagua-net-bench [--plugin PATH] [--sizes 64K,1M,16M] [--streams 1,2,4,8] [--window 8]
+//                   [--conns 1] [--seconds 0.3] [--latency-sizes 8,64K,1M] [--json FILE]
+//   bagua-net-bench --demo          a ~20 s tour with a readable table
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "nccl_net_abi.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bagua-net-bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmtBytes(uint64_t b) {
+  if (b >= (1u << 30) && b % (1u << 30) == 0) {
+    return std::to_string(b >> 30) + "G";
+  }
+  if (b >= (1u << 20) && b % (1u << 20) == 0) {
+    return std::to_string(b >> 20) + "M";
+  }
+  if (b >= 1024 && b % 1024 == 0) {
+    return std::to_string(b >> 10) + "K";
+  }
+  return std::to_string(b);
+}
+
+std::vector<uint64_t> parseSizeList(const std::string& text) {
+  std::vector<uint64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!item.empty()) {
+      bagua::Result<uint64_t> v = bagua::parseBytes(item);
+      if (!v.isOk()) {
+        die("bad size '" + item + "': " + v.status().message());
+      }
+      out.push_back(*v);
+    }
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// ---- the plugin, loaded like NCCL loads it ------------------------------------------------------
+
+class Plugin {
+ public:
+  Plugin(const std::string& path, int streams, const char* schedule) {
+    setenv("BAGUA_NET_NSTREAMS", std::to_string(streams).c_str(), 1);
+    setenv("BAGUA_NET_SCHEDULE", schedule, 1);
+    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) {
+      die(std::string("dlopen failed: ") + dlerror());
+    }
+    net_ = static_cast<ncclNet_v11_t*>(dlsym(lib_, "ncclNetPlugin_v11"));
+    if (net_ == nullptr) {
+      die("no ncclNetPlugin_v11 in " + path);
+    }
+    check(net_->init(&ctx_, 1, nullptr, nullptr, nullptr), "init");
+  }
+  ~Plugin() {
+    net_->finalize(ctx_);
+    dlclose(lib_);
+  }
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  static void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) {
+      die(std::string(what) + " failed with ncclResult " + std::to_string(r));
+    }
+  }
+
+  // One send/recv comm pair over loopback.
+  void connectPair(void** send, void** recv) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listenComm = nullptr;
+    check(net_->listen(ctx_, 0, handle, &listenComm), "listen");
+    *send = nullptr;
+    *recv = nullptr;
+    auto t0 = Clock::now();
+    while (*send == nullptr || *recv == nullptr) {
+      ncclNetDeviceHandle_v7_t* dev = nullptr;
+      if (*send == nullptr) {
+        check(net_->connect(ctx_, 0, handle, send, &dev), "connect");
+      }
+      if (*recv == nullptr) {
+        check(net_->accept(listenComm, recv, &dev), "accept");
+      }
+      if (secondsSince(t0) > 10) {
+        die("connect/accept took more than 10 s");
+      }
+    }
+    check(net_->closeListen(listenComm), "closeListen");
+  }
+
+  ncclNet_v11_t* net() const { return net_; }
+
+ private:
+  void* lib_ = nullptr;
+  ncclNet_v11_t* net_ = nullptr;
+  void* ctx_ = nullptr;
+};
+
+// Polls test() like NCCL's proxy thread, yielding between polls so that polling threads do not
+// starve the plugin's helper threads on small machines.
+void waitReq(ncclNet_v11_t* net, void* req) {
+  int done = 0;
+  for (;;) {
+    Plugin::check(net->test(req, &done, nullptr), "test");
+    if (done) {
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+// Streams `count` messages of `size` bytes over one comm pair, `window` in flight per side.
+void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int count, int window) {
+  std::vector<uint8_t> sbuf(size, 0x5a), rbuf(size);
+  std::thread sender([&] {
+    std::vector<void*> q;
+    int posted = 0;
+    for (int done = 0; done < count;) {
+      while (posted < count && static_cast<int>(q.size()) < window) {
+        void* req = nullptr;
+        Plugin::check(net->isend(send, sbuf.data(), size, 0, nullptr, nullptr, &req), "isend");
+        if (req == nullptr) {
+          break;
+        }
+        q.push_back(req);
+        ++posted;
+      }
+      waitReq(net, q.front());
+      q.erase(q.begin());
+      ++done;
+    }
+  });
+  std::vector<void*> q;
+  int posted = 0;
+  for (int done = 0; done < count;) {
+    while (posted < count && static_cast<int>(q.size()) < window) {
+      void* req = nullptr;
+      void* data = rbuf.data();
+      size_t cap = size;
+      int tag = 0;
+      Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
+      if (req == nullptr) {
+        break;
+      }
+      q.push_back(req);
+      ++posted;
+    }
+    waitReq(net, q.front());
+    q.erase(q.begin());
+    ++done;
+  }
+  sender.join();
+}
+
+int messagesFor(uint64_t size, double seconds, double guessGBps) {
+  double n = seconds * guessGBps * 1e9 / static_cast<double>(size);
+  return static_cast<int>(std::clamp(n, 16.0, 200000.0));
+}
+
+// GB/s of the plugin with `conns` connections in parallel.
+double pluginThroughput(Plugin& p, uint64_t size, int window, int conns, double seconds) {
+  ncclNet_v11_t* net = p.net();
+  std::vector<void*> sends(static_cast<size_t>(conns)), recvs(static_cast<size_t>(conns));
+  for (int c = 0; c < conns; ++c) {
+    p.connectPair(&sends[static_cast<size_t>(c)], &recvs[static_cast<size_t>(c)]);
+  }
+  pumpPair(net, sends[0], recvs[0], size, std::max(8, 2 * window), window);  // warm-up
+  int count = messagesFor(size, seconds / conns, 4.0);
+  auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < conns; ++c) {
+    threads.emplace_back([&, c] {
+      pumpPair(net, sends[static_cast<size_t>(c)], recvs[static_cast<size_t>(c)], size, count,
+               window);
+    });
+  }
+  for (std::thread& t : threads) {
+    t.join();
+  }
+  double secs = secondsSince(t0);
+  for (int c = 0; c < conns; ++c) {
+    net->closeSend(sends[static_cast<size_t>(c)]);
+    net->closeRecv(recvs[static_cast<size_t>(c)]);
+  }
+  return static_cast<double>(size) * count * conns / secs / 1e9;
+}
+
+// One-way latency (us) from a ping-pong over two comm pairs.
+double pluginLatency(Plugin& p, uint64_t size, int iters) {
+  ncclNet_v11_t* net = p.net();
+  void *abS, *abR, *baS, *baR;
+  p.connectPair(&abS, &abR);
+  p.connectPair(&baS, &baR);
+  std::vector<uint8_t> a(size + 1), b(size + 1);
+  auto once = [&](void* send, void* recv, std::vector<uint8_t>& buf, bool sendFirst) {
+    void* req = nullptr;
+    if (sendFirst) {
+      while (req == nullptr) {
+        Plugin::check(net->isend(send, buf.data(), size, 0, nullptr, nullptr, &req), "isend");
+      }
+      waitReq(net, req);
+      req = nullptr;
+    }
+    void* data = buf.data();
+    size_t cap = size;
+    int tag = 0;
+    while (req == nullptr) {
+      Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
+    }
+    waitReq(net, req);
+    if (!sendFirst) {
+      req = nullptr;
+      while (req == nullptr) {
+        Plugin::check(net->isend(send, buf.data(), size, 0, nullptr, nullptr, &req), "isend");
+      }
+      waitReq(net, req);
+    }
+  };
+  auto run = [&](int n) {
+    std::thread peer([&] {
+      for (int i = 0; i < n; ++i) {
+        once(baS, abR, b, false);
+      }
+    });
+    for (int i = 0; i < n; ++i) {
+      once(abS, baR, a, true);
+    }
+    peer.join();
+  };
+  run(10);
+  auto t0 = Clock::now();
+  run(iters);
+  double us = secondsSince(t0) * 1e6 / iters / 2;
+  net->closeSend(abS);
+  net->closeRecv(abR);
+  net->closeSend(baS);
+  net->closeRecv(baR);
+  return us;
+}
+
+// ---- plain TCP baseline ------------------------------------------------------------------------
+
+void tcpPair(int* a, int* b) {
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      ::listen(l, 1) != 0 || getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    die("tcp baseline: listen failed");
+  }
+  *a = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(*a, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    die("tcp baseline: connect failed");
+  }
+  *b = ::accept(l, nullptr, nullptr);
+  ::close(l);
+  int one = 1;
+  setsockopt(*a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(*b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void sendFull(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k <= 0) {
+      die("tcp baseline: send failed");
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void recvFull(int fd, uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t k = ::recv(fd, p, n, MSG_WAITALL);
+    if (k <= 0) {
+      die("tcp baseline: recv failed");
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+double tcpThroughput(uint64_t size, int conns, double seconds) {
+  int count = messagesFor(size, seconds / conns, 4.0);
+  std::vector<std::thread> threads;
+  std::vector<int> fa(static_cast<size_t>(conns)), fb(static_cast<size_t>(conns));
+  for (int c = 0; c < conns; ++c) {
+    tcpPair(&fa[static_cast<size_t>(c)], &fb[static_cast<size_t>(c)]);
+  }
+  auto t0 = Clock::now();
+  for (int c = 0; c < conns; ++c) {
+    threads.emplace_back([&, c] {
+      std::vector<uint8_t> buf(size, 0x5a);
+      for (int i = 0; i < count; ++i) {
+        sendFull(fa[static_cast<size_t>(c)], buf.data(), size);
+      }
+    });
+    threads.emplace_back([&, c] {
+      std::vector<uint8_t> buf(size);
+      for (int i = 0; i < count; ++i) {
+        recvFull(fb[static_cast<size_t>(c)], buf.data(), size);
+      }
+    });
+  }
+  for (std::thread& t : threads) {
+    t.join();
+  }
+  double secs = secondsSince(t0);
+  for (int c = 0; c < conns; ++c) {
+    ::close(fa[static_cast<size_t>(c)]);
+    ::close(fb[static_cast<size_t>(c)]);
+  }
+  return static_cast<double>(size) * count * conns / secs / 1e9;
+}
+
+double tcpLatency(uint64_t size, int iters) {
+  int a, b;
+  tcpPair(&a, &b);
+  std::vector<uint8_t> x(size + 1), y(size + 1);
+  auto run = [&](int n) {
+    std::thread peer([&] {
+      for (int i = 0; i < n; ++i) {
+        recvFull(b, y.data(), size);
+        sendFull(b, y.data(), size);
+      }
+    });
+    for (int i = 0; i < n; ++i) {
+      sendFull(a, x.data(), size);
+      recvFull(a, x.data(), size);
+    }
+    peer.join();
+  };
+  run(10);
+  auto t0 = Clock::now();
+  run(iters);
+  double us = secondsSince(t0) * 1e6 / iters / 2;
+  ::close(a);
+  ::close(b);
+  return us;
+}
+
+// ---- driver ------------------------------------------------------------------------------------
+
+struct Options {
+  std::string plugin;
+  std::vector<uint64_t> sizes = {64 << 10, 1 << 20, 16 << 20};
+  std::vector<uint64_t> streams = {1, 2, 4, 8};
+  std::vector<uint64_t> latencySizes = {8, 64 << 10, 1 << 20};
+  int window = 8;
+  int conns = 1;
+  double seconds = 0.3;
+  std::string json;
+  bool demo = false;
+};
+
+std::string defaultPluginPath() {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) {
+    return "libnccl-net.so";
+  }
+  exe[n] = 0;
+  std::string dir(exe);
+  dir = dir.substr(0, dir.rfind('/'));
+  return dir + "/../../net_plugin/libnccl-net.so";
+}
+
+void usage() {
+  std::printf(
+      "usage: bagua-net-bench [--plugin PATH] [--sizes 64K,1M,16M] [--streams 1,2,4,8]\n"
+      "                       [--window 8] [--conns 1] [--seconds 0.3]\n"
+      "                       [--latency-sizes 8,64K,1M] [--json FILE] [--demo]\n"
+      "Throughput (GB/s) and one-way latency (us) of the Bagua-Net plugin over loopback, with\n"
+      "baselines from the same run: one plain TCP socket ('tcp') and our engine with an\n"
+      "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n");
+}
+
+Options parseArgs(int argc, char** argv) {
+  Options o;
+  o.plugin = defaultPluginPath();
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        die("missing value after " + a);
+      }
+      return argv[++i];
+    };
+    if (a == "--plugin") {
+      o.plugin = next();
+    } else if (a == "--sizes") {
+      o.sizes = parseSizeList(next());
+    } else if (a == "--streams") {
+      o.streams = parseSizeList(next());
+    } else if (a == "--latency-sizes") {
+      o.latencySizes = parseSizeList(next());
+    } else if (a == "--window") {
+      o.window = std::atoi(next().c_str());
+    } else if (a == "--conns") {
+      o.conns = std::atoi(next().c_str());
+    } else if (a == "--seconds") {
+      o.seconds = std::atof(next().c_str());
+    } else if (a == "--json") {
+      o.json = next();
+    } else if (a == "--demo") {
+      o.demo = true;
+    } else if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else {
+      usage();
+      die("unknown argument " + a);
+    }
+  }
+  if (o.window < 1 || o.window > 32 || o.conns < 1 || o.conns > 16 || o.seconds <= 0) {
+    die("--window must be 1..32, --conns 1..16, --seconds > 0");
+  }
+  for (uint64_t s : o.streams) {
+    if (s < 1 || s > 64) {
+      die("--streams values must be 1..64");
+    }
+  }
+  return o;
+}
+
+struct Row {
+  uint64_t size;
+  int streams;
+  double tcp, rr, dyn;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parseArgs(argc, argv);
+  if (o.demo) {
+    o.sizes = {64 << 10, 1 << 20, 16 << 20};
+    o.streams = {1, 2, 8};
+    o.latencySizes = {8, 64 << 10, 1 << 20};
+    o.seconds = 0.25;
+    o.conns = 2;
+  }
+  if (access(o.plugin.c_str(), R_OK) != 0) {
+    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
+  }
+  if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {
+    setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
+  }
+  unsigned cores = std::thread::hardware_concurrency();
+  std::printf("Bagua-Net loopback benchmark: %s\n", o.plugin.c_str());
+  std::printf("  %d connection(s) in parallel, %d requests in flight per side, %u CPU cores\n",
+              o.conns, o.window, cores);
+  std::printf("  tcp = one plain TCP socket per connection; rr = equal split round-robin over N\n");
+  std::printf(
+      "  streams; bagua = dynamic chunk scheduling over N streams (GB/s, higher is better)\n\n");
+
+  std::vector<double> tcp(o.sizes.size());
+  for (size_t i = 0; i < o.sizes.size(); ++i) {
+    tcp[i] = tcpThroughput(o.sizes[i], o.conns, o.seconds);
+  }
+  std::vector<Row> rows;
+  for (uint64_t n : o.streams) {
+    std::vector<double> rr(o.sizes.size()), dyn(o.sizes.size());
+    {
+      Plugin p(o.plugin, static_cast<int>(n), "roundrobin");
+      for (size_t i = 0; i < o.sizes.size(); ++i) {
+        rr[i] = pluginThroughput(p, o.sizes[i], o.window, o.conns, o.seconds);
+      }
+    }
+    {
+      Plugin p(o.plugin, static_cast<int>(n), "dynamic");
+      for (size_t i = 0; i < o.sizes.size(); ++i) {
+        dyn[i] = pluginThroughput(p, o.sizes[i], o.window, o.conns, o.seconds);
+      }
+    }
+    for (size_t i = 0; i < o.sizes.size(); ++i) {
+      rows.push_back(Row{o.sizes[i], static_cast<int>(n), tcp[i], rr[i], dyn[i]});
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.size != b.size ? a.size < b.size : a.streams < b.streams;
+  });
+  std::printf("%8s %8s %9s %9s %9s %10s %9s\n", "size", "streams", "tcp", "rr", "bagua",
+              "bagua/tcp", "bagua/rr");
+  for (const Row& r : rows) {
+    std::printf("%8s %8d %9.2f %9.2f %9.2f %9.2fx %8.2fx\n", fmtBytes(r.size).c_str(), r.streams,
+                r.tcp, r.rr, r.dyn, r.dyn / r.tcp, r.dyn / r.rr);
+  }
+
+  struct Lat {
+    uint64_t size;
+    double tcp, bagua;
+  };
+  std::vector<Lat> lats;
+  if (!o.latencySizes.empty()) {
+    uint64_t n = o.streams.back();
+    Plugin p(o.plugin, static_cast<int>(n), "dynamic");
+    for (uint64_t s : o.latencySizes) {
+      int iters = s <= (64 << 10) ? 2000 : 300;
+      if (o.demo) {
+        iters /= 2;
+      }
+      lats.push_back(Lat{s, tcpLatency(s, iters), pluginLatency(p, s, iters)});
+    }
+    std::printf("\none-way latency (ping-pong / 2, us, lower is better), bagua with %llu streams\n",
+                static_cast<unsigned long long>(n));
+    std::printf("%8s %10s %10s %12s\n", "size", "tcp", "bagua", "bagua/tcp");
+    for (const Lat& l : lats) {
+      std::printf("%8s %10.1f %10.1f %11.2fx\n", fmtBytes(l.size).c_str(), l.tcp, l.bagua,
+                  l.bagua / l.tcp);
+    }
+  }
+
+  if (!o.json.empty()) {
+    FILE* f = std::fopen(o.json.c_str(), "w");
+    if (f == nullptr) {
+      die("cannot write " + o.json);
+    }
+    std::fprintf(f, "{\"cores\": %u, \"conns\": %d, \"window\": %d, \"throughput\": [", cores,
+                 o.conns, o.window);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::fprintf(f,
+                   "%s\n  {\"size\": %llu, \"streams\": %d, \"tcp_GBps\": %.4f, \"rr_GBps\": %.4f, "
+                   "\"bagua_GBps\": %.4f}",
+                   i == 0 ? "" : ",", static_cast<unsigned long long>(rows[i].size),
+                   rows[i].streams, rows[i].tcp, rows[i].rr, rows[i].dyn);
+    }
+    std::fprintf(f, "\n], \"latency\": [");
+    for (size_t i = 0; i < lats.size(); ++i) {
+      std::fprintf(f, "%s\n  {\"size\": %llu, \"tcp_us\": %.2f, \"bagua_us\": %.2f}",
+                   i == 0 ? "" : ",", static_cast<unsigned long long>(lats[i].size), lats[i].tcp,
+                   lats[i].bagua);
+    }
+    std::fprintf(f, "\n]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
