@@ -197,6 +197,8 @@ Status DataLoader::startEpoch(uint64_t epoch) {
   for (const auto& batch : *b) {
     samples += batch.size();
   }
+  // Batches of the abandoned epoch are freed after unlocking: no allocator call under mu_.
+  std::vector<std::optional<Result<Batch>>> abandoned(ring_.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
     started_ = true;
@@ -205,9 +207,7 @@ Status DataLoader::startEpoch(uint64_t epoch) {
     batches_ = std::move(*b);
     nextClaim_ = 0;
     nextConsume_ = 0;
-    for (auto& slot : ring_) {
-      slot.reset();
-    }
+    ring_.swap(abandoned);
   }
   workCv_.notify_all();
   meter_.reset();
@@ -275,7 +275,8 @@ void DataLoader::workerLoop(std::stop_token stop, int id) {
 
     lock.lock();
     if (generation != generation_) {
-      continue;  // startEpoch() abandoned this epoch; drop the batch
+      lock.unlock();  // the batch is freed at the end of this iteration, outside mu_
+      continue;       // startEpoch() abandoned this epoch; drop the batch
     }
     ring_[step % ring_.size()].emplace(std::move(batch));
     lock.unlock();
