@@ -1,5 +1,7 @@
 #include "bagua/dataset_cache/cache_loader.h"
 
+#include <chrono>
+
 #include "bagua/base/logging.h"
 #include "bagua/dataset_cache/params.h"
 
@@ -144,8 +146,9 @@ Status CacheLoader::getManyImpl(std::span<const std::string_view> keys,
   std::vector<std::optional<std::string>> cached;
   Status s = backend_->getMany(views, cached);
   if (!s.isOk()) {
+    // What could be read (other Redis servers) is still used.
     backendFailed(s);
-    cached.assign(keys.size(), std::nullopt);
+    cached.resize(keys.size());
   } else {
     backendOk();
   }
@@ -231,7 +234,23 @@ void CacheLoader::backendFailed(const Status& status) {
 }
 
 void CacheLoader::backendOk() {
-  if (!healthy_.load(kRelaxed) && !healthy_.exchange(true, std::memory_order_acq_rel)) {
+  if (healthy_.load(kRelaxed)) {
+    return;
+  }
+  // One call succeeding does not end an outage: with one Redis server of several down, calls to
+  // the others succeed in between. The whole backend must answer ping(), probed by one thread at
+  // most every kProbeInterval.
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = lastProbeNs_.load(kRelaxed);
+  if (now - last < kProbeIntervalNs || !lastProbeNs_.compare_exchange_strong(last, now, kRelaxed)) {
+    return;
+  }
+  if (!backend_->ping().isOk()) {
+    return;
+  }
+  if (!healthy_.exchange(true, std::memory_order_acq_rel)) {
     BAGUA_LOG_INFO(kCache, "cache '%s': backend %s is back; caching again",
                    options_.datasetName.c_str(), backend_->describe().c_str());
   }

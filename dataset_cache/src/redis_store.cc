@@ -159,17 +159,34 @@ class RedisStore::Conn {
   // Runs one command. A connection failure marks the server down (kUnavailable); an error reply
   // keeps the connection (kResourceExhausted for OOM, kRemoteError otherwise).
   Result<Reply> command(std::span<const char*> argv, std::span<size_t> lens, const char* what) {
+    BAGUA_RETURN_IF_ERROR(send(argv, lens, what));
+    return receive(what);
+  }
+
+  // Pipelining across servers: send() formats the command and writes it out; receive() waits
+  // for its reply. Sending to every server before receiving from any overlaps their round trips.
+  Status send(std::span<const char*> argv, std::span<size_t> lens, const char* what) {
     SigpipeGuard guard;
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    if (r == nullptr) {
-      std::string why = ctx_->errstr;
-      healthy_ = false;
-      markDown(why);
-      return BAGUA_ERROR(kUnavailable, "redis %s: %s failed: %s", server_.name.c_str(), what,
-                         why.c_str());
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+        REDIS_OK) {
+      return failed(what);
     }
-    Reply reply(r);
+    int done = 0;
+    while (done == 0) {
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+        return failed(what);
+      }
+    }
+    return Status::ok();
+  }
+
+  Result<Reply> receive(const char* what) {
+    SigpipeGuard guard;
+    void* raw = nullptr;
+    if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
+      return failed(what);
+    }
+    Reply reply(static_cast<redisReply*>(raw));
     if (reply->type == REDIS_REPLY_ERROR) {
       std::string msg(reply->str, reply->len);
       if (msg.rfind("OOM", 0) == 0) {
@@ -182,6 +199,14 @@ class RedisStore::Conn {
   }
 
  private:
+  Status failed(const char* what) {
+    std::string why = ctx_->errstr[0] != '\0' ? ctx_->errstr : "connection lost";
+    healthy_ = false;
+    markDown(why);
+    return BAGUA_ERROR(kUnavailable, "redis %s: %s failed: %s", server_.name.c_str(), what,
+                       why.c_str());
+  }
+
   void markDown(const std::string& why) {
     std::vector<redisContext*> stale;
     {
@@ -314,8 +339,12 @@ Status RedisStore::getMany(std::span<const std::string_view> keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     perServer[serverFor(keys[i])].push_back(i);
   }
+  // One MGET per server, all sent before any reply is read. A server that fails leaves its keys
+  // missing; the others' values are still returned, with the first error.
+  std::vector<std::unique_ptr<Conn>> conns(servers_.size());
   std::vector<const char*> argv;
   std::vector<size_t> lens;
+  Status first;
   for (size_t s = 0; s < servers_.size(); ++s) {
     const std::vector<size_t>& idx = perServer[s];
     if (idx.empty()) {
@@ -327,21 +356,42 @@ Status RedisStore::getMany(std::span<const std::string_view> keys,
       argv.push_back(keys[i].data());
       lens.push_back(keys[i].size());
     }
-    Conn conn(*this, *servers_[s]);
-    BAGUA_RETURN_IF_ERROR(conn.open());
-    BAGUA_ASSIGN_OR_RETURN(Reply r, conn.command(argv, lens, "MGET"));
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != idx.size()) {
-      return BAGUA_ERROR(kRemoteError, "redis MGET of %zu keys answered with type %d, %zu elements",
-                         idx.size(), r->type, static_cast<size_t>(r->elements));
+    auto conn = std::make_unique<Conn>(*this, *servers_[s]);
+    Status st = conn->open();
+    if (st.isOk()) {
+      st = conn->send(argv, lens, "MGET");
+    }
+    if (st.isOk()) {
+      conns[s] = std::move(conn);
+    } else if (first.isOk()) {
+      first = std::move(st);
+    }
+  }
+  for (size_t s = 0; s < servers_.size(); ++s) {
+    if (conns[s] == nullptr) {
+      continue;
+    }
+    const std::vector<size_t>& idx = perServer[s];
+    Result<Reply> r = conns[s]->receive("MGET");
+    Status st = r.isOk() ? Status() : r.takeStatus();
+    if (st.isOk() && ((*r)->type != REDIS_REPLY_ARRAY || (*r)->elements != idx.size())) {
+      st = BAGUA_ERROR(kRemoteError, "redis MGET of %zu keys answered with type %d, %zu elements",
+                       idx.size(), (*r)->type, static_cast<size_t>((*r)->elements));
+    }
+    if (!st.isOk()) {
+      if (first.isOk()) {
+        first = std::move(st);
+      }
+      continue;
     }
     for (size_t j = 0; j < idx.size(); ++j) {
-      const redisReply* e = r->element[j];
+      const redisReply* e = (*r)->element[j];
       if (e->type == REDIS_REPLY_STRING) {
         values[idx[j]].emplace(e->str, e->len);
       }
     }
   }
-  return Status::ok();
+  return first;
 }
 
 Status RedisStore::put(std::string_view key, std::string_view value) {
@@ -359,6 +409,9 @@ Status RedisStore::putMany(std::span<const KeyValue> items) {
   for (size_t i = 0; i < items.size(); ++i) {
     perServer[serverFor(items[i].key)].push_back(i);
   }
+  // One MSET per server, all sent before any reply is read. A server that is down loses its
+  // part of the batch; the other servers still get theirs.
+  std::vector<std::unique_ptr<Conn>> conns(servers_.size());
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   Status first;
@@ -375,15 +428,24 @@ Status RedisStore::putMany(std::span<const KeyValue> items) {
       argv.push_back(items[i].value.data());
       lens.push_back(items[i].value.size());
     }
-    // A server that is down loses its part of the batch; the other servers still get theirs.
-    Conn conn(*this, *servers_[s]);
-    Status st = conn.open();
+    auto conn = std::make_unique<Conn>(*this, *servers_[s]);
+    Status st = conn->open();
     if (st.isOk()) {
-      Result<Reply> r = conn.command(argv, lens, "MSET");
-      st = r.takeStatus();
+      st = conn->send(argv, lens, "MSET");
     }
-    if (!st.isOk() && first.isOk()) {
+    if (st.isOk()) {
+      conns[s] = std::move(conn);
+    } else if (first.isOk()) {
       first = std::move(st);
+    }
+  }
+  for (auto& conn : conns) {
+    if (conn == nullptr) {
+      continue;
+    }
+    Result<Reply> r = conn->receive("MSET");
+    if (!r.isOk() && first.isOk()) {
+      first = r.takeStatus();
     }
   }
   return first;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -183,6 +184,49 @@ TEST(RedisCluster, ShardsKeysOverThreeServersAndEveryRankAgrees) {
   }
   EXPECT_EQ(ds.stats().hits, 300u);
   EXPECT_EQ(ds.stats().misses, 300u);
+}
+
+TEST(RedisCluster, OneServerDownCostsOnlyItsShare) {
+  LocalRedisServer servers[2];
+  for (auto& s : servers) {
+    BAGUA_START_REDIS_OR_SKIP(s, LocalRedisOptions{});
+  }
+  RedisOptions o = optionsFor({servers[0].port(), servers[1].port()});
+  o.retryInterval = 10s;  // the dead server stays skipped for the whole test
+  std::shared_ptr<CacheBackend> backend = makeStore(o);
+  ASSERT_NE(backend, nullptr);
+  auto* store = static_cast<RedisStore*>(backend.get());
+  PatternDataset source(200);
+  CachedDataset ds(source, backend, "half", 20);
+  std::vector<size_t> indices(200);
+  std::iota(indices.begin(), indices.end(), size_t{0});
+  std::vector<std::string> samples;
+  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.flush().isOk());
+  size_t onFirst = 0;
+  for (size_t i = 0; i < 200; ++i) {
+    onFirst += store->serverFor(ds.loader().cacheKey(std::to_string(i))) == 0 ? 1 : 0;
+  }
+  ASSERT_GT(onFirst, 0u);
+  ASSERT_LT(onFirst, 200u);
+  servers[1].kill();
+  WarnCounter warnings;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    uint64_t hitsBefore = ds.stats().hits;
+    ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+    for (size_t i = 0; i < 200; ++i) {
+      ASSERT_EQ(samples[i], source.expected(i)) << i;
+    }
+    EXPECT_EQ(ds.stats().hits - hitsBefore, onFirst) << "epoch " << epoch;
+  }
+  // Single reads alternate between the live and the dead server: still one outage.
+  std::string sample;
+  for (size_t i = 0; i < 200; ++i) {
+    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_EQ(sample, source.expected(i)) << i;
+  }
+  EXPECT_EQ(ds.stats().outages, 1u);
+  EXPECT_EQ(warnings.warnings().size(), 1u);
 }
 
 TEST(RedisCluster, PerNodeModeUsesOnlyTheNodesServer) {

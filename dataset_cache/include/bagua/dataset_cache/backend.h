@@ -38,11 +38,13 @@ class CacheBackend {
   // true; on a miss returns false and leaves `value` unspecified.
   virtual Result<bool> get(std::string_view key, std::string& value) = 0;
   // Looks up many keys in as few round trips as the backend allows. `values` is resized to
-  // keys.size(); values[i] is empty (nullopt) on a miss.
+  // keys.size(); values[i] is empty (nullopt) on a miss. On an error (e.g. one Redis server of
+  // several is down) the values that could be read are still filled in.
   virtual Status getMany(std::span<const std::string_view> keys,
                          std::vector<std::optional<std::string>>& values) = 0;
   virtual Status put(std::string_view key, std::string_view value) = 0;
-  // Writes a batch (Redis: one MSET per server).
+  // Writes a batch (Redis: one MSET per server, pipelined). On an error, parts of the batch may
+  // have been written.
   virtual Status putMany(std::span<const KeyValue> items) = 0;
   // Number of keys held (Redis: DBSIZE summed over the servers this backend uses).
   virtual Result<uint64_t> numKeys() = 0;

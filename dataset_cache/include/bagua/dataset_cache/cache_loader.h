@@ -10,7 +10,9 @@
 // Faults, never losing a sample: a backend error on a read counts as a miss (the value comes from
 // the loader); a failed batch write is dropped and counted (a cache may forget; keeping the batch
 // would grow without bound during an outage). The first failure after a healthy period is logged
-// once as a warning (an "outage"); the first success after it is logged once at info level. A
+// once as a warning (an "outage"). The outage ends when, after a successful call, the whole
+// backend answers ping() (probed at most every 100 ms), logged once at info level; so a cluster
+// with one server down reports one outage, not one per sample. A
 // cached value rejected by the caller's check (it did not deserialize) is a miss, is counted as
 // corrupt, is overwritten with the freshly loaded value, and is logged at warning level at the
 // 1st, 10th, 100th, ... occurrence.
@@ -150,7 +152,9 @@ class CacheLoader {
   std::mutex queueMu_;  // guards queue_
   std::vector<KeyValue> queue_;
 
+  static constexpr int64_t kProbeIntervalNs = 100'000'000;  // 100 ms
   std::atomic<bool> healthy_{true};
+  std::atomic<int64_t> lastProbeNs_{0};  // steady-clock time of the last recovery probe
   std::atomic<uint64_t> reads_{0};
   struct Counters {
     std::atomic<uint64_t> hits{0}, misses{0}, hitBytes{0}, missBytes{0}, writes{0}, writtenBytes{0},
