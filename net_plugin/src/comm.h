@@ -14,8 +14,8 @@
 // Completion: each slot has an atomic byte/token count; whichever thread makes it reach zero
 // marks the slot done (release); test() observes it (acquire) and recycles the slot.
 // Idle threads spin for spinUs, then park (Park: condition variable, bounded 20 ms re-check).
-// isend wakes only as many send data threads as the message has chunks, and the control thread
-// only when the caller could not write the control record itself (small messages go out from the
+// isend wakes the send data threads only for messages with chunks, and the control thread only
+// when the caller could not write the control record itself (small messages go out from the
 // caller's thread and, on the receiver, are read by test(): no helper-thread hop).
 // Locks: ctrlMu_ (control stream state; the caller only try_locks it), claimMu_ (send data
 // threads), Park::mu (parking), errorMu_ (first error). Never nested. Teardown: stop flag,
@@ -49,7 +49,7 @@ struct Park {
   std::atomic<int> sleepers{0};
 
   void wakeAll();
-  // Wakes about n sleepers (all when n >= sleepers).
+  // Wakes sleepers for n new work items (currently all of them; see comm.cc).
   void wakeSome(uint64_t n);
 };
 

@@ -120,7 +120,7 @@ Status discover(Global& g) {
     d.pciPath = pciPathOf(d.iface.name);
     int sysSpeed = readSpeed(d.iface.name);
     d.speedMbps =
-        speedParam > 0 ? static_cast<int>(speedParam) : (sysSpeed > 0 ? sysSpeed : 100000);
+        speedParam > 0 ? static_cast<int>(speedParam) : (sysSpeed > 0 ? sysSpeed : 400000);
     list += strPrintf("%s[%zu]%s<%s>", i == 0 ? "" : " ", i, d.iface.name.c_str(),
                       d.iface.address.toString().c_str());
     g.devices.push_back(std::move(d));

@@ -211,7 +211,7 @@ TEST(Params, DefaultsEnvAndStrictParsing) {
     ASSERT_TRUE(o.isOk()) << o.status().toString();
     EXPECT_EQ(o->nStreams, 8);
     EXPECT_EQ(o->minChunkBytes, 128u << 10);
-    EXPECT_EQ(o->inlineBytes, 1024u);
+    EXPECT_EQ(o->inlineBytes, 64u << 10);
   }
   {
     ScopedEnvForTesting env(netParams(), {{"BAGUA_NET_NSTREAMS", "3"},

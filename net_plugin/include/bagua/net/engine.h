@@ -87,10 +87,10 @@ struct EngineOptions {
   int nStreams = 8;                        // data streams per connection (BAGUA_NET_NSTREAMS)
   uint64_t minChunkBytes = 128 * 1024;     // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
   uint64_t maxChunkBytes = 1024 * 1024;    // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
-  uint64_t inlineBytes = 1024;             // messages up to this go on the control stream
+  uint64_t inlineBytes = 64 * 1024;        // messages up to this go on the control stream
   uint64_t socketBufferBytes = 4 << 20;    // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
   int64_t timeoutMs = 30000;               // dead-peer bound: TCP_USER_TIMEOUT + keepalive
-  int64_t spinUs = 50;                     // helper threads spin this long before parking
+  int64_t spinUs = 0;                      // helper threads spin this long before parking
   int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
   Schedule schedule = Schedule::kDynamic;  // BAGUA_NET_SCHEDULE
 
