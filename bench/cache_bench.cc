@@ -380,12 +380,23 @@ BENCHMARK(BM_RedisBenchmarkPeer)
     ->Iterations(1)
     ->UseRealTime();
 
+// Google Benchmark 1.7 (Debian 12) flags failed runs with error_occurred; 1.8 replaced it with
+// `skipped`.
+template <typename Run>
+bool runFailed(const Run& r) {
+  if constexpr (requires { r.error_occurred; }) {
+    return r.error_occurred;
+  } else {
+    return static_cast<int>(r.skipped) != 0;
+  }
+}
+
 // Keeps each run's counters so main() can print the ratios.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
-      if (r.error_occurred) {
+      if (runFailed(r)) {
         continue;
       }
       std::map<std::string, double> c;
