@@ -24,6 +24,8 @@ struct Entries {
   Param<int64_t>* hostReduceThreads;
   Param<uint64_t>* hostSocketBuffer;
   Param<std::string>* hostListenAddr;
+  Param<bool>* hostShm;
+  Param<uint64_t>* hostShmRingBytes;
 };
 
 Entries& entries() {
@@ -69,6 +71,13 @@ Entries& entries() {
                                     "host backend: address to listen on and advertise (empty: "
                                     "the address this process uses to reach the store)",
                                     "an IPv4 address or empty");
+    x.hostShm = &c.addBool("BAGUA_HOST_SHM", true,
+                           "host backend: ranks on the same host exchange data through "
+                           "shared-memory rings instead of loopback TCP");
+    x.hostShmRingBytes =
+        &c.addBytes("BAGUA_HOST_SHM_RING_BYTES", 1 << 20, 4096, uint64_t{1} << 30,
+                    "host backend: bytes of each shared-memory ring (one per ordered pair of "
+                    "local ranks, so n*(n-1) of them per host)");
     return x;
   }();
   return e;
@@ -128,6 +137,13 @@ Param<uint64_t>& CoreParams::hostSocketBuffer() {
 }
 Param<std::string>& CoreParams::hostListenAddr() {
   return *e().hostListenAddr;
+}
+
+Param<bool>& CoreParams::hostShm() {
+  return *e().hostShm;
+}
+Param<uint64_t>& CoreParams::hostShmRingBytes() {
+  return *e().hostShmRingBytes;
 }
 
 }  // namespace bagua::core

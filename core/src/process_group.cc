@@ -99,6 +99,13 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
   BAGUA_ASSIGN_OR_RETURN(uint64_t buf, CoreParams::hostSocketBuffer().get());
   to.socketBuffer = buf;
   BAGUA_ASSIGN_OR_RETURN(to.listenAddress, CoreParams::hostListenAddr().get());
+  if (options.hostSharedMemory.has_value()) {
+    to.sharedMemory = *options.hostSharedMemory;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(to.sharedMemory, CoreParams::hostShm().get());
+  }
+  BAGUA_ASSIGN_OR_RETURN(uint64_t ring, CoreParams::hostShmRingBytes().get());
+  to.sharedMemoryRingBytes = ring;
   BAGUA_ASSIGN_OR_RETURN(auto transport, host::connectSocketTransport(store, rank, size, to));
   BAGUA_ASSIGN_OR_RETURN(host::HostOptions ho,
                          host::hostOptionsFromParams(options.collectiveTimeout));

@@ -282,11 +282,12 @@ std::string runOne(Communicator& comm, Coll c, DataType t, size_t count) {
   return "";
 }
 
-class Collectives : public ::testing::TestWithParam<std::tuple<int, Coll>> {};
+class Collectives : public ::testing::TestWithParam<std::tuple<int, Coll, bool>> {};
 
 TEST_P(Collectives, EveryDtypeAndSizeMatchesClosedForm) {
   const int world = std::get<0>(GetParam());
   const Coll coll = std::get<1>(GetParam());
+  const bool shm = std::get<2>(GetParam());
   auto store = std::make_shared<InMemoryStore>();
   auto res = bagua::testing::runRanks(
       world,
@@ -297,6 +298,7 @@ TEST_P(Collectives, EveryDtypeAndSizeMatchesClosedForm) {
         o.hierarchical = false;
         o.rendezvousTimeout = 20000ms;
         o.collectiveTimeout = 60000ms;
+        o.hostSharedMemory = shm;
         auto pg = ProcessGroup::create(store, o);
         if (!pg.isOk()) {
           return pg.status().toString();
@@ -322,18 +324,26 @@ TEST_P(Collectives, EveryDtypeAndSizeMatchesClosedForm) {
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    HostBackend, Collectives,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                       ::testing::Values(Coll::kAllReduceSum, Coll::kAllReduceAvg,
-                                         Coll::kAllReduceMin, Coll::kAllReduceMax,
-                                         Coll::kAllReduceProduct, Coll::kReduce,
-                                         Coll::kReduceScatter, Coll::kAllGather, Coll::kBroadcast,
-                                         Coll::kAllToAll, Coll::kSendRecv, Coll::kBarrier)),
-    [](const auto& p) {
-      return std::string(collName(std::get<1>(p.param))) + "_World" +
-             std::to_string(std::get<0>(p.param));
-    });
+const auto kAllCollectives = ::testing::Values(
+    Coll::kAllReduceSum, Coll::kAllReduceAvg, Coll::kAllReduceMin, Coll::kAllReduceMax,
+    Coll::kAllReduceProduct, Coll::kReduce, Coll::kReduceScatter, Coll::kAllGather,
+    Coll::kBroadcast, Coll::kAllToAll, Coll::kSendRecv, Coll::kBarrier);
+
+std::string caseName(const ::testing::TestParamInfo<std::tuple<int, Coll, bool>>& p) {
+  return std::string(collName(std::get<1>(p.param))) + "_World" +
+         std::to_string(std::get<0>(p.param));
+}
+
+// Ranks of one process are on one host: the shared-memory path, every world size.
+INSTANTIATE_TEST_SUITE_P(HostBackendShm, Collectives,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), kAllCollectives,
+                                            ::testing::Values(true)),
+                         caseName);
+// The TCP path (what ranks on different hosts use), on the odd and the even case.
+INSTANTIATE_TEST_SUITE_P(HostBackendTcp, Collectives,
+                         ::testing::Combine(::testing::Values(3, 4), kAllCollectives,
+                                            ::testing::Values(false)),
+                         caseName);
 
 }  // namespace
 }  // namespace bagua::core

@@ -30,6 +30,8 @@ struct CoreParams {
   static Param<int64_t>& hostReduceThreads();    // BAGUA_HOST_REDUCE_THREADS
   static Param<uint64_t>& hostSocketBuffer();    // BAGUA_HOST_SOCKET_BUFFER
   static Param<std::string>& hostListenAddr();   // BAGUA_HOST_LISTEN_ADDR
+  static Param<bool>& hostShm();                 // BAGUA_HOST_SHM
+  static Param<uint64_t>& hostShmRingBytes();    // BAGUA_HOST_SHM_RING_BYTES
 };
 
 }  // namespace bagua::core

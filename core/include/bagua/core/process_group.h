@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,8 @@ struct ProcessGroupOptions {
   // Name of this group's keys in the store; groups sharing a store need distinct names.
   std::string name = "default";
   int cudaDevice = -1;  // NCCL backend: -1 means localRank
+  // Host backend: shared memory between ranks of one host (unset: BAGUA_HOST_SHM).
+  std::optional<bool> hostSharedMemory;
 };
 
 // What env:// initialisation read (torchrun's variables through coreParams()).

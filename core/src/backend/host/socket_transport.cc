@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/host/shm_mesh.h"
 #include "backend/host/transport.h"
 #include "bagua/base/logging.h"
 
@@ -123,6 +124,11 @@ class SocketTransport final : public Transport {
  public:
   SocketTransport(int rank, int size, std::vector<Fd> fds)
       : rank_(rank), size_(size), fds_(std::move(fds)) {}
+  void setShm(std::unique_ptr<ShmMesh> shm) {
+    shm_ = std::move(shm);
+    closed_.assign(size_, false);
+  }
+  bool usesShm() const { return shm_ != nullptr; }
   SocketTransport(const SocketTransport&) = delete;
   SocketTransport& operator=(const SocketTransport&) = delete;
 
@@ -180,9 +186,22 @@ class SocketTransport final : public Transport {
     return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
   }
 
+  bool local(int peer) const { return shm_ != nullptr && shm_->isLocal(peer); }
+  // Wakes a local peer sleeping in poll(): one byte on the TCP connection, which otherwise
+  // carries no data for local peers.
+  void wake(int peer) {
+    if (shm_->takeWake(peer)) {
+      uint8_t b = 1;
+      (void)::send(fds_[peer].get(), &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  }
+
   int rank_;
   int size_;
-  std::vector<Fd> fds_;  // indexed by peer rank; -1 for self
+  std::vector<Fd> fds_;           // indexed by peer rank; -1 for self
+  std::unique_ptr<ShmMesh> shm_;  // local peers' data path (null: TCP only)
+  // Local peers whose connection closed. What they left in the rings is still delivered.
+  std::vector<bool> closed_;
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> received_{0};
   std::atomic<bool> aborted_{false};
@@ -270,8 +289,20 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       if (sendHead[p] != SIZE_MAX) {
         SendState& s = ss[sendHead[p]];
         const auto* base = static_cast<const uint8_t*>(s.op->data);
-        ssize_t n =
-            ::send(fds_[p].get(), base + s.done, s.op->len - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n;
+        if (local(p)) {
+          // Pieces of at most 256 KiB so the receiver can start copying out early.
+          n = static_cast<ssize_t>(
+              shm_->trySend(p, base + s.done, std::min<size_t>(s.op->len - s.done, 256 * 1024)));
+          if (n > 0) {
+            wake(p);
+          } else {
+            n = -1;
+            errno = EAGAIN;
+          }
+        } else {
+          n = ::send(fds_[p].get(), base + s.done, s.op->len - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
         if (n > 0) {
           s.done += static_cast<size_t>(n);
           sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
@@ -293,7 +324,19 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       if (recvHead[p] != SIZE_MAX) {
         RecvState& r = rs[recvHead[p]];
         auto* base = static_cast<uint8_t*>(r.op->data);
-        ssize_t n = ::recv(fds_[p].get(), base + r.done, r.op->len - r.done, MSG_DONTWAIT);
+        ssize_t n;
+        if (local(p)) {
+          n = static_cast<ssize_t>(
+              shm_->tryRecv(p, base + r.done, std::min<size_t>(r.op->len - r.done, 256 * 1024)));
+          if (n > 0) {
+            wake(p);
+          } else {
+            n = -1;
+            errno = EAGAIN;
+          }
+        } else {
+          n = ::recv(fds_[p].get(), base + r.done, r.op->len - r.done, MSG_DONTWAIT);
+        }
         if (n > 0) {
           r.done += static_cast<size_t>(n);
           received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
@@ -348,24 +391,133 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     }
     pfds.clear();
     pfdPeer.clear();
-    for (int p = 0; p < size_; ++p) {
-      short ev = 0;
-      if (sendHead[p] != SIZE_MAX) {
-        ev |= POLLOUT;
+    bool shmReady = false;
+    if (shm_ != nullptr) {
+      // A local peer that exited can no longer fill or drain its rings.
+      for (int p = 0; p < size_; ++p) {
+        if (local(p) && closed_[p] &&
+            ((sendHead[p] != SIZE_MAX) || (recvHead[p] != SIZE_MAX && !shm_->canRecv(p)))) {
+          if (aborted_.load(std::memory_order_acquire)) {
+            return abortedStatus();
+          }
+          return BAGUA_ERROR(kRemoteError,
+                             "rank %d: rank %d (same host) closed its connection while a "
+                             "transfer with it was unfinished (did it exit or fail?)",
+                             rank_, p);
+        }
       }
-      if (recvHead[p] != SIZE_MAX) {
-        ev |= POLLIN;
-      }
-      if (ev != 0) {
-        pfds.push_back({fds_[p].get(), ev, 0});
-        pfdPeer.push_back(p);
+      // Announce the sleep, then look once more: a peer that changed a ring before seeing the
+      // flag is caught here, one that changes it after sees the flag and sends a wake-up byte.
+      shm_->setSleeping(true);
+      for (int p = 0; p < size_ && !shmReady; ++p) {
+        if (local(p) && ((sendHead[p] != SIZE_MAX && shm_->canSend(p)) ||
+                         (recvHead[p] != SIZE_MAX && shm_->canRecv(p)))) {
+          shmReady = true;
+        }
       }
     }
-    int rc = ::poll(pfds.data(), pfds.size(), std::min(left, 50));
-    if (rc < 0 && errno != EINTR) {
-      return BAGUA_ERRNO(errno, "poll");
+    if (!shmReady) {
+      for (int p = 0; p < size_; ++p) {
+        short ev = 0;
+        if (local(p)) {
+          // Wake-up bytes, and the peer's death (the connection closes). Every local peer, not
+          // only those we wait on: the sleeping flag is per rank, so any peer may be the one
+          // that clears it and sends the byte.
+          ev = !closed_[p] ? POLLIN : 0;
+        } else {
+          if (sendHead[p] != SIZE_MAX) {
+            ev |= POLLOUT;
+          }
+          if (recvHead[p] != SIZE_MAX) {
+            ev |= POLLIN;
+          }
+        }
+        if (ev != 0) {
+          pfds.push_back({fds_[p].get(), ev, 0});
+          pfdPeer.push_back(p);
+        }
+      }
+      int rc = ::poll(pfds.data(), pfds.size(), std::min(left, 50));
+      if (rc < 0 && errno != EINTR) {
+        return BAGUA_ERRNO(errno, "poll");
+      }
+    }
+    if (shm_ != nullptr) {
+      shm_->setSleeping(false);
+      for (size_t i = 0; i < pfds.size(); ++i) {
+        const int p = pfdPeer[i];
+        if (!local(p) || (pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+          continue;
+        }
+        uint8_t drain[256];
+        ssize_t n = ::recv(fds_[p].get(), drain, sizeof(drain), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          if (aborted_.load(std::memory_order_acquire)) {
+            return abortedStatus();
+          }
+          closed_[p] = true;  // checked above once its rings can make no more progress
+        }
+      }
     }
   }
+  return Status::ok();
+}
+
+std::string hostIdentity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string id = host;
+  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char boot[64] = {};
+    ssize_t n = ::read(fd, boot, sizeof(boot) - 1);
+    ::close(fd);
+    if (n > 0) {
+      id += "/" + std::string(boot, static_cast<size_t>(n));
+    }
+  }
+  return id;
+}
+
+// Finds the ranks on this host and, when there are several, moves their traffic to shared
+// memory. Every local rank reports whether it could map the segment; all use it or none does.
+Status attachSharedMemory(Store& store, int rank, int size, const SocketTransportOptions& options,
+                          Deadline deadline, SocketTransport& transport) {
+  const std::string me = hostIdentity();
+  BAGUA_RETURN_IF_ERROR(store.set(strPrintf("host/%d", rank), toBytes(me)));
+  std::vector<int> locals;
+  for (int r = 0; r < size; ++r) {
+    BAGUA_ASSIGN_OR_RETURN(Bytes b,
+                           store.get(strPrintf("host/%d", r),
+                                     std::chrono::milliseconds(std::max(1, msLeft(deadline)))));
+    if (toString(b) == me) {
+      locals.push_back(r);
+    }
+  }
+  if (locals.size() < 2) {
+    return Status::ok();
+  }
+  Result<std::unique_ptr<ShmMesh>> mesh =
+      ShmMesh::create(store, rank, locals, options.sharedMemoryRingBytes, deadline);
+  if (!mesh.isOk() && rank == locals.front()) {
+    // Let the others stop waiting for the segment's name.
+    (void)store.compareSet(strPrintf("shm/name/%d", rank), {}, toBytes("-"));
+  }
+  BAGUA_RETURN_IF_ERROR(store.set(strPrintf("shm/ok/%d", rank), toBytes(mesh.isOk() ? "1" : "0")));
+  bool all = true;
+  for (int r : locals) {
+    BAGUA_ASSIGN_OR_RETURN(Bytes ok,
+                           store.get(strPrintf("shm/ok/%d", r),
+                                     std::chrono::milliseconds(std::max(1, msLeft(deadline)))));
+    all = all && toString(ok) == "1";
+  }
+  if (!all) {
+    BAGUA_LOG_WARN(kCore,
+                   "rank %d: shared memory unavailable on this host (%s); local peers use TCP",
+                   rank, mesh.isOk() ? "another rank failed" : mesh.status().message().c_str());
+    return Status::ok();
+  }
+  transport.setShm(std::move(*mesh));
   return Status::ok();
 }
 
@@ -486,7 +638,11 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
     fds[peer] = std::move(fd);
     --expected;
   }
-  return std::unique_ptr<Transport>(new SocketTransport(rank, size, std::move(fds)));
+  auto transport = std::make_unique<SocketTransport>(rank, size, std::move(fds));
+  if (options.sharedMemory) {
+    BAGUA_RETURN_IF_ERROR(attachSharedMemory(store, rank, size, options, deadline, *transport));
+  }
+  return std::unique_ptr<Transport>(std::move(transport));
 }
 
 }  // namespace bagua::core::host

@@ -63,10 +63,15 @@ struct SocketTransportOptions {
   size_t socketBuffer = 4 << 20;
   // Address to listen on and publish; empty: the store's localAddress().
   std::string listenAddress;
+  // Ranks on the same host exchange data through shared-memory rings (shm_mesh.h).
+  bool sharedMemory = true;
+  size_t sharedMemoryRingBytes = 1 << 20;
 };
 
 // A full mesh of TCP connections (one per peer pair; the higher rank connects to the lower),
-// addresses exchanged through `store` under "<key>/addr/<rank>".
+// addresses exchanged through `store` under "addr/<rank>". With options.sharedMemory, the data
+// of peers on the same host goes through shared-memory rings instead; their TCP connection then
+// only carries wake-up bytes and reports the peer's death.
 Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
                                                           const SocketTransportOptions& options);
 
