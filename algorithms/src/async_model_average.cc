@@ -1,0 +1,315 @@
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/base/logging.h"
+#include "bagua/base/thread.h"
+#include "support.h"
+
+namespace bagua::algo {
+
+class AsyncImpl final : public core::AlgorithmImpl {
+ public:
+  AsyncImpl(AsyncModelAverage* owner, bool mainStage, core::ProcessGroup& mainGroup,
+            std::unique_ptr<core::ProcessGroup> threadGroup)
+      : owner_(owner),
+        mainStage_(mainStage),
+        intervalMs_(owner->syncIntervalMs_),
+        mainGroup_(mainGroup),
+        threadGroup_(std::move(threadGroup)) {
+    std::lock_guard<std::mutex> lock(owner_->mu_);
+    owner_->live_ = this;
+  }
+
+  ~AsyncImpl() override {
+    {
+      std::lock_guard<std::mutex> lock(owner_->mu_);
+      if (owner_->live_ == this) {
+        owner_->live_ = nullptr;
+      }
+    }
+    if (locked_) {
+      weightMu_.unlock();
+      locked_ = false;
+    }
+    if (loop_.joinable()) {
+      // Shutdown without abort(): leave at the next round boundary; if a peer keeps a round
+      // blocked, abort our own group so the collective fails at once instead of at its timeout.
+      loop_.request_stop();
+      wakeCv_.notify_all();
+      if (!waitLoopDone(std::chrono::milliseconds(intervalMs_) + std::chrono::seconds(2))) {
+        BAGUA_LOG_WARN(kAlgo,
+                       "async: averaging thread still in a round at shutdown (call abort() on "
+                       "every rank before tearing down); aborting its communicator");
+        threadGroup_->abort("async model average shutting down without abort()");
+      }
+      loop_.join();
+    }
+  }
+
+  bool needReset(core::DistributedDataParallel& ddp) override {
+    if (!mainStage_ && ddp.trainStep() > owner_->warmupSteps_) {
+      owner_->mainStage_ = true;
+      return true;
+    }
+    return false;
+  }
+
+  std::vector<core::TensorRef> initTensors(core::DistributedDataParallel& ddp) override {
+    if (!mainStage_) {
+      return core::AlgorithmImpl::initTensors(ddp);
+    }
+    return {};  // the weights are averaged by the background thread
+  }
+
+  Status runBucket(core::Bucket& b, core::ProcessGroup& /*group*/) override {
+    if (mainStage_) {
+      return Status::ok();
+    }
+    // Warm-up: full-precision gradient all-reduce on the algorithm's own group.
+    return threadGroup_->global()
+        .allReduce(b.flat, b.flat, b.numel, b.dtype, core::ReduceOp::kAvg)
+        ->wait(threadGroup_->options().collectiveTimeout);
+  }
+
+  Status onForwardPre(core::DistributedDataParallel& ddp) override {
+    if (!mainStage_) {
+      return Status::ok();
+    }
+    BAGUA_RETURN_IF_ERROR(loopStatus());
+    if (!built_) {
+      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "async"));
+      params_ = &ddp.parameters();
+      temp_.assign(view_.numel, 0.0f);
+      reduced_.assign(view_.numel, 0.0f);
+      built_ = true;
+    }
+    if (state_ == State::kNew && intervalMs_ > 0) {
+      startLoop();
+    }
+    // Forward and backward run under the weight lock; the optimizer step runs outside it.
+    if (!weightMu_.try_lock_for(lockTimeout())) {
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "async: the averaging thread held the weights for more than %lld ms",
+                         static_cast<long long>(lockTimeout().count()));
+    }
+    locked_ = true;
+    return Status::ok();
+  }
+
+  Status onPostBackward(core::DistributedDataParallel& /*ddp*/) override {
+    if (locked_) {
+      locked_ = false;
+      weightMu_.unlock();
+    }
+    return loopStatus();
+  }
+
+  Status abort() {
+    if (state_ != State::kStarted) {
+      return Status::ok();  // never started, or already stopped: a no-op as in Bagua
+    }
+    const auto timeout = mainGroup_.options().collectiveTimeout;
+    // After the barrier every rank sets its flag; the MIN negotiation then stops every rank
+    // in the same round.
+    BAGUA_RETURN_IF_ERROR(mainGroup_.global().barrier()->wait(timeout));
+    {
+      std::lock_guard<std::mutex> lock(loopMu_);  // no lost wake-up of the interval sleep
+      aborted_.store(true, std::memory_order_release);
+    }
+    wakeCv_.notify_all();
+    const bool done =
+        waitLoopDone(timeout + std::chrono::milliseconds(intervalMs_) + std::chrono::seconds(5));
+    if (!done) {
+      threadGroup_->abort("async abort(): the averaging round did not finish");
+    }
+    loop_.join();
+    state_ = State::kStopped;
+    if (!done) {
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "async abort(): the averaging thread did not stop in time; its "
+                         "communicator was aborted");
+    }
+    return loopStatus();
+  }
+
+  Status resume() {
+    if (state_ == State::kStarted) {
+      return Status::ok();
+    }
+    BAGUA_RETURN_IF_ERROR(
+        mainGroup_.global().barrier()->wait(mainGroup_.options().collectiveTimeout));
+    aborted_.store(false, std::memory_order_release);
+    if (mainStage_ && built_ && intervalMs_ > 0) {
+      startLoop();
+    } else {
+      state_ = State::kNew;  // starts at the first forward of the main stage
+    }
+    return Status::ok();
+  }
+
+  int64_t rounds() const { return rounds_.load(std::memory_order_acquire); }
+
+ private:
+  enum class State { kNew, kStarted, kStopped };
+
+  std::chrono::milliseconds lockTimeout() const {
+    return threadGroup_->options().collectiveTimeout + std::chrono::seconds(5);
+  }
+
+  Status loopStatus() {
+    std::lock_guard<std::mutex> lock(loopMu_);
+    return loopError_;
+  }
+
+  void startLoop() {
+    {
+      std::lock_guard<std::mutex> lock(loopMu_);
+      loopDone_ = false;
+    }
+    loop_ = std::jthread([this](std::stop_token st) { loop(st); });
+    state_ = State::kStarted;
+  }
+
+  bool waitLoopDone(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(loopMu_);
+    return doneCv_.wait_for(lock, timeout, [&] { return loopDone_; });
+  }
+
+  void loop(std::stop_token stop) {
+    setThreadName("bagua-async");
+    Status s = runRounds(stop);
+    {
+      std::lock_guard<std::mutex> lock(loopMu_);
+      if (!s.isOk() && loopError_.isOk()) {
+        loopError_ = s.withContext("async model average");
+      }
+      loopDone_ = true;
+    }
+    doneCv_.notify_all();
+  }
+
+  Status runRounds(std::stop_token stop) {
+    core::Communicator& comm = threadGroup_->global();
+    const auto timeout = threadGroup_->options().collectiveTimeout;
+    const float n = static_cast<float>(comm.size());
+    while (!stop.stop_requested()) {
+      // 1. Abort negotiation: everyone stops in the round where every flag is set.
+      uint8_t flag = aborted_.load(std::memory_order_acquire) ? 1 : 0;
+      BAGUA_RETURN_IF_ERROR(
+          comm.allReduce(&flag, &flag, 1, core::DataType::kU8, core::ReduceOp::kMin)
+              ->wait(timeout));
+      if (flag != 0) {
+        return Status::ok();
+      }
+      // 2. Snapshot the weights between two training iterations' forward+backward.
+      {
+        std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+        if (!lock.owns_lock()) {
+          return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
+        }
+        detail::gatherWeights(*params_, view_, temp_.data());
+      }
+      // 3. Sum while training goes on.
+      BAGUA_RETURN_IF_ERROR(comm.allReduce(temp_.data(), reduced_.data(), temp_.size(),
+                                           core::DataType::kF32, core::ReduceOp::kSum)
+                                ->wait(timeout));
+      // 4. w += mean - snapshot: local updates made meanwhile are kept.
+      {
+        std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+        if (!lock.owns_lock()) {
+          return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
+        }
+        for (size_t k = 0; k < view_.params.size(); ++k) {
+          core::Parameter& p = (*params_)[view_.params[k]];
+          auto* w = static_cast<float*>(p.data);
+          const float* red = reduced_.data() + view_.offsets[k];
+          const float* snap = temp_.data() + view_.offsets[k];
+          for (size_t i = 0; i < p.numel; ++i) {
+            w[i] += red[i] / n - snap[i];
+          }
+        }
+      }
+      rounds_.fetch_add(1, std::memory_order_acq_rel);
+      std::unique_lock<std::mutex> lock(loopMu_);
+      wakeCv_.wait_for(lock, stop, std::chrono::milliseconds(intervalMs_),
+                       [&] { return aborted_.load(std::memory_order_acquire); });
+    }
+    return Status::ok();
+  }
+
+  AsyncModelAverage* owner_;
+  bool mainStage_;
+  int intervalMs_;
+  core::ProcessGroup& mainGroup_;
+  std::unique_ptr<core::ProcessGroup> threadGroup_;
+
+  // Trainer thread.
+  State state_ = State::kNew;
+  bool built_ = false;
+  bool locked_ = false;
+  detail::WeightView view_;
+  std::vector<core::Parameter>* params_ = nullptr;
+
+  // Averaging thread (temp_, reduced_), weights under weightMu_.
+  std::timed_mutex weightMu_;
+  std::vector<float> temp_;
+  std::vector<float> reduced_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<int64_t> rounds_{0};
+
+  // Lock order: weightMu_ and loopMu_ are never held together.
+  std::mutex loopMu_;
+  std::condition_variable_any wakeCv_;
+  std::condition_variable_any doneCv_;
+  bool loopDone_ = true;
+  Status loopError_;
+  std::jthread loop_;
+};
+
+AsyncModelAverage::~AsyncModelAverage() = default;
+
+Status AsyncModelAverage::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live_ == nullptr) {
+    return Status::ok();
+  }
+  return live_->abort();
+}
+
+Status AsyncModelAverage::resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live_ == nullptr) {
+    return Status::ok();
+  }
+  return live_->resume();
+}
+
+int64_t AsyncModelAverage::rounds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_ == nullptr ? 0 : live_->rounds();
+}
+
+Result<std::unique_ptr<core::AlgorithmImpl>> AsyncModelAverage::reify(core::ProcessGroup& group) {
+  if (syncIntervalMs_ < 0 || warmupSteps_ < 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "async: sync_interval_ms=%d and warmup_steps=%d must be >= 0",
+                       syncIntervalMs_, warmupSteps_);
+  }
+  if (warmupSteps_ == 0) {
+    mainStage_ = true;
+  }
+  // The averaging thread talks on its own group, so it never interleaves with the reducer's
+  // collectives on the training group (Bagua's fix #298).
+  core::ProcessGroupOptions o = group.options();
+  o.name = strPrintf("%s/async/%d", o.name.c_str(), generation_++);
+  o.hierarchical = false;
+  BAGUA_ASSIGN_OR_RETURN(auto threadGroup, core::ProcessGroup::create(group.store(), o));
+  return std::unique_ptr<core::AlgorithmImpl>(
+      new AsyncImpl(this, mainStage_, group, std::move(threadGroup)));
+}
+
+}  // namespace bagua::algo

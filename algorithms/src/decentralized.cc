@@ -1,0 +1,162 @@
+#include <cstring>
+
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/base/logging.h"
+#include "support.h"
+
+namespace bagua::algo {
+
+int Decentralized::shiftOnePeer(int rank, int n, int64_t step) {
+  const int64_t half = n / 2;
+  if (rank < half) {
+    return static_cast<int>((step + rank) % ((n + 1) / 2) + half);
+  }
+  const int64_t m = (rank - half - step) % half;
+  return static_cast<int>(m < 0 ? m + half : m);
+}
+
+namespace {
+
+class DecentralizedImpl final : public core::AlgorithmImpl {
+ public:
+  // flat: exchange on the global communicator; else intra reduce, exchange among the node
+  // leaders, intra broadcast.
+  DecentralizedImpl(bool flat, PeerSelection mode, int interval)
+      : flat_(flat), mode_(mode), interval_(interval), worker_("bagua-decentral") {}
+
+  ~DecentralizedImpl() override {
+    if (launched_) {
+      (void)worker_.wait(std::chrono::minutes(10));  // bounded by the collective timeout
+    }
+  }
+
+  // The weights are exchanged by the hooks below; gradients are not communicated.
+  std::vector<core::TensorRef> initTensors(core::DistributedDataParallel& /*ddp*/) override {
+    return {};
+  }
+
+  Status runBucket(core::Bucket& /*bucket*/, core::ProcessGroup& /*group*/) override {
+    return Status::ok();
+  }
+
+  Status onForwardPre(core::DistributedDataParallel& ddp) override {
+    if (!built_) {
+      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "decentralized"));
+      peer_.assign(view_.numel, 0.0f);
+      recv_.assign(view_.numel, 0.0f);
+      built_ = true;
+    }
+    if (launched_) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "decentralized: forward started before the previous exchange was "
+                         "collected (call finishBackward() every iteration)");
+    }
+    if ((ddp.trainStep() - 1) % interval_ != 0) {
+      return Status::ok();
+    }
+    // The weights as they are before forward, exchanged while forward and backward run.
+    detail::gatherWeights(ddp.parameters(), view_, peer_.data());
+    core::ProcessGroup& g = ddp.group();
+    const int64_t step = commStep_++;
+    BAGUA_RETURN_IF_ERROR(worker_.start([this, &g, step] { return exchange(g, step); }));
+    launched_ = true;
+    return Status::ok();
+  }
+
+  Status onPostBackward(core::DistributedDataParallel& ddp) override {
+    if (!launched_) {
+      return Status::ok();
+    }
+    launched_ = false;
+    const auto timeout = ddp.group().options().collectiveTimeout + std::chrono::seconds(5);
+    BAGUA_RETURN_IF_ERROR(worker_.wait(timeout));
+    detail::scatterWeights(ddp.parameters(), view_, peer_.data());
+    return Status::ok();
+  }
+
+ private:
+  // Runs on the worker thread.
+  Status exchange(core::ProcessGroup& g, int64_t step) {
+    const auto timeout = g.options().collectiveTimeout;
+    if (flat_) {
+      return peerAverage(g.global(), step, timeout);
+    }
+    core::Communicator* intra = g.intraNode();
+    BAGUA_RETURN_IF_ERROR(intra
+                              ->reduce(peer_.data(), peer_.data(), peer_.size(),
+                                       core::DataType::kF32, core::ReduceOp::kAvg, 0)
+                              ->wait(timeout));
+    if (intra->rank() == 0) {
+      BAGUA_RETURN_IF_ERROR(peerAverage(*g.interNode(), step, timeout));
+    }
+    return intra->broadcast(peer_.data(), peer_.size(), core::DataType::kF32, 0)->wait(timeout);
+  }
+
+  Status peerAverage(core::Communicator& comm, int64_t step, std::chrono::milliseconds timeout) {
+    const int n = comm.size();
+    if (n == 1) {
+      return Status::ok();
+    }
+    if (mode_ == PeerSelection::kAll) {
+      return comm
+          .allReduce(peer_.data(), peer_.data(), peer_.size(), core::DataType::kF32,
+                     core::ReduceOp::kAvg)
+          ->wait(timeout);
+    }
+    const int peer = Decentralized::shiftOnePeer(comm.rank(), n, step);
+    BAGUA_RETURN_IF_ERROR(comm.sendRecv(peer_.data(), peer_.size(), peer, recv_.data(),
+                                        recv_.size(), peer, core::DataType::kF32)
+                              ->wait(timeout));
+    // (a + b) / 2 is symmetric, so both peers hold bitwise the same average.
+    for (size_t i = 0; i < peer_.size(); ++i) {
+      peer_[i] = (peer_[i] + recv_[i]) / 2.0f;
+    }
+    return Status::ok();
+  }
+
+  bool flat_;
+  PeerSelection mode_;
+  int64_t interval_;
+  bool built_ = false;
+  bool launched_ = false;
+  int64_t commStep_ = 0;
+  detail::WeightView view_;
+  std::vector<float> peer_;  // my weights, then the average (worker thread while launched_)
+  std::vector<float> recv_;
+  detail::Worker worker_;  // last: joined before the buffers go
+};
+
+}  // namespace
+
+Result<std::unique_ptr<core::AlgorithmImpl>> Decentralized::reify(core::ProcessGroup& group) {
+  if (interval_ < 1) {
+    return BAGUA_ERROR(kInvalidArgument, "decentralized: communication_interval=%d must be >= 1",
+                       interval_);
+  }
+  bool flat = !hierarchical_;
+  if (hierarchical_ && group.numNodes() == 1) {
+    // One node: the node average is the global average, and shift_one among one leader has no
+    // peer (Bagua #380). Exchange among the node's ranks instead.
+    BAGUA_LOG_INFO(kAlgo,
+                   "decentralized: hierarchical=true on a single node; exchanging among its %d "
+                   "ranks instead of among node leaders",
+                   group.size());
+    flat = true;
+  } else if (hierarchical_ && (group.intraNode() == nullptr || group.interNode() == nullptr)) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "decentralized(hierarchical=true) needs a process group created with "
+                       "hierarchical sub-groups (ProcessGroupOptions::hierarchical), or pass "
+                       "hierarchical=false");
+  }
+  const int n = flat ? group.size() : group.numNodes();
+  if (mode_ == PeerSelection::kShiftOne && n > 1 && n % 2 != 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "decentralized(peer_selection_mode=shift_one) pairs ranks and needs an "
+                       "even number of %s, got %d%s",
+                       flat ? "ranks" : "nodes (hierarchical=true exchanges among node leaders)", n,
+                       flat ? "" : "; pass hierarchical=false to pair the ranks themselves");
+  }
+  return std::unique_ptr<core::AlgorithmImpl>(new DecentralizedImpl(flat, mode_, interval_));
+}
+
+}  // namespace bagua::algo

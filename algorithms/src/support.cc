@@ -1,0 +1,118 @@
+#include "support.h"
+
+#include <cstring>
+
+#include "bagua/base/thread.h"
+
+namespace bagua::algo::detail {
+
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
+                                  const std::vector<int>& params, const char* algorithm) {
+  WeightView v;
+  auto& ps = ddp.parameters();
+  for (int i : params) {
+    const core::Parameter& p = ps[i];
+    if (p.dtype != core::DataType::kF32 || p.device.type != core::DeviceType::kCpu) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "%s: parameter '%s' is %s on %s; this algorithm averages f32 CPU "
+                         "weights only",
+                         algorithm, p.name.c_str(), core::dataTypeName(p.dtype),
+                         core::deviceTypeName(p.device.type));
+    }
+    v.params.push_back(i);
+    v.offsets.push_back(v.numel);
+    v.numel += p.numel;
+  }
+  return v;
+}
+
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm) {
+  std::vector<int> params;
+  auto& ps = ddp.parameters();
+  for (int i = static_cast<int>(ps.size()) - 1; i >= 0; --i) {
+    if (ps[i].requiresGrad && !ddp.isIgnored(ps[i].name) && ps[i].numel > 0) {
+      params.push_back(i);
+    }
+  }
+  return makeWeightView(ddp, params, algorithm);
+}
+
+void gatherWeights(const std::vector<core::Parameter>& ps, const WeightView& view, float* out) {
+  for (size_t k = 0; k < view.params.size(); ++k) {
+    const core::Parameter& p = ps[view.params[k]];
+    std::memcpy(out + view.offsets[k], p.data, p.numel * sizeof(float));
+  }
+}
+
+void scatterWeights(std::vector<core::Parameter>& ps, const WeightView& view, const float* in) {
+  for (size_t k = 0; k < view.params.size(); ++k) {
+    core::Parameter& p = ps[view.params[k]];
+    std::memcpy(p.data, in + view.offsets[k], p.numel * sizeof(float));
+  }
+}
+
+Worker::Worker(std::string name)
+    : name_(std::move(name)), thread_([this](std::stop_token st) { loop(st); }) {}
+
+Worker::~Worker() {
+  thread_.request_stop();
+  cv_.notify_all();
+}
+
+Status Worker::start(std::function<Status()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_ || running_) {
+      return BAGUA_ERROR(kFailedPrecondition, "%s: the previous job has not finished",
+                         name_.c_str());
+    }
+    job_ = std::move(job);
+    pending_ = true;
+    result_ = Status::ok();
+  }
+  cv_.notify_all();
+  return Status::ok();
+}
+
+Status Worker::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !pending_ && !running_; })) {
+    return BAGUA_ERROR(kDeadlineExceeded, "%s: job still running after %lld ms", name_.c_str(),
+                       static_cast<long long>(timeout.count()));
+  }
+  return result_;
+}
+
+bool Worker::busy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_ || running_;
+}
+
+void Worker::loop(std::stop_token stop) {
+  setThreadName(name_);
+  while (true) {
+    std::function<Status()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, stop, std::chrono::milliseconds(200), [&] { return pending_; });
+      if (!pending_) {
+        if (stop.stop_requested()) {
+          return;
+        }
+        continue;
+      }
+      job = std::move(job_);
+      pending_ = false;
+      running_ = true;
+    }
+    Status s = job();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(s);
+      running_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace bagua::algo::detail

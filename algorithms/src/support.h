@@ -1,0 +1,63 @@
+// Helpers shared by the weight-based algorithms (decentralized, low-precision decentralized,
+// async): a flat view of the model's weights and a one-job background worker. Private.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/status.h"
+#include "bagua/core/ddp.h"
+
+namespace bagua::algo::detail {
+
+// The communicated weights: parameters that require grad and are not ignored, in reverse
+// registration order (Bagua's tensor order), as one flat float32 vector.
+struct WeightView {
+  std::vector<int> params;
+  std::vector<size_t> offsets;
+  size_t numel = 0;
+};
+
+// FailedPrecondition naming the parameter when one is not f32 on the CPU.
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm);
+// The same, for a subset of parameter indices (in the given order).
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
+                                  const std::vector<int>& params, const char* algorithm);
+void gatherWeights(const std::vector<core::Parameter>& params, const WeightView& view, float* out);
+void scatterWeights(std::vector<core::Parameter>& params, const WeightView& view, const float* in);
+
+// One named thread running one job at a time; start() hands it a job, wait() collects its
+// status within a deadline. Destruction requests stop and joins (a running job must itself be
+// bounded: every collective in it waits with the collective timeout).
+class Worker {
+ public:
+  explicit Worker(std::string name);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // FailedPrecondition if a job is still pending or running.
+  Status start(std::function<Status()> job);
+  // The job's status; DeadlineExceeded if it did not finish within `timeout` (it keeps running).
+  Status wait(std::chrono::milliseconds timeout);
+  bool busy();
+
+ private:
+  void loop(std::stop_token stop);
+
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::function<Status()> job_;
+  bool pending_ = false;
+  bool running_ = false;
+  Status result_;
+  std::jthread thread_;  // last: started after the state above exists, joined first
+};
+
+}  // namespace bagua::algo::detail
