@@ -85,7 +85,7 @@ enum class Schedule {
 // Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
 struct EngineOptions {
   int nStreams = 8;                        // data streams per connection (BAGUA_NET_NSTREAMS)
-  uint64_t minChunkBytes = 128 * 1024;     // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  uint64_t minChunkBytes = 64 * 1024;      // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
   uint64_t maxChunkBytes = 1024 * 1024;    // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
   uint64_t inlineBytes = 64 * 1024;        // messages up to this go on the control stream
   uint64_t socketBufferBytes = 4 << 20;    // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
