@@ -1,0 +1,171 @@
+// Convergence: every algorithm trains the core's example MLP on the same 4-rank problem and
+// must end within a stated margin of plain gradient all-reduce's loss (evaluated on rank 0's
+// model over a fixed held-out set).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/qadam.h"
+#include "bagua/core/ddp.h"
+#include "bagua/core/example_mlp.h"
+#include "multi_rank.h"
+
+namespace bagua::algo {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kIn = 12;
+constexpr int kClasses = 4;
+constexpr int kBatch = 16;
+constexpr int kWorld = 4;
+constexpr int kSteps = 80;
+
+void makeBatch(uint32_t seed, int count, std::vector<float>* x, std::vector<int32_t>* y) {
+  x->resize(static_cast<size_t>(count) * kIn);
+  y->resize(count);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int k = 0; k < count; ++k) {
+    float score[kClasses] = {};
+    for (int i = 0; i < kIn; ++i) {
+      const float v = d(rng);
+      (*x)[static_cast<size_t>(k) * kIn + i] = v;
+      for (int c = 0; c < kClasses; ++c) {
+        score[c] += v * static_cast<float>(((i + 2) * (c + 5)) % 7 - 3);
+      }
+    }
+    (*y)[k] = static_cast<int32_t>(std::max_element(score, score + kClasses) - score);
+  }
+}
+
+core::example::MlpConfig config(int rank) {
+  core::example::MlpConfig c;
+  c.sizes = {kIn, 32, 32, kClasses};
+  c.seed = 77 + static_cast<uint64_t>(rank);
+  return c;
+}
+
+struct Outcome {
+  float initial = 0.0f;
+  float final = 0.0f;
+};
+
+Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  Outcome out;
+  std::vector<float> ex;
+  std::vector<int32_t> ey;
+  makeBatch(999999, 256, &ex, &ey);
+  auto res = testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = kWorld;
+        po.hierarchical = false;
+        po.rendezvousTimeout = 20000ms;
+        po.collectiveTimeout = 20000ms;
+        auto pg = core::ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        core::example::Mlp model(config(r));
+        std::unique_ptr<core::Optimizer> opt;
+        QAdamOptimizer* qadam = nullptr;
+        if (name == "qadam") {
+          QAdamOptions o;
+          o.lr = 0.01f;
+          o.warmupSteps = 20;
+          auto q = QAdamOptimizer::create(model.parameters(), o);
+          if (!q.isOk()) {
+            return q.status().toString();
+          }
+          qadam = q->get();
+          opt = std::move(*q);
+        } else {
+          opt = std::make_unique<core::Sgd>(model.parameters(), 0.1f, 0.5f);
+        }
+        auto algo = createAlgorithm(name, args, qadam);
+        if (!algo.isOk()) {
+          return algo.status().toString();
+        }
+        auto ddp = core::withBagua(model.parameters(), model.buffers(), {opt.get()}, *algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        if (r == 0) {
+          out.initial = model.forward(ex.data(), ey.data(), 256);
+        }
+        std::vector<float> x;
+        std::vector<int32_t> y;
+        for (int step = 0; step < kSteps; ++step) {
+          opt->zeroGrad();
+          Status s = (*ddp)->prepareForward();
+          if (!s.isOk()) {
+            return s.toString();
+          }
+          makeBatch(static_cast<uint32_t>(step * 131 + r), kBatch, &x, &y);
+          model.forward(x.data(), y.data(), kBatch);
+          model.backward([&](int p) {
+            if (s.isOk()) {
+              s = (*ddp)->markGradReady(p);
+            }
+          });
+          if (s.isOk()) {
+            s = (*ddp)->finishBackward();
+          }
+          if (s.isOk()) {
+            s = (*ddp)->step();
+          }
+          if (!s.isOk()) {
+            return strPrintf("step %d: %s", step, s.toString().c_str());
+          }
+        }
+        if (name == "async") {
+          Status s = static_cast<AsyncModelAverage&>(**algo).abort();
+          if (!s.isOk()) {
+            return s.toString();
+          }
+        }
+        if (r == 0) {
+          out.final = model.forward(ex.data(), ey.data(), 256);
+        }
+        return "";
+      },
+      120s);
+  EXPECT_EQ(testing::joinFailures(res), "") << name;
+  return out;
+}
+
+TEST(Convergence, EveryAlgorithmNearAllReduce) {
+  const Outcome base = trainWith("gradient_allreduce", {});
+  ASSERT_LT(base.final, 0.6f * base.initial) << "the reference run must learn";
+  struct Case {
+    const char* name;
+    AlgorithmArgs args;
+    float margin;  // allowed excess over all-reduce's final loss
+  };
+  const std::vector<Case> cases = {
+      {"bytegrad", {{"hierarchical", "false"}}, 0.05f},
+      {"decentralized", {{"hierarchical", "false"}}, 0.10f},
+      {"decentralized", {{"hierarchical", "false"}, {"peer_selection_mode", "shift_one"}}, 0.15f},
+      {"low_precision_decentralized", {{"hierarchical", "false"}}, 0.15f},
+      {"qadam", {{"hierarchical", "false"}}, 0.15f},
+      {"async", {{"sync_interval_ms", "2"}, {"warmup_steps", "10"}}, 0.20f},
+  };
+  for (const Case& c : cases) {
+    const Outcome o = trainWith(c.name, c.args);
+    EXPECT_NEAR(o.initial, base.initial, 1e-6f) << c.name << ": same start after the broadcast";
+    EXPECT_LE(o.final, base.final + c.margin)
+        << c.name << ": " << o.final << " vs all-reduce " << base.final;
+    std::printf("convergence %-28s loss %.4f -> %.4f (all-reduce %.4f)\n", c.name, o.initial,
+                o.final, base.final);
+  }
+}
+
+}  // namespace
+}  // namespace bagua::algo
