@@ -199,7 +199,7 @@ void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int cou
 
 int messagesFor(uint64_t size, double seconds, double guessGBps) {
   double n = seconds * guessGBps * 1e9 / static_cast<double>(size);
-  return static_cast<int>(std::clamp(n, 16.0, 200000.0));
+  return static_cast<int>(std::clamp(n, 8.0, 200000.0));
 }
 
 // GB/s of the plugin with `conns` connections in parallel.
@@ -209,8 +209,12 @@ double pluginThroughput(Plugin& p, uint64_t size, int window, int conns, double 
   for (int c = 0; c < conns; ++c) {
     p.connectPair(&sends[static_cast<size_t>(c)], &recvs[static_cast<size_t>(c)]);
   }
-  pumpPair(net, sends[0], recvs[0], size, std::max(8, 2 * window), window);  // warm-up
-  int count = messagesFor(size, seconds / conns, 4.0);
+  // Warm-up, timed to size the measured run (so a slow machine does not take forever).
+  int warm = std::max(8, 2 * window);
+  auto w0 = Clock::now();
+  pumpPair(net, sends[0], recvs[0], size, warm, window);
+  double guess = static_cast<double>(size) * warm / secondsSince(w0) / 1e9;
+  int count = messagesFor(size, seconds, guess);
   auto t0 = Clock::now();
   std::vector<std::thread> threads;
   for (int c = 0; c < conns; ++c) {
@@ -329,11 +333,28 @@ void recvFull(int fd, uint8_t* p, size_t n) {
 }
 
 double tcpThroughput(uint64_t size, int conns, double seconds) {
-  int count = messagesFor(size, seconds / conns, 4.0);
   std::vector<std::thread> threads;
   std::vector<int> fa(static_cast<size_t>(conns)), fb(static_cast<size_t>(conns));
   for (int c = 0; c < conns; ++c) {
     tcpPair(&fa[static_cast<size_t>(c)], &fb[static_cast<size_t>(c)]);
+  }
+  int count = 0;
+  {
+    // Timed warm-up on the first pair sizes the run.
+    constexpr int kWarm = 8;
+    std::vector<uint8_t> buf(size, 0x5a), rbuf(size);
+    auto w0 = Clock::now();
+    std::thread s([&] {
+      for (int i = 0; i < kWarm; ++i) {
+        sendFull(fa[0], buf.data(), size);
+      }
+    });
+    for (int i = 0; i < kWarm; ++i) {
+      recvFull(fb[0], rbuf.data(), size);
+    }
+    s.join();
+    double guess = static_cast<double>(size) * kWarm / secondsSince(w0) / 1e9;
+    count = messagesFor(size, seconds, guess);
   }
   auto t0 = Clock::now();
   for (int c = 0; c < conns; ++c) {
@@ -485,7 +506,7 @@ int main(int argc, char** argv) {
     o.sizes = {64 << 10, 1 << 20, 16 << 20};
     o.streams = {1, 2, 8};
     o.latencySizes = {8, 64 << 10, 1 << 20};
-    o.seconds = 0.25;
+    o.seconds = 0.2;
     o.conns = 2;
   }
   if (access(o.plugin.c_str(), R_OK) != 0) {
@@ -546,7 +567,7 @@ int main(int argc, char** argv) {
     for (uint64_t s : o.latencySizes) {
       int iters = s <= (64 << 10) ? 2000 : 300;
       if (o.demo) {
-        iters /= 2;
+        iters /= 4;
       }
       lats.push_back(Lat{s, tcpLatency(s, iters), pluginLatency(p, s, iters)});
     }
