@@ -95,7 +95,9 @@ Status CacheLoader::getImpl(std::string_view key, std::string& value, LoadFn loa
     return std::move(loaded.addFrame(__FILE__, __LINE__));
   }
   c_.missBytes.fetch_add(value.size(), kRelaxed);
-  enqueue(full, value);
+  // Not `full`: load() may have read through another CacheLoader on this thread (a cached
+  // dataset over a cached dataset), which reuses the thread's key buffer.
+  enqueue(cacheKey(key), value);
   return Status::ok();
 }
 
@@ -177,11 +179,11 @@ Status CacheLoader::getManyImpl(std::span<const std::string_view> keys,
   return Status::ok();
 }
 
-void CacheLoader::enqueue(const std::string& fullKey, const std::string& value) {
+void CacheLoader::enqueue(std::string fullKey, const std::string& value) {
   std::vector<KeyValue> batch;
   {
     std::lock_guard<std::mutex> lock(queueMu_);
-    queue_.push_back({fullKey, value});
+    queue_.push_back({std::move(fullKey), value});
     if (queue_.size() < options_.writerBufferSize) {
       return;
     }

@@ -119,6 +119,43 @@ TEST(CachedDataset, TwoDatasetsShareOneBackendUnderTheirOwnNames) {
   EXPECT_EQ(d1.loader().cacheKey("5"), "d1_5");
 }
 
+// A cached dataset whose source is another cached dataset (e.g. decoded samples over cached raw
+// files), read on one thread: each level keeps its own keys and values.
+TEST(CachedDataset, NestedCachedDatasetsKeepTheirOwnKeys) {
+  class Doubler : public Dataset {
+   public:
+    explicit Doubler(Dataset& inner) : inner_(inner) {}
+    size_t size() const override { return inner_.size(); }
+    Status read(size_t index, std::string& sample) override {
+      BAGUA_RETURN_IF_ERROR(inner_.read(index, sample));
+      sample += sample;
+      return Status::ok();
+    }
+
+   private:
+    Dataset& inner_;
+  };
+  auto backend = makeEmbedded();
+  PatternDataset raw(30);
+  CachedDataset rawCached(raw, backend, "raw", 1);
+  Doubler doubled(rawCached);
+  CachedDataset top(doubled, backend, "top", 1);
+  std::string sample;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (size_t i = 0; i < 30; ++i) {
+      ASSERT_TRUE(top.read(i, sample).isOk());
+      ASSERT_EQ(sample, raw.expected(i) + raw.expected(i)) << i;
+    }
+  }
+  std::string v;
+  ASSERT_TRUE(*backend->get("raw_4", v));
+  EXPECT_EQ(v, raw.expected(4));
+  ASSERT_TRUE(*backend->get("top_4", v));
+  EXPECT_EQ(v, raw.expected(4) + raw.expected(4));
+  EXPECT_EQ(*backend->numKeys(), 60u);
+  EXPECT_EQ(top.stats().hits, 30u);
+}
+
 TEST(CachedDataset, SourceErrorsReachTheCallerAndAreNotCached) {
   PatternDataset source(10);
   CachedDataset ds(source, makeEmbedded(), "e", 1);

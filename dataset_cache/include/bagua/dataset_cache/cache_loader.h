@@ -141,7 +141,7 @@ class CacheLoader {
                      LoadAtFn load, const CheckAtFn* check);
   void countReads(uint64_t n);
   void reportCorrupt(std::string_view fullKey, size_t bytes, const Status& why);
-  void enqueue(const std::string& fullKey, const std::string& value);
+  void enqueue(std::string fullKey, const std::string& value);
   Status writeBatch(std::vector<KeyValue>& batch);
   void backendFailed(const Status& status);
   void backendOk();
