@@ -45,8 +45,10 @@ void chunkMinMax(const float* x, size_t n, float* outMin, float* outMax, bool* n
     mx = lmax[l] > mx ? lmax[l] : mx;
     b |= bad[l];
   }
-  *outMin = mn;
-  *outMax = mx;
+  // +0.0f turns -0 into +0: which zero min/max keep depends on the visiting order, and the CUDA
+  // kernels visit in another order; the header bytes must not depend on it.
+  *outMin = mn + 0.0f;
+  *outMax = mx + 0.0f;
   *nonFinite = b != 0;
 }
 

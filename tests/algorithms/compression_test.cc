@@ -33,8 +33,8 @@ std::vector<uint8_t> referenceCompress(const std::vector<float>& x, size_t chunk
     if (begin == end) {
       continue;  // header 0, 0
     }
-    const float mn = *std::min_element(x.begin() + begin, x.begin() + end);
-    const float mx = *std::max_element(x.begin() + begin, x.begin() + end);
+    const float mn = *std::min_element(x.begin() + begin, x.begin() + end) + 0.0f;  // no -0
+    const float mx = *std::max_element(x.begin() + begin, x.begin() + end) + 0.0f;
     std::memcpy(s, &mn, 4);
     std::memcpy(s + 4, &mx, 4);
     const float scale = 255.0f / (mx - mn + 1e-7f);

@@ -1,0 +1,31 @@
+// MinMaxUInt8 compression on CUDA device memory, bit-identical to the CPU kernels of
+// compression.h (same layout, same float32 operation order, -0 canonicalised to +0, the same
+// NaN bits for non-finite chunks). Built only when CUDA is found; otherwise every call returns
+// FailedPrecondition and cudaCompressionAvailable() is false.
+//
+// All pointers are device pointers; `stream` is a cudaStream_t (nullptr: the legacy default
+// stream). Calls enqueue work and return; synchronise the stream before reading the results.
+// The workspace (minMaxCudaWorkspaceBytes) holds per-block partial min/max values.
+//
+// Thread safety: as CUDA streams; distinct workspaces for concurrent calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "bagua/base/status.h"
+
+namespace bagua::algo {
+
+bool cudaCompressionAvailable();
+
+size_t minMaxCudaWorkspaceBytes(size_t numel, size_t chunks);
+
+[[nodiscard]] Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t* dst,
+                                        size_t dstBytes, void* workspace, size_t workspaceBytes,
+                                        int targetChunk = -1, void* stream = nullptr);
+[[nodiscard]] Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel,
+                                          size_t chunks, float* dst, int targetChunk = -1,
+                                          void* stream = nullptr);
+
+}  // namespace bagua::algo

@@ -1,0 +1,27 @@
+// Plain-C entry points of the CUDA MinMaxUInt8 kernels (compiled by nvcc, called from
+// cuda_compression.cc). Return a cudaError_t value. Private.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace bagua::algo::cudakernels {
+
+constexpr int kThreads = 256;
+constexpr size_t kElemsPerPartial = 4096;
+constexpr size_t kMaxPartials = 1024;
+
+// Partial min/max blocks per chunk of c elements.
+inline size_t partialsPerChunk(size_t c) {
+  size_t p = (c + kElemsPerPartial - 1) / kElemsPerPartial;
+  p = p == 0 ? 1 : p;
+  return p > kMaxPartials ? kMaxPartials : p;
+}
+
+int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float* partials,
+             int targetChunk, void* stream);
+int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int targetChunk,
+               void* stream);
+const char* errorString(int error);
+
+}  // namespace bagua::algo::cudakernels

@@ -1,0 +1,68 @@
+// Host side of the CUDA kernels: argument checks and Status mapping (the kernels themselves are
+// in cuda/minmax_kernels.cu, compiled by nvcc).
+#include "bagua/algorithms/cuda_compression.h"
+
+#include "bagua/algorithms/compression.h"
+#include "cuda/minmax_kernels.h"
+
+namespace bagua::algo {
+
+namespace {
+
+Status check(size_t numel, size_t chunks, size_t bytes, int targetChunk, const char* what) {
+  if (chunks == 0) {
+    return BAGUA_ERROR(kInvalidArgument, "%s: chunks must be at least 1", what);
+  }
+  if (targetChunk >= 0 && static_cast<size_t>(targetChunk) >= chunks) {
+    return BAGUA_ERROR(kInvalidArgument, "%s: target chunk %d of %zu chunks", what, targetChunk,
+                       chunks);
+  }
+  if (bytes < minMaxCompressedBytes(numel, chunks)) {
+    return BAGUA_ERROR(kInvalidArgument, "%s: compressed buffer of %zu bytes, need %zu", what,
+                       bytes, minMaxCompressedBytes(numel, chunks));
+  }
+  return Status::ok();
+}
+
+Status cudaStatus(int err, const char* what) {
+  if (err == 0) {
+    return Status::ok();
+  }
+  return BAGUA_ERROR(kCudaError, "%s: %s", what, cudakernels::errorString(err));
+}
+
+}  // namespace
+
+bool cudaCompressionAvailable() {
+  return true;
+}
+
+size_t minMaxCudaWorkspaceBytes(size_t numel, size_t chunks) {
+  if (chunks == 0) {
+    return 0;
+  }
+  return chunks * cudakernels::partialsPerChunk(minMaxChunkElements(numel, chunks)) * 4 *
+         sizeof(float);
+}
+
+Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t* dst,
+                          size_t dstBytes, void* workspace, size_t workspaceBytes, int targetChunk,
+                          void* stream) {
+  BAGUA_RETURN_IF_ERROR(check(numel, chunks, dstBytes, targetChunk, "minMaxCompressCuda"));
+  if (workspaceBytes < minMaxCudaWorkspaceBytes(numel, chunks)) {
+    return BAGUA_ERROR(kInvalidArgument, "minMaxCompressCuda: workspace of %zu bytes, need %zu",
+                       workspaceBytes, minMaxCudaWorkspaceBytes(numel, chunks));
+  }
+  return cudaStatus(cudakernels::compress(src, numel, chunks, dst, static_cast<float*>(workspace),
+                                          targetChunk, stream),
+                    "minMaxCompressCuda");
+}
+
+Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel, size_t chunks,
+                            float* dst, int targetChunk, void* stream) {
+  BAGUA_RETURN_IF_ERROR(check(numel, chunks, srcBytes, targetChunk, "minMaxDecompressCuda"));
+  return cudaStatus(cudakernels::decompress(src, numel, chunks, dst, targetChunk, stream),
+                    "minMaxDecompressCuda");
+}
+
+}  // namespace bagua::algo
