@@ -4,7 +4,7 @@
 // processes (LocalRedisServer) with a memory cap and an eviction policy, and stops them when it
 // is destroyed. Cluster mode (the default) shards keys over every server by a stable hash of the
 // key; otherwise this node uses only server nodeRank % count. Batches are one MGET / MSET per
-// server.
+// server, all sent before any reply is read (pipelined across servers).
 //
 // Faults: a command that fails on the connection (refused, reset, timed out) marks that server
 // down; calls that need it then fail fast with kUnavailable for `retryInterval`, after which one
