@@ -62,9 +62,9 @@ Entries& entries() {
         &c.addBytes("BAGUA_HOST_SEGMENT_BYTES", 256 * 1024, 4096, uint64_t{1} << 30,
                     "host backend: pipeline segment; reduction of a segment overlaps the "
                     "transfer of the next");
-    x.hostReduceThreads =
-        &c.addInt("BAGUA_HOST_REDUCE_THREADS", 0, 0, 256,
-                  "host backend: threads reducing one large segment (0: min(4, cores))");
+    x.hostReduceThreads = &c.addInt(
+        "BAGUA_HOST_REDUCE_THREADS", 0, 0, 256,
+        "host backend: threads reducing one large segment (0: cores / ranks per host, 1 to 4)");
     x.hostSocketBuffer = &c.addBytes("BAGUA_HOST_SOCKET_BUFFER", 4 << 20, 0, uint64_t{1} << 30,
                                      "host backend: SO_SNDBUF/SO_RCVBUF per connection (0: OS)");
     x.hostListenAddr = &c.addString("BAGUA_HOST_LISTEN_ADDR", "",

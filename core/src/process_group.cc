@@ -107,8 +107,11 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
   BAGUA_ASSIGN_OR_RETURN(uint64_t ring, CoreParams::hostShmRingBytes().get());
   to.sharedMemoryRingBytes = ring;
   BAGUA_ASSIGN_OR_RETURN(auto transport, host::connectSocketTransport(store, rank, size, to));
-  BAGUA_ASSIGN_OR_RETURN(host::HostOptions ho,
-                         host::hostOptionsFromParams(options.collectiveTimeout));
+  BAGUA_ASSIGN_OR_RETURN(
+      host::HostOptions ho,
+      host::hostOptionsFromParams(
+          options.collectiveTimeout,
+          std::min(size, options.localWorldSize > 0 ? options.localWorldSize : size)));
   return std::unique_ptr<Communicator>(new host::HostCommunicator(std::move(transport), ho));
 }
 

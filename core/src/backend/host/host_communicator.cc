@@ -33,7 +33,7 @@ namespace host {
 
 using Clock = std::chrono::steady_clock;
 
-Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout) {
+Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout, int ranksPerHost) {
   HostOptions o;
   if (timeout.count() <= 0) {
     BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
@@ -53,7 +53,10 @@ Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout) {
   o.segmentBytes = seg;
   BAGUA_ASSIGN_OR_RETURN(int64_t threads, CoreParams::hostReduceThreads().get());
   if (threads == 0) {
-    threads = std::min<int64_t>(4, std::max(1u, std::thread::hardware_concurrency()));
+    // Cores are shared by the ranks of a host: helpers beyond a rank's share only add
+    // context switches.
+    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    threads = std::clamp<int64_t>(cores / std::max(1, ranksPerHost), 1, 4);
   }
   o.reduceThreads = static_cast<int>(threads);
   return o;

@@ -37,7 +37,8 @@ struct HostOptions {
 };
 
 // Reads the BAGUA_HOST_* parameters (and BAGUA_COLLECTIVE_TIMEOUT_MS when timeout is 0).
-Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout);
+// `ranksPerHost` sizes the automatic number of reduction threads.
+Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout, int ranksPerHost);
 
 class HostCommunicator final : public Communicator {
  public:

@@ -27,7 +27,8 @@ int msLeftShm(Deadline d) {
 struct ShmMesh::Ring {
   alignas(kLine) uint64_t head;  // written by the sender
   alignas(kLine) uint64_t tail;  // written by the receiver
-  alignas(kLine) uint8_t data[1];
+  // ringBytes_ of data follow at offset 2 * kLine.
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(this) + 2 * kLine; }
 };
 
 ShmMesh::Ring* ShmMesh::ring(int from, int to) const {
@@ -134,9 +135,9 @@ size_t ShmMesh::trySend(int peer, const uint8_t* data, size_t len) {
   }
   const size_t pos = static_cast<size_t>(h % ringBytes_);
   const size_t first = std::min(n, ringBytes_ - pos);
-  std::memcpy(r->data + pos, data, first);
+  std::memcpy(r->data() + pos, data, first);
   if (n > first) {
-    std::memcpy(r->data, data + first, n - first);
+    std::memcpy(r->data(), data + first, n - first);
   }
   head.store(h + n, std::memory_order_release);
   return n;
@@ -154,9 +155,9 @@ size_t ShmMesh::tryRecv(int peer, uint8_t* data, size_t len) {
   }
   const size_t pos = static_cast<size_t>(t % ringBytes_);
   const size_t first = std::min(n, ringBytes_ - pos);
-  std::memcpy(data, r->data + pos, first);
+  std::memcpy(data, r->data() + pos, first);
   if (n > first) {
-    std::memcpy(data + first, r->data, n - first);
+    std::memcpy(data + first, r->data(), n - first);
   }
   tail.store(t + n, std::memory_order_release);
   return n;
