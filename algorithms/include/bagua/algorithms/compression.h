@@ -31,7 +31,7 @@
 // Thread safety: pure functions on caller-owned buffers.
 #pragma once
 
-#include <cmath>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -63,10 +63,12 @@ constexpr size_t minMaxCompressedBytes(size_t numel, size_t chunks) {
 // that loops around it vectorise on baseline x86-64 (no roundps before SSE4.1).
 inline float roundHalfEven(float x) {
   const float kBig = 8388608.0f;  // 2^23: at and above it every float is an integer
-  const float a = x < 0.0f ? -x : x;
-  const float big = x < 0.0f ? -kBig : kBig;
-  const float r = (x + big) - big;
-  return a < kBig ? std::copysign(r, x) : x;  // keep the sign of zero as nearbyint does
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const float a = std::bit_cast<float>(bits & 0x7fffffffu);
+  const float r = (a + kBig) - kBig;  // |x| rounded half to even (for |x| < 2^23)
+  const float ra = a < kBig ? r : a;
+  // Rounding is symmetric, so put the sign back (this also keeps -0 and NaN bits as they are).
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(ra) | (bits & 0x80000000u));
 }
 
 // Compresses `src` (numel floats) into `dst` (dstBytes >= minMaxCompressedBytes). With
