@@ -9,7 +9,12 @@
 #include <utility>
 
 #if BAGUA_CACHE_HAVE_LMDB
+#include <fcntl.h>
 #include <lmdb.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
 #endif
 
 #include "bagua/base/logging.h"
@@ -70,6 +75,22 @@ class EmbeddedStore::Mirror {
 
   static Result<std::unique_ptr<Mirror>> open(const std::string& path, uint64_t mapBytes) {
     auto m = std::unique_ptr<Mirror>(new Mirror(path));
+    // One store per file: memory is authoritative, so two stores on one file would undo each
+    // other's evictions (and LMDB forbids opening one environment twice in a process). An
+    // exclusive flock on the data file (LMDB's own locks live in the -lock file) enforces it.
+    m->ownerFd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (m->ownerFd_ < 0) {
+      return BAGUA_ERRNO(errno, strPrintf("open '%s'", path.c_str()));
+    }
+    if (::flock(m->ownerFd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        return BAGUA_ERROR(kFailedPrecondition,
+                           "'%s' is already used by another embedded cache (in this or another "
+                           "process); give each job its own BAGUA_CACHE_PERSIST_PATH",
+                           path.c_str());
+      }
+      return BAGUA_ERRNO(errno, strPrintf("flock '%s'", path.c_str()));
+    }
     int rc = mdb_env_create(&m->env_);
     if (rc != 0) {
       return m->lmdbError(rc, "mdb_env_create");
@@ -105,6 +126,9 @@ class EmbeddedStore::Mirror {
     if (env_ != nullptr) {
       mdb_env_sync(env_, 1);
       mdb_env_close(env_);
+    }
+    if (ownerFd_ >= 0) {
+      ::close(ownerFd_);  // releases the flock
     }
   }
 
@@ -196,6 +220,7 @@ class EmbeddedStore::Mirror {
 
   std::string path_;
   MDB_env* env_ = nullptr;
+  int ownerFd_ = -1;
   MDB_dbi dbi_ = 0;
 };
 

@@ -311,6 +311,31 @@ TEST(EmbeddedStorePersistence, EvictionsAndClearReachTheFileAndASmallerCapacityT
   EXPECT_EQ(*store->numKeys(), 0u);
 }
 
+TEST(EmbeddedStorePersistence, OneStorePerFile) {
+  if (!persistenceAvailable()) {
+    GTEST_SKIP() << "this build has no LMDB: persistence is not built";
+  }
+  TempFile file;
+  EmbeddedOptions o;
+  o.capacityBytes = 1 << 20;
+  o.persistPath = file.path();
+  auto first = take(EmbeddedStore::create(o));
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(first->put("a", "1").isOk());
+  Result<std::unique_ptr<EmbeddedStore>> second = EmbeddedStore::create(o);
+  ASSERT_FALSE(second.isOk());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("already used"), std::string::npos)
+      << second.status().message();
+  std::string v;
+  ASSERT_TRUE(*first->get("a", v));  // the refused second open did not disturb the first
+  first.reset();
+  auto third = take(EmbeddedStore::create(o));
+  ASSERT_NE(third, nullptr);
+  ASSERT_TRUE(*third->get("a", v));
+  EXPECT_EQ(v, "1");
+}
+
 TEST(EmbeddedStorePersistence, UnopenablePathIsAClearError) {
   if (!persistenceAvailable()) {
     GTEST_SKIP() << "this build has no LMDB: persistence is not built";

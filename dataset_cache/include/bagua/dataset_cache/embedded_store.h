@@ -10,8 +10,8 @@
 // batch). create() loads the file back, up to the capacity, dropping what does not fit. The file
 // is written without fsync per transaction (MDB_NOSYNC) and synced in the destructor: a crash of
 // the process loses nothing that reached the kernel; a crash of the machine may lose the tail.
-// One process per file. If the file cannot be written (disk full, map full), the store reports
-// it once and carries on in memory.
+// One store per file (an exclusive flock; a second create() fails with kFailedPrecondition). If the
+// file cannot be written (disk full, map full), the store reports it once and carries on in memory.
 //
 // Thread model: every method may be called from any thread. A call locks one shard at a time
 // (putMany locks the shards of its batch one after another, never two at once); the LMDB write
