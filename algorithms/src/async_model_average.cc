@@ -90,8 +90,20 @@ class AsyncImpl final : public core::AlgorithmImpl {
     if (state_ == State::kNew && intervalMs_ > 0) {
       startLoop();
     }
-    // Forward and backward run under the weight lock; the optimizer step runs outside it.
-    if (!weightMu_.try_lock_for(lockTimeout())) {
+    if (locked_) {
+      return Status::ok();  // a forward without a step in between (gradient accumulation)
+    }
+    // Forward, backward and the optimizer step run under the weight lock; the averaging
+    // thread reads and updates the weights between iterations. (In Bagua the optimizer step is
+    // outside the lock but ordered after the averaging kernel by the CUDA compute stream; on
+    // the CPU the lock gives that ordering.) Let a waiting averaging thread go first, so the
+    // trainer re-locking at once cannot starve it.
+    const auto deadline = std::chrono::steady_clock::now() + lockTimeout();
+    while (loopWantsLock_.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    if (!weightMu_.try_lock_until(deadline)) {
       return BAGUA_ERROR(kDeadlineExceeded,
                          "async: the averaging thread held the weights for more than %lld ms",
                          static_cast<long long>(lockTimeout().count()));
@@ -100,7 +112,9 @@ class AsyncImpl final : public core::AlgorithmImpl {
     return Status::ok();
   }
 
-  Status onPostBackward(core::DistributedDataParallel& /*ddp*/) override {
+  Status onPostBackward(core::DistributedDataParallel& /*ddp*/) override { return loopStatus(); }
+
+  Status onPostOptimizerStep(core::DistributedDataParallel& /*ddp*/) override {
     if (locked_) {
       locked_ = false;
       weightMu_.unlock();
@@ -160,6 +174,14 @@ class AsyncImpl final : public core::AlgorithmImpl {
     return threadGroup_->options().collectiveTimeout + std::chrono::seconds(5);
   }
 
+  // Averaging thread: announces itself so the trainer's next forward waits for it.
+  std::unique_lock<std::timed_mutex> lockWeights() {
+    loopWantsLock_.store(true, std::memory_order_release);
+    std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+    loopWantsLock_.store(false, std::memory_order_release);
+    return lock;
+  }
+
   Status loopStatus() {
     std::lock_guard<std::mutex> lock(loopMu_);
     return loopError_;
@@ -207,7 +229,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
       }
       // 2. Snapshot the weights between two training iterations' forward+backward.
       {
-        std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+        std::unique_lock<std::timed_mutex> lock = lockWeights();
         if (!lock.owns_lock()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
@@ -219,7 +241,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
                                 ->wait(timeout));
       // 4. w += mean - snapshot: local updates made meanwhile are kept.
       {
-        std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+        std::unique_lock<std::timed_mutex> lock = lockWeights();
         if (!lock.owns_lock()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
@@ -259,6 +281,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
   std::vector<float> temp_;
   std::vector<float> reduced_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> loopWantsLock_{false};
   std::atomic<int64_t> rounds_{0};
 
   // Lock order: weightMu_ and loopMu_ are never held together.

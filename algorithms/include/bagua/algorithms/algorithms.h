@@ -115,7 +115,7 @@ class QAdam final : public core::Algorithm {
 
 // Asynchronous model average: after warm-up (full-precision gradient all-reduce), a background
 // thread on its own process group averages the weights every sync_interval_ms while training
-// goes on; forward+backward run under the weight lock, the optimizer step outside it.
+// goes on; forward, backward and the optimizer step run under the weight lock (see README).
 //
 // abort() stops the averaging on every rank in the same round (call it on every rank after
 // training); resume() starts it again. Both are collective (a barrier on the training group)
