@@ -16,6 +16,13 @@
 #include "bagua/algorithms/compression.h"
 #include "bagua/algorithms/qadam.h"
 #include "bagua/core/ddp.h"
+#include "bagua_config.h"
+
+#if BAGUA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "bagua/algorithms/cuda_compression.h"
+#endif
 
 namespace {
 
@@ -76,6 +83,103 @@ void BM_Decompress(benchmark::State& state) {
 BENCHMARK(BM_Memcpy)->Arg(1 << 22);
 BENCHMARK(BM_Compress)->Args({1 << 22, 1})->Args({1 << 22, 4});
 BENCHMARK(BM_Decompress)->Args({1 << 22, 1})->Args({1 << 22, 4});
+
+#if BAGUA_HAVE_CUDA
+// ---- CUDA kernels against the device's own copy bandwidth (cudaMemcpy device to device of the
+// same float input), timed with CUDA events. Skipped without a device or without the kernels.
+
+struct DeviceBuffers {
+  float* x = nullptr;
+  float* y = nullptr;
+  uint8_t* c = nullptr;
+  void* ws = nullptr;
+  size_t wsBytes = 0;
+  size_t bytes = 0;
+};
+
+bool deviceReady(benchmark::State& state) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    state.SkipWithError("no CUDA device visible");
+    return false;
+  }
+  if (!algo::cudaCompressionAvailable()) {
+    state.SkipWithError("built without the CUDA kernels");
+    return false;
+  }
+  return true;
+}
+
+DeviceBuffers allocDevice(size_t n, size_t chunks) {
+  DeviceBuffers b;
+  b.bytes = algo::minMaxCompressedBytes(n, chunks);
+  b.wsBytes = algo::minMaxCudaWorkspaceBytes(n, chunks);
+  auto x = input(n);
+  (void)cudaMalloc(&b.x, n * sizeof(float));
+  (void)cudaMalloc(&b.y, n * sizeof(float));
+  (void)cudaMalloc(&b.c, b.bytes);
+  (void)cudaMalloc(&b.ws, b.wsBytes);
+  (void)cudaMemcpy(b.x, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  return b;
+}
+
+void freeDevice(DeviceBuffers& b) {
+  cudaFree(b.x);
+  cudaFree(b.y);
+  cudaFree(b.c);
+  cudaFree(b.ws);
+}
+
+// kind 0: device copy (peer), 1: compress, 2: decompress.
+void BM_Cuda(benchmark::State& state) {
+  if (!deviceReady(state)) {
+    return;
+  }
+  const int kind = static_cast<int>(state.range(0));
+  const size_t n = static_cast<size_t>(state.range(1));
+  const size_t chunks = static_cast<size_t>(state.range(2));
+  DeviceBuffers b = allocDevice(n, chunks);
+  if (!algo::minMaxCompressCuda(b.x, n, chunks, b.c, b.bytes, b.ws, b.wsBytes).isOk()) {
+    state.SkipWithError("compress failed");
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    Status s;
+    if (kind == 0) {
+      (void)cudaMemcpyAsync(b.y, b.x, n * sizeof(float), cudaMemcpyDeviceToDevice);
+    } else if (kind == 1) {
+      s = algo::minMaxCompressCuda(b.x, n, chunks, b.c, b.bytes, b.ws, b.wsBytes);
+    } else {
+      s = algo::minMaxDecompressCuda(b.c, b.bytes, n, chunks, b.y);
+    }
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (!s.isOk()) {
+      state.SkipWithError(s.toString().c_str());
+      break;
+    }
+    state.SetIterationTime(static_cast<double>(ms) / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  freeDevice(b);
+  // Bytes of float input processed (the copy moves the same floats).
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(float)));
+}
+
+BENCHMARK(BM_Cuda)
+    ->ArgNames({"kind", "n", "chunks"})
+    ->Args({0, 1 << 26, 1})
+    ->Args({1, 1 << 26, 1})
+    ->Args({1, 1 << 26, 8})
+    ->Args({2, 1 << 26, 8})
+    ->UseManualTime();
+#endif
 
 // ---- Per-algorithm step: 4 ranks, a 4 Mi-float model in 4 tensors, SGD ----------------------
 
