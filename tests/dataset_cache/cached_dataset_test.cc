@@ -156,6 +156,24 @@ TEST(CachedDataset, NestedCachedDatasetsKeepTheirOwnKeys) {
   EXPECT_EQ(top.stats().hits, 30u);
 }
 
+TEST(CachedDataset, NullBackendDisablesCaching) {
+  PatternDataset source(20);
+  CachedDataset ds(source, nullptr, "none", 4);
+  std::string sample;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (size_t i = 0; i < 20; ++i) {
+      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_EQ(sample, source.expected(i));
+    }
+  }
+  ASSERT_TRUE(ds.flush().isOk());
+  CacheStats s = ds.stats();
+  EXPECT_EQ(s.misses, 40u);
+  EXPECT_EQ(s.hits, 0u);
+  EXPECT_EQ(s.writes, 0u);
+  EXPECT_EQ(*ds.loader().numKeys(), 0u);
+}
+
 TEST(CachedDataset, SourceErrorsReachTheCallerAndAreNotCached) {
   PatternDataset source(10);
   CachedDataset ds(source, makeEmbedded(), "e", 1);

@@ -100,7 +100,8 @@ class CacheLoader {
   // Accepts (Ok) or rejects a cached value; typically deserializes it.
   using CheckFn = FunctionRef<Status(std::string_view value)>;
 
-  // `backend` must not be null. writerBufferSize 0 is treated as 1.
+  // A null `backend` disables caching: every read goes to the loader and nothing is written
+  // (an uncached baseline through the same code). writerBufferSize 0 is treated as 1.
   CacheLoader(std::shared_ptr<CacheBackend> backend, CacheLoaderOptions options);
   // Flushes the write queue; a failure is logged.
   ~CacheLoader();
@@ -153,6 +154,7 @@ class CacheLoader {
   std::vector<KeyValue> queue_;
 
   static constexpr int64_t kProbeIntervalNs = 100'000'000;  // 100 ms
+  bool disabled_ = false;                                   // constructed with a null backend
   std::atomic<bool> healthy_{true};
   std::atomic<int64_t> lastProbeNs_{0};  // steady-clock time of the last recovery probe
   std::atomic<uint64_t> reads_{0};

@@ -16,7 +16,7 @@
 // read()/get() may; nothing else is locked beyond CacheLoader's write queue.
 //
 // Ownership: the source is borrowed and must outlive the cached dataset; the backend is shared
-// (several datasets may use one).
+// (several datasets may use one). A null backend disables caching (every read from the source).
 #pragma once
 
 #include <charconv>
