@@ -424,9 +424,9 @@ TEST(Engine, Ipv6Loopback) {
 }
 
 TEST(Engine, RequestPoolFullIsUnavailableNotAnError) {
+  std::vector<uint8_t> buf(16);  // outlives the comms (buffers must stay valid until close)
   Pair p = connectPair(testOptions(2));
   ASSERT_TRUE(p.recv);
-  std::vector<uint8_t> buf(16);
   std::vector<Request*> reqs;
   for (;;) {
     Result<Request*> r = p.recv->irecv(buf.data(), buf.size());
@@ -442,9 +442,9 @@ TEST(Engine, RequestPoolFullIsUnavailableNotAnError) {
 }
 
 TEST(Engine, TruncatedReceiveIsAClearError) {
+  std::vector<uint8_t> big(100000, 1), small(1000, 0);  // outlive the comms
   Pair p = connectPair(testOptions(2));
   ASSERT_TRUE(p.send && p.recv);
-  std::vector<uint8_t> big(100000, 1), small(1000, 0);
   Result<Request*> s = p.send->isend(big.data(), big.size());
   ASSERT_TRUE(s.isOk());
   Result<Request*> r = p.recv->irecv(small.data(), small.size());
@@ -460,9 +460,9 @@ TEST(Engine, TruncatedReceiveIsAClearError) {
 }
 
 TEST(Engine, TruncatedInlineReceive) {
+  std::vector<uint8_t> msg(200, 1), small(10, 0);  // outlive the comms
   Pair p = connectPair(testOptions(1));
   ASSERT_TRUE(p.send && p.recv);
-  std::vector<uint8_t> msg(200, 1), small(10, 0);
   ASSERT_TRUE(p.send->isend(msg.data(), msg.size()).isOk());
   Result<Request*> r = p.recv->irecv(small.data(), small.size());
   ASSERT_TRUE(r.isOk());
@@ -475,9 +475,9 @@ TEST(Engine, TruncatedInlineReceive) {
 }
 
 TEST(Engine, PeerClosingMidReceiveFailsPendingReceiveInBoundedTime) {
+  std::vector<uint8_t> buf(1 << 20);  // outlives the comms
   Pair p = connectPair(testOptions(4));
   ASSERT_TRUE(p.send && p.recv);
-  std::vector<uint8_t> buf(1 << 20);
   Result<Request*> r = p.recv->irecv(buf.data(), buf.size());
   ASSERT_TRUE(r.isOk());
   auto t0 = std::chrono::steady_clock::now();
@@ -491,10 +491,10 @@ TEST(Engine, PeerClosingMidReceiveFailsPendingReceiveInBoundedTime) {
 }
 
 TEST(Engine, ReceiverGoneFailsSendsInBoundedTime) {
+  std::vector<uint8_t> buf(8 << 20, 3);  // outlives the comms
   Pair p = connectPair(testOptions(2));
   ASSERT_TRUE(p.send && p.recv);
   p.recv.reset();
-  std::vector<uint8_t> buf(8 << 20, 3);
   Status last;
   bool failed = pollFor(10, [&] {
     Result<Request*> r = p.send->isend(buf.data(), buf.size());
