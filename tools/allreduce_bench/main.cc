@@ -179,7 +179,9 @@ int run(const Args& a) {
                 "algbw GB/s", "busbw GB/s", "gloo us", "algbw GB/s", "busbw GB/s", "busbw x");
   }
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
-  uint32_t tag = 0;
+#if BAGUA_BENCH_HAVE_GLOO
+  uint32_t tag = 0;  // gloo collective tags
+#endif
   for (size_t bytes : a.sizes) {
     const size_t count = bytes / 4;
     std::vector<float> buf(count);
