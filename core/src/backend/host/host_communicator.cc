@@ -108,6 +108,9 @@ HostCommunicator::HostCommunicator(std::unique_ptr<Transport> transport, const H
 }
 
 HostCommunicator::~HostCommunicator() {
+  // An operation still running (a peer that never joins) would otherwise hold the join up to
+  // the collective timeout. Data already handed to the transport still reaches the peers.
+  transport_->abort("communicator destroyed");
   worker_.request_stop();
   queueCv_.notify_all();
   if (worker_.joinable()) {
