@@ -47,9 +47,10 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
       built_ = true;
     }
     if (launched_) {
-      return BAGUA_ERROR(kFailedPrecondition,
-                         "decentralized: forward started before the previous exchange was "
-                         "collected (call finishBackward() every iteration)");
+      // A forward inside noSync() (the reducer skips post-backward there): the weights have not
+      // been stepped since the exchange started, so it stays valid and is applied at the next
+      // post-backward.
+      return Status::ok();
     }
     if ((ddp.trainStep() - 1) % interval_ != 0) {
       return Status::ok();
