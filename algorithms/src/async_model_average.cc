@@ -11,6 +11,55 @@
 
 namespace bagua::algo {
 
+namespace {
+
+// The weight lock: a flag under a mutex with deadline waits. (std::timed_mutex would do, but its
+// try_lock_until goes through pthread_mutex_clocklock, which ThreadSanitizer does not see, so
+// every unlock was reported as an unlock of an unlocked mutex.)
+class WeightLock {
+ public:
+  bool lockUntil(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return !held_; })) {
+      return false;
+    }
+    held_ = true;
+    return true;
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = false;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
+// Scoped holder for the averaging thread.
+class WeightGuard {
+ public:
+  WeightGuard(WeightLock& lock, bool held) : lock_(lock), held_(held) {}
+  ~WeightGuard() {
+    if (held_) {
+      lock_.unlock();
+    }
+  }
+  WeightGuard(const WeightGuard&) = delete;
+  WeightGuard& operator=(const WeightGuard&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  WeightLock& lock_;
+  bool held_;
+};
+
+}  // namespace
+
 class AsyncImpl final : public core::AlgorithmImpl {
  public:
   AsyncImpl(AsyncModelAverage* owner, bool mainStage, core::ProcessGroup& mainGroup,
@@ -103,7 +152,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::yield();
     }
-    if (!weightMu_.try_lock_until(deadline)) {
+    if (!weightMu_.lockUntil(deadline)) {
       return BAGUA_ERROR(kDeadlineExceeded,
                          "async: the averaging thread held the weights for more than %lld ms",
                          static_cast<long long>(lockTimeout().count()));
@@ -175,11 +224,11 @@ class AsyncImpl final : public core::AlgorithmImpl {
   }
 
   // Averaging thread: announces itself so the trainer's next forward waits for it.
-  std::unique_lock<std::timed_mutex> lockWeights() {
+  bool lockWeights() {
     loopWantsLock_.store(true, std::memory_order_release);
-    std::unique_lock<std::timed_mutex> lock(weightMu_, lockTimeout());
+    const bool held = weightMu_.lockUntil(std::chrono::steady_clock::now() + lockTimeout());
     loopWantsLock_.store(false, std::memory_order_release);
-    return lock;
+    return held;
   }
 
   Status loopStatus() {
@@ -229,8 +278,8 @@ class AsyncImpl final : public core::AlgorithmImpl {
       }
       // 2. Snapshot the weights between two training iterations' forward+backward.
       {
-        std::unique_lock<std::timed_mutex> lock = lockWeights();
-        if (!lock.owns_lock()) {
+        WeightGuard guard(weightMu_, lockWeights());
+        if (!guard.held()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
         detail::gatherWeights(*params_, view_, temp_.data());
@@ -241,8 +290,8 @@ class AsyncImpl final : public core::AlgorithmImpl {
                                 ->wait(timeout));
       // 4. w += mean - snapshot: local updates made meanwhile are kept.
       {
-        std::unique_lock<std::timed_mutex> lock = lockWeights();
-        if (!lock.owns_lock()) {
+        WeightGuard guard(weightMu_, lockWeights());
+        if (!guard.held()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
         for (size_t k = 0; k < view_.params.size(); ++k) {
@@ -277,7 +326,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
   std::vector<core::Parameter>* params_ = nullptr;
 
   // Averaging thread (temp_, reduced_), weights under weightMu_.
-  std::timed_mutex weightMu_;
+  WeightLock weightMu_;
   std::vector<float> temp_;
   std::vector<float> reduced_;
   std::atomic<bool> aborted_{false};
