@@ -253,18 +253,39 @@ Status HostCommunicator::ringAllReduce(uint8_t* data, size_t count, DataType dty
   const size_t seg = std::max(es, options_.segmentBytes / es * es);
   const int next = (r + 1) % n;
   const int prev = (r - 1 + n) % n;
-  // Reduce-scatter: after n-1 steps I own the full reduction of chunk (r + 1) % n.
-  for (int s = 0; s < n - 1; ++s) {
-    const int sendIdx = ((r - s) % n + n) % n;
-    const int recvIdx = ((r - s - 1) % n + n) % n;
-    SendOp so{next, data + off[sendIdx], len[sendIdx]};
-    uint8_t* dst = data + off[recvIdx];
-    RecvOp ro{prev, tmp, len[recvIdx], seg, [&, dst](size_t o, size_t l) {
-                reducer_.reduce(dst + o, tmp + o, l / es, dtype, op);
-              }};
-    BAGUA_RETURN_IF_ERROR(transport_->exchange({&so, 1}, {&ro, 1}, dl));
+  // One exchange for the whole ring, pipelined across steps: the chunk reduced at step s is
+  // forwarded at step s + 1 segment by segment as its reduction completes (ready[s]), and in
+  // the all-gather each chunk is forwarded while it is still arriving. Receives from `prev`
+  // complete in order, so step s + 1 writes tmp only after step s's segments were reduced.
+  const int steps = 2 * (n - 1);
+  std::vector<size_t> ready(static_cast<size_t>(steps), 0);
+  std::vector<SendOp> sends(static_cast<size_t>(steps));
+  std::vector<RecvOp> recvs(static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    int sendIdx, recvIdx;
+    if (s < n - 1) {  // reduce-scatter: afterwards I own chunk (r + 1) % n
+      sendIdx = ((r - s) % n + n) % n;
+      recvIdx = ((r - s - 1) % n + n) % n;
+    } else {  // all-gather, starting from the chunk I own
+      const int t = s - (n - 1);
+      sendIdx = ((r + 1 - t) % n + n) % n;
+      recvIdx = ((r - t) % n + n) % n;
+    }
+    sends[s] = SendOp{next, data + off[sendIdx], len[sendIdx], s == 0 ? nullptr : &ready[s - 1]};
+    size_t* done = &ready[s];
+    if (s < n - 1) {
+      uint8_t* dst = data + off[recvIdx];
+      recvs[s] = RecvOp{prev, tmp, len[recvIdx], seg,
+                        [this, dst, tmp, es, dtype, op, done](size_t o, size_t l) {
+                          reducer_.reduce(dst + o, tmp + o, l / es, dtype, op);
+                          *done = o + l;
+                        }};
+    } else {
+      recvs[s] = RecvOp{prev, data + off[recvIdx], len[recvIdx], seg,
+                        [done](size_t o, size_t l) { *done = o + l; }};
+    }
   }
-  return ringAllGather(data, off, len, (r + 1) % n, dl);
+  return transport_->exchange(sends, recvs, dl);
 }
 
 Status HostCommunicator::ringAllGather(uint8_t* data, const std::vector<size_t>& offsets,

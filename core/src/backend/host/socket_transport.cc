@@ -159,6 +159,8 @@ class SocketTransport final : public Transport {
   struct SendState {
     const SendOp* op;
     size_t done = 0;
+    size_t limit() const { return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len; }
+    bool sendable() const { return done < limit(); }
   };
   struct RecvState {
     RecvOp* op;
@@ -286,14 +288,15 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     bool progress = false;
     bool headsChanged = false;
     for (int p = 0; p < size_; ++p) {
-      if (sendHead[p] != SIZE_MAX) {
+      if (sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable()) {
         SendState& s = ss[sendHead[p]];
         const auto* base = static_cast<const uint8_t*>(s.op->data);
+        const size_t avail = s.limit() - s.done;
         ssize_t n;
         if (local(p)) {
           // Pieces of at most 256 KiB so the receiver can start copying out early.
           n = static_cast<ssize_t>(
-              shm_->trySend(p, base + s.done, std::min<size_t>(s.op->len - s.done, 256 * 1024)));
+              shm_->trySend(p, base + s.done, std::min<size_t>(avail, 256 * 1024)));
           if (n > 0) {
             wake(p);
           } else {
@@ -301,7 +304,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
             errno = EAGAIN;
           }
         } else {
-          n = ::send(fds_[p].get(), base + s.done, s.op->len - s.done, MSG_NOSIGNAL | MSG_DONTWAIT);
+          n = ::send(fds_[p].get(), base + s.done, avail, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         if (n > 0) {
           s.done += static_cast<size_t>(n);
@@ -410,8 +413,9 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       // flag is caught here, one that changes it after sees the flag and sends a wake-up byte.
       shm_->setSleeping(true);
       for (int p = 0; p < size_ && !shmReady; ++p) {
-        if (local(p) && ((sendHead[p] != SIZE_MAX && shm_->canSend(p)) ||
-                         (recvHead[p] != SIZE_MAX && shm_->canRecv(p)))) {
+        if (local(p) &&
+            ((sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable() && shm_->canSend(p)) ||
+             (recvHead[p] != SIZE_MAX && shm_->canRecv(p)))) {
           shmReady = true;
         }
       }
@@ -425,7 +429,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
           // that clears it and sends the byte.
           ev = !closed_[p] ? POLLIN : 0;
         } else {
-          if (sendHead[p] != SIZE_MAX) {
+          if (sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable()) {
             ev |= POLLOUT;
           }
           if (recvHead[p] != SIZE_MAX) {

@@ -32,6 +32,10 @@ struct SendOp {
   int peer = 0;
   const void* data = nullptr;
   size_t len = 0;
+  // When set, only the first *ready bytes may be sent yet; the caller raises it (from a
+  // receive's onSegment in the same exchange) as data becomes available. This is how a ring
+  // forwards a chunk while it is still arriving.
+  const size_t* ready = nullptr;
 };
 
 struct RecvOp {
