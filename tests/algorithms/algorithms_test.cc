@@ -911,6 +911,103 @@ TEST(AsyncModelAverage, WarmupThenResumeAbortSequences) {
   }
 }
 
+// ---- Bagua's test_gradient_allreduce and test_model_switch ------------------------------------
+
+TEST(BaguaCases, GradientAllReduceRanksBitwiseEqual) {
+  TrainSpec spec;
+  spec.world = 4;
+  spec.steps = 10;
+  spec.grad = toyGrad;
+  spec.algorithm = [](int) { return createAlgorithm("gradient_allreduce", {}); };
+  std::vector<std::vector<float>> got;
+  ASSERT_EQ(train(spec, &got), "");
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_EQ(got[r], got[0]) << "rank " << r;
+  }
+}
+
+// One model re-wrapped through every algorithm in turn (bytegrad -> decentralized ->
+// gradient_allreduce -> qadam -> async -> low_precision_decentralized), a few steps each; each
+// wrap re-broadcasts rank 0's weights, so the ranks agree right after every switch.
+TEST(BaguaCases, ModelSwitch) {
+  constexpr int kWorld = 2;
+  auto store = std::make_shared<core::InMemoryStore>();
+  auto res = testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto pg = makeGroup(store, r, kWorld, -1, false);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Toy toy(r);
+        std::vector<Parameter> buffers;
+        const std::vector<std::pair<std::string, AlgorithmArgs>> order = {
+            {"bytegrad", {{"hierarchical", "false"}}},
+            {"decentralized", {{"hierarchical", "false"}}},
+            {"gradient_allreduce", {}},
+            {"qadam", {{"hierarchical", "false"}}},
+            {"async", {{"sync_interval_ms", "2"}, {"warmup_steps", "2"}}},
+            {"low_precision_decentralized", {{"hierarchical", "false"}}},
+        };
+        for (const auto& [name, args] : order) {
+          core::Sgd sgd(toy.params, 0.1f);
+          QAdamOptions qo;
+          qo.warmupSteps = 2;
+          auto qadam = QAdamOptimizer::create(toy.params, qo);
+          if (!qadam.isOk()) {
+            return qadam.status().toString();
+          }
+          core::Optimizer* opt = name == "qadam" ? static_cast<core::Optimizer*>(qadam->get())
+                                                 : static_cast<core::Optimizer*>(&sgd);
+          auto algo = createAlgorithm(name, args, qadam->get());
+          if (!algo.isOk()) {
+            return algo.status().toString();
+          }
+          auto ddp = core::withBagua(toy.params, buffers, {opt}, *algo, **pg);
+          if (!ddp.isOk()) {
+            return name + ": " + ddp.status().toString();
+          }
+          // Right after wrapping every rank holds rank 0's weights: report a checksum.
+          double sum = 0;
+          for (float f : toy.flat()) {
+            sum += f;
+          }
+          double theirs = sum;
+          auto w = (*pg)->global().broadcast(&theirs, 1, core::DataType::kF64, 0);
+          RETURN_IF_FAILED(w->wait(20s));
+          if (theirs != sum) {
+            return name + ": weights differ from rank 0's right after wrapping";
+          }
+          for (int step = 0; step < 5; ++step) {
+            RETURN_IF_FAILED((*ddp)->prepareForward());
+            size_t base = 0;
+            for (size_t k = 0; k < kSizes.size(); ++k) {
+              for (size_t i = 0; i < kSizes[k]; ++i) {
+                toy.grad[k][i] = toyGrad(r, step, base + i);
+              }
+              base += kSizes[k];
+            }
+            for (int k = 1; k >= 0; --k) {
+              RETURN_IF_FAILED((*ddp)->markGradReady(k));
+            }
+            RETURN_IF_FAILED((*ddp)->finishBackward());
+            RETURN_IF_FAILED((*ddp)->step());
+          }
+          if (name == "async") {
+            RETURN_IF_FAILED(static_cast<AsyncModelAverage&>(**algo).abort());
+          }
+          for (float f : toy.flat()) {
+            if (!std::isfinite(f)) {
+              return name + ": non-finite weight";
+            }
+          }
+        }
+        return "";
+      },
+      90s);
+  EXPECT_EQ(testing::joinFailures(res), "");
+}
+
 // ---- Factory -----------------------------------------------------------------------------------
 
 TEST(Factory, NamesDefaultsAndStrictArguments) {
