@@ -88,6 +88,28 @@ run_case bagua LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGI
 log "summary"
 python3 "$ROOT/bench/gpu/summarize.py" "$OUT" socket socket-4x4 bagua | tee "$OUT/summary.md"
 
+# Extra Bagua-Net settings to compare, as "label:VAR=value,VAR=value" words (same run, up to the
+# size given by BAGUA_GPU_EXTRA_MAX); e.g. BAGUA_GPU_EXTRA="speed100:BAGUA_NET_SPEED_MBPS=100000".
+if [ -n "${BAGUA_GPU_EXTRA:-}" ]; then
+  labels=(socket bagua)
+  for case in $BAGUA_GPU_EXTRA; do
+    label="${case%%:*}"; vars="${case#*:}"
+    MAX_SAVED="$MAX"; MAX="${BAGUA_GPU_EXTRA_MAX:-$MAX}"
+    # shellcheck disable=SC2086
+    run_case "$label" LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua \
+      NCCL_NET=Bagua ${vars//,/ }
+    MAX="$MAX_SAVED"
+    labels+=("$label")
+  done
+  python3 "$ROOT/bench/gpu/summarize.py" "$OUT" "${labels[@]}" | tee "$OUT/summary-extra.md"
+fi
+
+# GPU kernels' own benchmarks, when built.
+if [ -x "$BUILD/bench/algorithms_bench" ]; then
+  log "compression kernels (algorithms_bench, CUDA)"
+  timeout 120 "$BUILD/bench/algorithms_bench" --benchmark_filter='BM_Cuda' 2>&1 | tail -20
+fi
+
 if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ]; then
   log "test suite"
   timeout 240 meson test -C "$BUILD" --print-errorlogs --num-processes 12 > "$OUT/tests.log" 2>&1
