@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -104,8 +105,8 @@ class Baguarun : public ::testing::Test {
   }
   void TearDown() override {
     if (!dir_.empty()) {
-      std::string cmd = "rm -rf '" + dir_ + "'";
-      (void)std::system(cmd.c_str());
+      std::error_code ec;  // best effort
+      std::filesystem::remove_all(dir_, ec);
     }
   }
   std::string read(const std::string& name) {
