@@ -89,7 +89,7 @@ run_case bagua LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGI
 log "summary"
 python3 "$ROOT/bench/gpu/summarize.py" "$OUT" socket socket-4x4 bagua | tee "$OUT/summary.md"
 
-# Extra Bagua-Net settings to compare, as "label:VAR=value,VAR=value" words (same run, up to the
+# Extra Bagua-Net settings to compare, as "label:VAR=value+VAR=value" words (same run, up to the
 # size given by BAGUA_GPU_EXTRA_MAX); e.g. BAGUA_GPU_EXTRA="speed100:BAGUA_NET_SPEED_MBPS=100000".
 if [ -n "${BAGUA_GPU_EXTRA:-}" ]; then
   labels=(socket bagua)
@@ -98,7 +98,7 @@ if [ -n "${BAGUA_GPU_EXTRA:-}" ]; then
     MAX_SAVED="$MAX"; MAX="${BAGUA_GPU_EXTRA_MAX:-$MAX}"
     # shellcheck disable=SC2086
     run_case "$label" LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua \
-      NCCL_NET=Bagua ${vars//,/ }
+      NCCL_NET=Bagua ${vars//+/ }
     MAX="$MAX_SAVED"
     labels+=("$label")
   done
@@ -119,5 +119,21 @@ if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ]; then
   # Which gtest cases skipped, and why (GPU tests must not skip here).
   grep -h -A2 '\[  SKIPPED \]' "$BUILD"/meson-logs/testlog.txt 2>/dev/null | head -20
   echo "test suite rc=$rc"
+  # What each failing test said (its failed cases and the lines around them).
+  python3 - "$BUILD/meson-logs/testlog.json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    if t.get("result") in ("OK", "SKIP", "EXPECTEDFAIL"):
+        continue
+    print(f"--- {t['name']}: {t['result']}")
+    out = (t.get("stdout") or "").splitlines() + (t.get("stderr") or "").splitlines()
+    keep = set()
+    for i, l in enumerate(out):
+        if "Failure" in l or "FAILED" in l or "error" in l.lower():
+            keep.update(range(max(0, i - 3), min(len(out), i + 8)))
+    for i in sorted(keep)[:80]:
+        print(out[i])
+PY
 fi
 
