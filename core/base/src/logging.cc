@@ -109,11 +109,6 @@ LogParams& logParams() {
 }
 
 struct LoggerState {
-  LoggerState() = default;
-  LoggerState(const LoggerState&) = delete;
-  LoggerState& operator=(const LoggerState&) = delete;
-  ~LoggerState();
-
   std::array<std::atomic<int>, static_cast<size_t>(LogCategory::kCount)> thresholds{};
   std::atomic<bool> configured{false};
   std::once_flag once;
@@ -123,23 +118,10 @@ struct LoggerState {
   std::atomic<int> rank{-1};
 };
 
-// Note [Logger lifetime]: the logger is a function-local static, not a leaked heap object, so
-// that unloading the NCCL plugin (dlclose) frees it: a plugin that is loaded and unloaded per
-// communicator must not leak on every cycle. A static destroyed at exit (or dlclose) could be
-// used by a later destructor that logs; this flag, constant-initialised and trivially
-// destructible, turns such late messages into no-ops instead of touching a dead object.
-constinit std::atomic<bool> gLoggerGone{false};
-
-LoggerState::~LoggerState() {
-  gLoggerGone.store(true, std::memory_order_release);
-  if (fd != STDERR_FILENO) {
-    ::close(fd);
-  }
-}
-
 LoggerState& state() {
-  static LoggerState s;
-  return s;
+  // Leaked on purpose: logging must work from destructors of other statics.
+  static LoggerState* s = new LoggerState();
+  return *s;
 }
 
 std::string expandPath(const std::string& pattern) {
@@ -263,9 +245,8 @@ void defaultSink(int fd, LogLevel level, LogCategory category, const char* file,
 }  // namespace
 
 ParamCatalogue& baseParams() {
-  // A static object, not a leaked one: see Note [Logger lifetime].
-  static ParamCatalogue catalogue("base", "logging shared by every bagua library");
-  static const bool declared = [](ParamCatalogue* c) {
+  static ParamCatalogue* catalogue = [] {
+    auto* c = new ParamCatalogue("base", "logging shared by every bagua library");
     c->addEnum("BAGUA_LOG_LEVEL", "warn",
                {{"trace", "everything, when built with -Dtrace=true"},
                 {"debug", "per-connection and per-bucket detail"},
@@ -282,10 +263,9 @@ ParamCatalogue& baseParams() {
                  "Write log lines to this file instead of stderr; %h expands to the host name, "
                  "%p to the pid.",
                  "a file path (may contain %h and %p)");
-    return true;
-  }(&catalogue);
-  (void)declared;
-  return catalogue;
+    return c;
+  }();
+  return *catalogue;
 }
 
 const char* logLevelName(LogLevel level) {
@@ -297,9 +277,6 @@ const char* logCategoryName(LogCategory category) {
 }
 
 bool logEnabled(LogLevel level, LogCategory category) {
-  if (gLoggerGone.load(std::memory_order_acquire)) {
-    return false;
-  }
   ensureConfigured();
   return static_cast<int>(level) >=
          state().thresholds[static_cast<size_t>(category)].load(std::memory_order_relaxed);
