@@ -757,6 +757,12 @@ TEST(PluginFault, PeerProcessKilledMidTransferFailsInBoundedTime) {
     return recvComm != nullptr;
   }));
   EXPECT_EQ(api->closeListen(listenComm), ncclSuccess);
+  // The receive is posted only once the child is dead: until then nothing drains the streams,
+  // so the 256 MiB send cannot finish however fast the machine is (on a 32-core host it did,
+  // within the child's 20 ms, when the receive was posted first).
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "child did not die as planned, status " << status;
   std::vector<uint8_t> rbuf(256u << 20);
   void* data = rbuf.data();
   size_t cap = rbuf.size();
@@ -766,9 +772,6 @@ TEST(PluginFault, PeerProcessKilledMidTransferFailsInBoundedTime) {
   int size = 0;
   ncclResult_t r = waitTest(*api, req, &size, 20);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int status = 0;
-  waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status)) << "child did not die as planned, status " << status;
   EXPECT_TRUE(r == ncclRemoteError || r == ncclSystemError) << "got " << r;
   EXPECT_LT(secs, 10.0);
   EXPECT_EQ(api->closeRecv(recvComm), ncclSuccess);
