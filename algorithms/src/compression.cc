@@ -118,6 +118,12 @@ void minMaxDecompressChunk(const uint8_t* segment, size_t n, float* out) {
   float mx = 0.0f;
   std::memcpy(&mn, segment, sizeof(float));
   std::memcpy(&mx, segment + sizeof(float), sizeof(float));
+  if (std::isnan(mn) || std::isnan(mx)) {
+    // A non-finite chunk: every element is the quiet NaN, with the same bits on CPU and GPU
+    // (NaN arithmetic would leave the payload to the hardware).
+    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
   const float scale = 255.0f / (mx - mn + kMinMaxEps);
   const float lower = roundHalfEven(mx * scale) - 255.0f;
   const uint8_t* q = segment + kMinMaxHeaderBytes;

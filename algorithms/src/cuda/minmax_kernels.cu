@@ -157,6 +157,12 @@ __global__ void dequantise(const uint8_t* src, size_t numel, size_t c, size_t lo
     const uint8_t* seg = src + chunk * stride;
     const float mn = reinterpret_cast<const float*>(seg)[0];
     const float mx = reinterpret_cast<const float*>(seg)[1];
+    // A NaN header marks a non-finite chunk. Write the CPU's quiet NaN explicitly: arithmetic
+    // on a NaN yields the GPU's canonical 0x7fffffff, not the header's bits.
+    if (isnan(mn) || isnan(mx)) {
+      dst[e] = __uint_as_float(kNanBits);
+      continue;
+    }
     const float scale = 255.0f / (mx - mn + kEps);
     const float lower = rintf(mx * scale) - 255.0f;
     dst[e] = (static_cast<float>(seg[32 + (e - chunk * c)]) + lower) / scale;
