@@ -332,34 +332,31 @@ Result<bool> RedisStore::get(std::string_view key, std::string& value) {
   return true;
 }
 
-Status RedisStore::getMany(std::span<const std::string_view> keys,
-                           std::vector<std::optional<std::string>>& values) {
-  values.assign(keys.size(), std::nullopt);
+Status RedisStore::pipelinePerServer(
+    size_t count, const std::function<std::string_view(size_t)>& keyOf, const char* command,
+    const std::function<void(size_t, std::vector<const char*>&, std::vector<size_t>&)>& addArgs,
+    const std::function<Status(const std::vector<size_t>&, const redisReply&)>& onReply) {
   std::vector<std::vector<size_t>> perServer(servers_.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    perServer[serverFor(keys[i])].push_back(i);
+  for (size_t i = 0; i < count; ++i) {
+    perServer[serverFor(keyOf(i))].push_back(i);
   }
-  // One MGET per server, all sent before any reply is read. A server that fails leaves its keys
-  // missing; the others' values are still returned, with the first error.
   std::vector<std::unique_ptr<Conn>> conns(servers_.size());
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   Status first;
   for (size_t s = 0; s < servers_.size(); ++s) {
-    const std::vector<size_t>& idx = perServer[s];
-    if (idx.empty()) {
+    if (perServer[s].empty()) {
       continue;
     }
-    argv.assign(1, "MGET");
-    lens.assign(1, 4);
-    for (size_t i : idx) {
-      argv.push_back(keys[i].data());
-      lens.push_back(keys[i].size());
+    argv.assign(1, command);
+    lens.assign(1, std::strlen(command));
+    for (size_t i : perServer[s]) {
+      addArgs(i, argv, lens);
     }
     auto conn = std::make_unique<Conn>(*this, *servers_[s]);
     Status st = conn->open();
     if (st.isOk()) {
-      st = conn->send(argv, lens, "MGET");
+      st = conn->send(argv, lens, command);
     }
     if (st.isOk()) {
       conns[s] = std::move(conn);
@@ -371,27 +368,39 @@ Status RedisStore::getMany(std::span<const std::string_view> keys,
     if (conns[s] == nullptr) {
       continue;
     }
-    const std::vector<size_t>& idx = perServer[s];
-    Result<Reply> r = conns[s]->receive("MGET");
-    Status st = r.isOk() ? Status() : r.takeStatus();
-    if (st.isOk() && ((*r)->type != REDIS_REPLY_ARRAY || (*r)->elements != idx.size())) {
-      st = BAGUA_ERROR(kRemoteError, "redis MGET of %zu keys answered with type %d, %zu elements",
-                       idx.size(), (*r)->type, static_cast<size_t>((*r)->elements));
-    }
-    if (!st.isOk()) {
-      if (first.isOk()) {
-        first = std::move(st);
-      }
-      continue;
-    }
-    for (size_t j = 0; j < idx.size(); ++j) {
-      const redisReply* e = (*r)->element[j];
-      if (e->type == REDIS_REPLY_STRING) {
-        values[idx[j]].emplace(e->str, e->len);
-      }
+    Result<Reply> r = conns[s]->receive(command);
+    Status st = r.isOk() ? onReply(perServer[s], **r) : r.takeStatus();
+    if (!st.isOk() && first.isOk()) {
+      first = std::move(st);
     }
   }
   return first;
+}
+
+Status RedisStore::getMany(std::span<const std::string_view> keys,
+                           std::vector<std::optional<std::string>>& values) {
+  values.assign(keys.size(), std::nullopt);
+  // A server that fails leaves its keys missing; the others' values are still returned.
+  return pipelinePerServer(
+      keys.size(), [&](size_t i) { return keys[i]; }, "MGET",
+      [&](size_t i, std::vector<const char*>& argv, std::vector<size_t>& lens) {
+        argv.push_back(keys[i].data());
+        lens.push_back(keys[i].size());
+      },
+      [&](const std::vector<size_t>& idx, const redisReply& r) -> Status {
+        if (r.type != REDIS_REPLY_ARRAY || r.elements != idx.size()) {
+          return BAGUA_ERROR(kRemoteError,
+                             "redis MGET of %zu keys answered with type %d, %zu elements",
+                             idx.size(), r.type, static_cast<size_t>(r.elements));
+        }
+        for (size_t j = 0; j < idx.size(); ++j) {
+          const redisReply* e = r.element[j];
+          if (e->type == REDIS_REPLY_STRING) {
+            values[idx[j]].emplace(e->str, e->len);
+          }
+        }
+        return Status::ok();
+      });
 }
 
 Status RedisStore::put(std::string_view key, std::string_view value) {
@@ -405,50 +414,16 @@ Status RedisStore::put(std::string_view key, std::string_view value) {
 }
 
 Status RedisStore::putMany(std::span<const KeyValue> items) {
-  std::vector<std::vector<size_t>> perServer(servers_.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    perServer[serverFor(items[i].key)].push_back(i);
-  }
-  // One MSET per server, all sent before any reply is read. A server that is down loses its
-  // part of the batch; the other servers still get theirs.
-  std::vector<std::unique_ptr<Conn>> conns(servers_.size());
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  Status first;
-  for (size_t s = 0; s < servers_.size(); ++s) {
-    const std::vector<size_t>& idx = perServer[s];
-    if (idx.empty()) {
-      continue;
-    }
-    argv.assign(1, "MSET");
-    lens.assign(1, 4);
-    for (size_t i : idx) {
-      argv.push_back(items[i].key.data());
-      lens.push_back(items[i].key.size());
-      argv.push_back(items[i].value.data());
-      lens.push_back(items[i].value.size());
-    }
-    auto conn = std::make_unique<Conn>(*this, *servers_[s]);
-    Status st = conn->open();
-    if (st.isOk()) {
-      st = conn->send(argv, lens, "MSET");
-    }
-    if (st.isOk()) {
-      conns[s] = std::move(conn);
-    } else if (first.isOk()) {
-      first = std::move(st);
-    }
-  }
-  for (auto& conn : conns) {
-    if (conn == nullptr) {
-      continue;
-    }
-    Result<Reply> r = conn->receive("MSET");
-    if (!r.isOk() && first.isOk()) {
-      first = r.takeStatus();
-    }
-  }
-  return first;
+  // A server that is down loses its part of the batch; the other servers still get theirs.
+  return pipelinePerServer(
+      items.size(), [&](size_t i) { return std::string_view(items[i].key); }, "MSET",
+      [&](size_t i, std::vector<const char*>& argv, std::vector<size_t>& lens) {
+        argv.push_back(items[i].key.data());
+        lens.push_back(items[i].key.size());
+        argv.push_back(items[i].value.data());
+        lens.push_back(items[i].value.size());
+      },
+      [](const std::vector<size_t>&, const redisReply&) { return Status::ok(); });
 }
 
 Result<uint64_t> RedisStore::numKeys() {

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@
 #include "bagua/base/status.h"
 #include "bagua/dataset_cache/backend.h"
 #include "bagua/dataset_cache/local_redis_server.h"
+
+struct redisReply;  // hiredis, used only by the implementation
 
 namespace bagua::cache {
 
@@ -83,6 +86,15 @@ class RedisStore final : public CacheBackend {
   class Conn;
 
   explicit RedisStore(RedisOptions options);
+
+  // Sends one `command` per server that holds any of the `count` items (keyOf(i) places item
+  // i; addArgs appends its arguments), all before any reply is read, then hands each server's
+  // reply to onReply with that server's item indices. A server that fails leaves its items out;
+  // the others still complete, and the first error is returned.
+  Status pipelinePerServer(
+      size_t count, const std::function<std::string_view(size_t)>& keyOf, const char* command,
+      const std::function<void(size_t, std::vector<const char*>&, std::vector<size_t>&)>& addArgs,
+      const std::function<Status(const std::vector<size_t>&, const redisReply&)>& onReply);
 
   RedisOptions options_;
   std::vector<LocalRedisServer> spawned_;
