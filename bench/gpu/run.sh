@@ -111,6 +111,19 @@ if [ -x "$BUILD/bench/algorithms_bench" ]; then
   timeout 120 "$BUILD/bench/algorithms_bench" --benchmark_filter='BM_Cuda' 2>&1 | tail -20
 fi
 
+# Further GPU steps, one script per capability (bench/gpu/steps/NN-name.sh, run in order). Each
+# gets ROOT, BUILD, OUT, NCCL_HOME_DIR and PLUGIN_DIR in its environment, prints a short summary
+# on stdout and keeps its detail in "$OUT/<name>.log" (folded into gpu-logs.tgz at the end).
+export ROOT BUILD OUT NCCL_HOME_DIR PLUGIN_DIR
+if [ "$STANDALONE" = 0 ]; then
+  for step in "$ROOT"/bench/gpu/steps/*.sh; do
+    [ -e "$step" ] || continue
+    log "step $(basename "$step")"
+    timeout "${BAGUA_GPU_STEP_TIMEOUT:-240}" bash "$step" 2>&1 | tail -40
+    echo "step $(basename "$step") rc=${PIPESTATUS[0]}"
+  done
+fi
+
 if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ]; then
   log "test suite"
   timeout 240 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 12 > "$OUT/tests.log" 2>&1
@@ -137,3 +150,8 @@ for line in open(sys.argv[1]):
 PY
 fi
 
+# The device tool brings back only a few files: fold every log and JSON into one archive and keep
+# the summaries beside it.
+( cd "$OUT" && ls | grep -v -E '^(summary.*\.md|gpu-logs\.tgz)$' > .fold-list && \
+  tar czf gpu-logs.tgz -T .fold-list && xargs rm -f < .fold-list && rm -f .fold-list ) || true
+ls "$OUT"
