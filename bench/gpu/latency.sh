@@ -13,7 +13,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   meson setup "$BUILD" --buildtype=release -Dnccl_home="$NCCL_HOME_DIR" -Dtests=false \
     -Dbenchmarks=disabled -Dredis=disabled > "$OUT/lat-configure.log" 2>&1 || { tail -30 "$OUT/lat-configure.log"; exit 1; }
 fi
-ninja -C "$BUILD" tools/nccl_bench/bagua-nccl-bench net_plugin/libnccl-net.so > "$OUT/lat-build.log" 2>&1 \
+ninja -C "$BUILD" tools/nccl_bench/bagua-nccl-bench net_plugin/libnccl-net.so net_plugin/libnccl-net-bagua.so > "$OUT/lat-build.log" 2>&1 \
   || { grep -A12 FAILED "$OUT/lat-build.log" | head -40; exit 1; }
 BENCH="$BUILD/tools/nccl_bench/bagua-nccl-bench"; PLUGIN_DIR="$BUILD/net_plugin"
 NETPATH=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
@@ -24,7 +24,7 @@ one() {  # label, env...
   env "${NETPATH[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING,NET "$@" timeout 120 "$BENCH" \
     --ranks 2 --min 64K --max 4M --iters 50 --warmup 10 --label "$label" > "$OUT/lat-$label.log" 2>&1
   echo "--- $label rc=$?"
-  grep -v ' NCCL INFO ' "$OUT/lat-$label.log" | grep -E '^ +[0-9]' | awk '{printf "%s:%s ", $1, $2} END {print ""}'
+  grep -v " NCCL INFO " "$OUT/lat-$label.log" | grep -E '^ +[0-9]' | awk '{printf "%s:%s ", $1, $2} END {print ""}'
   grep -E 'AllReduce.*(Algo|algorithm|proto)' "$OUT/lat-$label.log" | sed -E 's/.*NCCL INFO //' | sort | uniq -c | sort -rn | head -4
 }
 one socket "${SOCK[@]}"
@@ -39,3 +39,4 @@ for c in ${BAGUA_LAT_EXTRA:-}; do
   one "$l" "${BAG[@]}" ${v//+/ }
 done
 grep -h -E 'Bagua|NET/' "$OUT"/lat-bagua.log | sed -E 's/.*NCCL INFO //' | sort -u | head -12
+( cd "$OUT" && tar czf lat-logs.tgz lat-*.log && rm -f lat-*.log )
