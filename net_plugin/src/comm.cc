@@ -84,6 +84,37 @@ void CommCore::fail(Status status) {
     }
   }
   wake();
+  signal();
+}
+
+void CommCore::abortNow(Status status) {
+  fail(std::move(status));
+  if (control_.valid()) {
+    ::shutdown(control_.get(), SHUT_RDWR);
+  }
+  for (Fd& fd : data_) {
+    if (fd.valid()) {
+      ::shutdown(fd.get(), SHUT_RDWR);
+    }
+  }
+}
+
+void Notifier::notify() {
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+void Notifier::waitChange(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  while (epoch_.load(std::memory_order_seq_cst) == seen &&
+         std::chrono::steady_clock::now() < deadline) {
+    cv_.wait_until(lock, deadline);
+  }
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 Status CommCore::failure() {
@@ -105,6 +136,7 @@ void CommCore::contribute(Slot* slot, int64_t delta) {
   int64_t after = before + delta;
   if (after == 0) {
     slot->done.store(true, std::memory_order_release);
+    signal();
   } else if (after < 0) {
     fail(BAGUA_ERROR(kRemoteError,
                      "peer sent more data than message %llu holds (protocol violation)",
@@ -528,6 +560,7 @@ Status RecvComm::Impl::pumpControl(bool* waitingForPost) {
         ctrlClosed_ = true;
         closedStreams_.fetch_add(1, std::memory_order_acq_rel);
         wake();
+        signal();
         return Status::ok();
       }
       if (ctrlGot_ < sizeof(ctrlBuf_)) {
@@ -620,6 +653,7 @@ void RecvComm::Impl::dataLoop(int stream) {
       if (cleanEof) {
         closedStreams_.fetch_add(1, std::memory_order_acq_rel);
         wake();
+        signal();
         return;
       }
       ioError(std::move(s), "chunk header", stream);
@@ -662,6 +696,12 @@ SendComm::~SendComm() = default;
 Result<Request*> SendComm::isend(const void* data, size_t size) {
   return impl_->isend(data, size);
 }
+void SendComm::setNotifier(Notifier* notifier) {
+  impl_->setNotifier(notifier);
+}
+void SendComm::abort(const std::string& why) {
+  impl_->abortNow(BAGUA_ERROR(kAborted, "send comm aborted: %s", why.c_str()));
+}
 int SendComm::nStreams() const {
   return impl_->nStreams();
 }
@@ -673,6 +713,12 @@ RecvComm::RecvComm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RecvComm::~RecvComm() = default;
 Result<Request*> RecvComm::irecv(void* data, size_t capacity) {
   return impl_->irecv(data, capacity);
+}
+void RecvComm::setNotifier(Notifier* notifier) {
+  impl_->setNotifier(notifier);
+}
+void RecvComm::abort(const std::string& why) {
+  impl_->abortNow(BAGUA_ERROR(kAborted, "receive comm aborted: %s", why.c_str()));
 }
 int RecvComm::nStreams() const {
   return impl_->nStreams();

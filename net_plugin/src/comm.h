@@ -85,6 +85,10 @@ class CommCore {
   virtual void callerProgress() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }
+  void setNotifier(Notifier* notifier) { notifier_.store(notifier, std::memory_order_release); }
+  // Fails the comm with `status` and shuts its sockets down (threads keep running until the
+  // destructor; they see errors or end of stream and stop on their own).
+  void abortNow(Status status);
 
  protected:
   // Stops and joins the helper threads (called by the derived destructor first).
@@ -99,6 +103,12 @@ class CommCore {
   bool waitUntil(Pred pred, Park& park);
   // Wakes every parked thread (new receive posted, failure, stop).
   void wake();
+  // Bumps the caller's Notifier, if any (a request completed, the comm failed, a stream closed).
+  void signal() {
+    if (Notifier* n = notifier_.load(std::memory_order_acquire)) {
+      n->notify();
+    }
+  }
   // Handles an I/O error of a helper thread: quiet while stopping, else fails the comm.
   void ioError(Status status, const char* where, int stream);
 
@@ -117,6 +127,7 @@ class CommCore {
   Park park_;      // control thread; receive threads waiting for an irecv
   Park dataPark_;  // send data threads waiting for chunks
   std::vector<std::jthread> threads_;
+  std::atomic<Notifier*> notifier_{nullptr};
 };
 
 struct SendComm::Impl : public CommCore {

@@ -56,9 +56,13 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -152,6 +156,30 @@ class Request;
 class SendComm;
 class RecvComm;
 
+// A completion signal that several comms may share, so that a caller waiting on many requests
+// can sleep instead of spinning on test(). A comm given a Notifier (setNotifier, before its first
+// request) bumps it from its helper threads whenever one of its requests completes, the comm
+// fails, or the peer closes a stream. Usage: seen = epoch(); test the requests; if none finished,
+// waitChange(seen, deadline). (Requests completed by the caller's own isend/test bump it too,
+// which only costs the caller one more look.) Thread-safe; must outlive the comms using it.
+class Notifier {
+ public:
+  Notifier() = default;
+  Notifier(const Notifier&) = delete;
+  Notifier& operator=(const Notifier&) = delete;
+
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  // Returns once epoch() != seen, or at the deadline.
+  void waitChange(uint64_t seen, std::chrono::steady_clock::time_point deadline);
+  void notify();
+
+ private:
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
 // Receiving side of connection set-up. Not thread-safe (one caller at a time).
 class Listener {
  public:
@@ -206,6 +234,11 @@ class SendComm {
 
   // Posts a send of [data, data+size). size 0 is allowed. kUnavailable: no free slot, retry.
   Result<Request*> isend(const void* data, size_t size);
+  // See Notifier. Call before the first isend; nullptr detaches.
+  void setNotifier(Notifier* notifier);
+  // Any thread: shuts the streams down (the peer sees the connection close at once) and fails
+  // every pending and later request with kAborted and `why`. The comm must still be destroyed.
+  void abort(const std::string& why);
   int nStreams() const;
   const SocketAddress& peer() const;
 
@@ -224,6 +257,10 @@ class RecvComm {
 
   // Posts a receive into [data, data+capacity). kUnavailable: no free slot, retry.
   Result<Request*> irecv(void* data, size_t capacity);
+  // See Notifier. Call before the first irecv; nullptr detaches.
+  void setNotifier(Notifier* notifier);
+  // As SendComm::abort.
+  void abort(const std::string& why);
   int nStreams() const;
   const SocketAddress& peer() const;
 
