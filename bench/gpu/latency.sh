@@ -22,7 +22,7 @@ BAG=(LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NC
 one() {  # label, env...
   local label="$1"; shift
   env "${NETPATH[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING,NET "$@" timeout 120 "$BENCH" \
-    --ranks 2 --min 64K --max 4M --iters 50 --warmup 10 --label "$label" > "$OUT/lat-$label.log" 2>&1
+    --ranks 2 --min 64K --max "${LAT_MAX:-4M}" --iters 50 --warmup 10 --label "$label" > "$OUT/lat-$label.log" 2>&1
   echo "--- $label rc=$?"
   grep -v " NCCL INFO " "$OUT/lat-$label.log" | grep -E '^ +[0-9]' | awk '{printf "%s:%s ", $1, $2} END {print ""}'
   grep -E 'AllReduce.*(Algo|algorithm|proto)' "$OUT/lat-$label.log" | sed -E 's/.*NCCL INFO //' | sort | uniq -c | sort -rn | head -4
@@ -38,5 +38,5 @@ for c in ${BAGUA_LAT_EXTRA:-}; do
   # shellcheck disable=SC2086
   one "$l" "${BAG[@]}" ${v//+/ }
 done
-grep -h -E 'Bagua|NET/' "$OUT"/lat-bagua.log | sed -E 's/.*NCCL INFO //' | sort -u | head -12
+grep -h -E 'Bagua|NET/|TUNER' "$OUT"/lat-bagua.log | sed -E 's/.*NCCL INFO //' | sort -u | head -12
 ( cd "$OUT" && tar czf lat-logs.tgz lat-*.log && rm -f lat-*.log )

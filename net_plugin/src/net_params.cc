@@ -72,6 +72,35 @@ struct Holder {
                                   Result<int> f = parseAddressFamily(v);
                                   return f.isOk() ? Status::ok() : f.status();
                                 }),
+            catalogue.addEnum(
+                "BAGUA_NET_TUNER", "auto",
+                {{"auto",
+                  "on when the communicator spans nodes, or NCCL_P2P_DISABLE and "
+                  "NCCL_SHM_DISABLE both force GPUs of one host onto the network"},
+                 {"on", "always"},
+                 {"off", "never: NCCL's own model decides"}},
+                "The tuner exported from the same library (NCCL loads it when "
+                "NCCL_TUNER_PLUGIN is unset). NCCL's cost model prices a 400 Gbps port as an "
+                "RDMA NIC and picks LL up to 1 MiB; over TCP LL's flag lines cost 2.3x Simple "
+                "at 1 MiB. The tuner keeps LL to small messages and caps channels for "
+                "mid-sized ones."),
+            catalogue.addBytes("BAGUA_NET_TUNER_LL_MAX", 128 * 1024, 0, uint64_t{1} << 30,
+                               "Largest collective (bytes) for which the tuner lets NCCL "
+                               "choose the LL protocol."),
+            catalogue.addBytes("BAGUA_NET_TUNER_CHANNEL_BYTES", 2 << 20, 0, uint64_t{1} << 40,
+                               "The tuner gives a collective at most max(MIN_CHANNELS, "
+                               "ceil(bytes / this)) channels (fewer, larger messages per TCP "
+                               "connection for mid sizes); 0 leaves the channel count to NCCL."),
+            catalogue.addInt("BAGUA_NET_TUNER_MIN_CHANNELS", 2, 1, 64,
+                             "Fewest channels the tuner's cap allows."),
+            catalogue.addString("NCCL_P2P_DISABLE", "",
+                                "NCCL's own variable, read (never changed) by the tuner's auto "
+                                "mode: non-zero means GPUs of one host do not use P2P.",
+                                "an integer, as NCCL reads it"),
+            catalogue.addString("NCCL_SHM_DISABLE", "",
+                                "NCCL's own variable, read (never changed) by the tuner's auto "
+                                "mode: non-zero means GPUs of one host do not use shared memory.",
+                                "an integer, as NCCL reads it"),
         } {}
 };
 

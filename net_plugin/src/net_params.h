@@ -21,6 +21,13 @@ struct NetParams {
   Param<std::string>& schedule;
   Param<std::string>& ifname;
   Param<std::string>& family;
+  // The tuner (tuner.h).
+  Param<std::string>& tuner;
+  Param<uint64_t>& tunerLlMax;
+  Param<uint64_t>& tunerChannelBytes;
+  Param<int64_t>& tunerMinChannels;
+  Param<std::string>& ncclP2pDisable;
+  Param<std::string>& ncclShmDisable;
 };
 
 // The catalogue's parameters by name (built on first call together with netParams()).
