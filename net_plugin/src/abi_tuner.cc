@@ -23,8 +23,8 @@ struct Context {
 void say(ncclDebugLogger_t logger, ncclDebugLogLevel level, const char* what,
          const std::string& text) {
   if (logger != nullptr) {
-    logger(level, static_cast<unsigned long>(NCCL_INIT) | NCCL_TUNING, __FILE__, __LINE__, "TUNER/Bagua %s%s", what,
-           text.c_str());
+    logger(level, static_cast<unsigned long>(NCCL_INIT) | NCCL_TUNING, __FILE__, __LINE__,
+           "TUNER/Bagua %s%s", what, text.c_str());
   }
 }
 

@@ -46,9 +46,9 @@ typedef struct {
 
 // NCCL's tuning constants as v5 hands them to init (in/out; we leave them alone).
 typedef struct {
-  double baseLatencies[7][3];      // [algorithm][protocol]
-  double hwLatencies[3][7][3];     // [NVLink, PCI, NET][algorithm][protocol]
-  double llMaxBws[4][3];           // [compute capability][tuning scale]
+  double baseLatencies[7][3];   // [algorithm][protocol]
+  double hwLatencies[3][7][3];  // [NVLink, PCI, NET][algorithm][protocol]
+  double llMaxBws[4][3];        // [compute capability][tuning scale]
   double perChMaxRingLL128Bws[4][3];
   double perChMaxTreeLL128Bws[4][3];
   double perChMaxTreeBws[4][3];
@@ -85,7 +85,8 @@ typedef struct {
 
 }  // extern "C"
 
-// ---- Layouts (LP64) ------------------------------------------------------------------------------
+// ---- Layouts (LP64)
+// ------------------------------------------------------------------------------
 static_assert(sizeof(ncclFunc_t) == 4);
 static_assert(sizeof(ncclNvlDomainInfo_v5_t) == 12);
 static_assert(offsetof(ncclTunerConstants_v5_t, hwLatencies) == 7 * 3 * 8);

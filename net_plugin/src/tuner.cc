@@ -60,8 +60,8 @@ Policy::Policy(const TunerConfig& config, size_t nRanks, size_t nNodes) : config
     summary_ = strPrintf(
         "active for %zu ranks on %zu nodes (%s): LL up to %llu bytes, channels capped at "
         "max(%d, bytes/%llu)",
-        nRanks, nNodes, why, static_cast<unsigned long long>(config.llMaxBytes),
-        config.minChannels, static_cast<unsigned long long>(config.channelBytes));
+        nRanks, nNodes, why, static_cast<unsigned long long>(config.llMaxBytes), config.minChannels,
+        static_cast<unsigned long long>(config.channelBytes));
   } else {
     summary_ = strPrintf("inactive for %zu ranks on %zu nodes (%s): NCCL's own choices stand",
                          nRanks, nNodes, why);

@@ -419,7 +419,7 @@ void closePair(Api& api, Conn& c) {
 
 // ---- tests -------------------------------------------------------------------------------------
 
-TEST(PluginSo, ExportsOnlyNcclNetPluginSymbols) {
+TEST(PluginSo, ExportsOnlyNcclNetAndTunerPluginSymbols) {
   std::string path = pluginPath();
   if (path.empty()) {
     GTEST_SKIP() << "BAGUA_NET_PLUGIN_PATH not set (run through meson test)";
@@ -460,6 +460,9 @@ TEST(PluginSo, ExportsOnlyNcclNetPluginSymbols) {
   std::vector<std::string> want;
   for (int v = 6; v <= 11; ++v) {
     want.push_back("ncclNetPlugin_v" + std::to_string(v));
+  }
+  for (int v = 3; v <= 5; ++v) {
+    want.push_back("ncclTunerPlugin_v" + std::to_string(v));
   }
   std::sort(want.begin(), want.end());
   EXPECT_EQ(exported, want);
