@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -79,8 +80,14 @@ void CommCore::fail(Status status) {
     if (!failed_.load(std::memory_order_relaxed)) {
       error_ = std::move(status);
       failed_.store(true, std::memory_order_release);
-      BAGUA_LOG_WARN(kNet, "%s comm with %s failed: %s", sender_ ? "send" : "receive",
-                     peer_.toString().c_str(), error_.toString().c_str());
+      // An abort is the owner's decision (it knows why and says so); other failures warn.
+      if (error_.code() == StatusCode::kAborted) {
+        BAGUA_LOG_DEBUG(kNet, "%s comm with %s aborted: %s", sender_ ? "send" : "receive",
+                        peer_.toString().c_str(), error_.toString().c_str());
+      } else {
+        BAGUA_LOG_WARN(kNet, "%s comm with %s failed: %s", sender_ ? "send" : "receive",
+                       peer_.toString().c_str(), error_.toString().c_str());
+      }
     }
   }
   wake();
@@ -224,6 +231,14 @@ Status CommCore::testSlot(Slot* slot, bool* done, size_t* size) {
 SendComm::Impl::Impl(Fd control, std::vector<Fd> data, const EngineOptions& options,
                      SocketAddress peer)
     : CommCore(std::move(control), std::move(data), options, peer, /*sender=*/true) {
+  if (options_.slowStreamBytesPerSec > 0 && !data_.empty()) {
+    // Fault injection (EngineOptions::slowStreamBytesPerSec): the kernel paces stream 0.
+    uint64_t rate = options_.slowStreamBytesPerSec;
+    if (setsockopt(data_[0].get(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) != 0) {
+      BAGUA_LOG_WARN(kNet, "cannot pace data stream 0 to %llu B/s: %s",
+                     static_cast<unsigned long long>(rate), std::strerror(errno));
+    }
+  }
   threads_.emplace_back([this] {
     setThreadName("bagua-net-sc");
     controlLoop();
@@ -431,6 +446,7 @@ void SendComm::Impl::roundRobinLoop(int stream) {
         ioError(std::move(s), "chunk", stream);
         return;
       }
+      streamBytes_[stream].fetch_add(length, std::memory_order_relaxed);
       contribute(slot, -static_cast<int64_t>(length));
     }
     contribute(slot, -1);  // this stream has passed the message
@@ -463,8 +479,17 @@ void SendComm::Impl::dataLoop(int stream) {
       ioError(std::move(s), "chunk", stream);
       return;
     }
+    streamBytes_[stream].fetch_add(length, std::memory_order_relaxed);
     contribute(slot, -static_cast<int64_t>(length));
   }
+}
+
+std::vector<uint64_t> SendComm::Impl::bytesPerStream() const {
+  std::vector<uint64_t> v(static_cast<size_t>(nStreams()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = streamBytes_[i].load(std::memory_order_relaxed);
+  }
+  return v;
 }
 
 // ---- receive side ------------------------------------------------------------------------------
@@ -698,6 +723,9 @@ Result<Request*> SendComm::isend(const void* data, size_t size) {
 }
 void SendComm::setNotifier(Notifier* notifier) {
   impl_->setNotifier(notifier);
+}
+std::vector<uint64_t> SendComm::bytesPerStream() const {
+  return impl_->bytesPerStream();
 }
 void SendComm::abort(const std::string& why) {
   impl_->abortNow(BAGUA_ERROR(kAborted, "send comm aborted: %s", why.c_str()));

@@ -138,6 +138,7 @@ struct SendComm::Impl : public CommCore {
   Impl& operator=(const Impl&) = delete;
 
   Result<Request*> isend(const void* data, size_t size);
+  std::vector<uint64_t> bytesPerStream() const;
 
  private:
   void controlLoop();
@@ -161,6 +162,7 @@ struct SendComm::Impl : public CommCore {
   std::atomic<uint64_t> claimSeq_{0};  // written under claimMu_
   uint64_t claimOffset_ = 0;           // guarded by claimMu_
   uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin)
+  std::atomic<uint64_t> streamBytes_[kMaxStreams] = {};  // payload per data stream (stats)
 };
 
 struct RecvComm::Impl : public CommCore {

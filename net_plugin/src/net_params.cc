@@ -72,6 +72,10 @@ struct Holder {
                                   Result<int> f = parseAddressFamily(v);
                                   return f.isOk() ? Status::ok() : f.status();
                                 }),
+            catalogue.addBytes("BAGUA_NET_SLOW_STREAM_RATE", 0, 0, uint64_t{1} << 40,
+                               "Fault injection for benchmarks: pace data stream 0 of every "
+                               "send comm to this many bytes/s (SO_MAX_PACING_RATE), one slow "
+                               "flow among fast ones. 0 (default): off."),
             catalogue.addEnum(
                 "BAGUA_NET_TUNER", "auto",
                 {{"auto",
@@ -133,6 +137,7 @@ Result<EngineOptions> EngineOptions::fromParams() {
   BAGUA_ASSIGN_OR_RETURN(o.helloTimeoutMs, p.helloTimeoutMs.get());
   BAGUA_ASSIGN_OR_RETURN(std::string schedule, p.schedule.get());
   o.schedule = schedule == "roundrobin" ? Schedule::kRoundRobin : Schedule::kDynamic;
+  BAGUA_ASSIGN_OR_RETURN(o.slowStreamBytesPerSec, p.slowStreamRate.get());
   BAGUA_RETURN_IF_ERROR(o.validate());
   return o;
 }

@@ -21,6 +21,7 @@ struct NetParams {
   Param<std::string>& schedule;
   Param<std::string>& ifname;
   Param<std::string>& family;
+  Param<uint64_t>& slowStreamRate;
   // The tuner (tuner.h).
   Param<std::string>& tuner;
   Param<uint64_t>& tunerLlMax;

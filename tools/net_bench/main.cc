@@ -420,6 +420,7 @@ struct Options {
   double seconds = 0.3;
   std::string json;
   bool demo = false;
+  std::string slowStream;  // BAGUA_NET_SLOW_STREAM_RATE for the plugin runs ("" = off)
 };
 
 std::string defaultPluginPath() {
@@ -439,9 +440,12 @@ void usage() {
       "usage: bagua-net-bench [--plugin PATH] [--sizes 64K,1M,16M] [--streams 1,2,4,8]\n"
       "                       [--window 8] [--conns 1] [--seconds 0.3]\n"
       "                       [--latency-sizes 8,64K,1M] [--json FILE] [--demo]\n"
+      "                       [--slow-stream RATE]\n"
       "Throughput (GB/s) and one-way latency (us) of the Bagua-Net plugin over loopback, with\n"
       "baselines from the same run: one plain TCP socket ('tcp') and our engine with an\n"
-      "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n");
+      "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n"
+      "--slow-stream RATE (bytes/s, K/M/G suffixes) paces data stream 0 of every plugin\n"
+      "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n");
 }
 
 Options parseArgs(int argc, char** argv) {
@@ -473,6 +477,8 @@ Options parseArgs(int argc, char** argv) {
       o.json = next();
     } else if (a == "--demo") {
       o.demo = true;
+    } else if (a == "--slow-stream") {
+      o.slowStream = next();
     } else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -515,8 +521,18 @@ int main(int argc, char** argv) {
   if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {
     setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
   }
+  if (!o.slowStream.empty()) {
+    // The plugin validates it (and fails init naming the key if it is not a byte count).
+    setenv("BAGUA_NET_SLOW_STREAM_RATE", o.slowStream.c_str(), 1);
+  }
   unsigned cores = std::thread::hardware_concurrency();
   std::printf("Bagua-Net loopback benchmark: %s\n", o.plugin.c_str());
+  if (!o.slowStream.empty()) {
+    std::printf(
+        "  SLOW STREAM: data stream 0 of every plugin connection paced to %s B/s (the\n"
+        "  tcp baseline is not paced)\n",
+        o.slowStream.c_str());
+  }
   std::printf("  %d connection(s) in parallel, %d requests in flight per side, %u CPU cores\n",
               o.conns, o.window, cores);
   std::printf("  tcp = one plain TCP socket per connection; rr = equal split round-robin over N\n");

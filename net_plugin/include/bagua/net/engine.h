@@ -97,6 +97,10 @@ struct EngineOptions {
   int64_t spinUs = 0;                      // helper threads spin this long before parking
   int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
   Schedule schedule = Schedule::kDynamic;  // BAGUA_NET_SCHEDULE
+  // Fault injection for benchmarks and tests (BAGUA_NET_SLOW_STREAM_RATE): when non-zero, data
+  // stream 0 of every send comm is paced to this many bytes/s by the kernel (SO_MAX_PACING_RATE),
+  // i.e. one slow flow among fast ones, as on a congested path or a bad ECMP hash.
+  uint64_t slowStreamBytesPerSec = 0;
 
   // Options from the catalogue (environment or defaults). Fails on an invalid value, naming it.
   static Result<EngineOptions> fromParams();
@@ -241,6 +245,8 @@ class SendComm {
   void abort(const std::string& why);
   int nStreams() const;
   const SocketAddress& peer() const;
+  // Payload bytes each data stream has sent so far (how the schedule spread the chunks).
+  std::vector<uint64_t> bytesPerStream() const;
 
   struct Impl;
   explicit SendComm(std::unique_ptr<Impl> impl);
