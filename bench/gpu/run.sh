@@ -77,8 +77,8 @@ run_case() {  # label, then env assignments
     --label "$label" --json "$OUT/$label.json" > "$OUT/$label.log" 2>&1
   local rc=$?
   grep -v ' NCCL INFO ' "$OUT/$label.log" | tail -15
-  grep -E 'NET/Plugin|Using network|NET/Bagua.*(streams|NSTREAMS|Using)|Loaded net plugin' \
-    "$OUT/$label.log" | sort -u | head -8
+  grep -E 'NET/Plugin|Using network|NET/Bagua.*(streams|NSTREAMS|Using)|Loaded net plugin|TUNER/Plugin: Using|TUNER/Bagua' \
+    "$OUT/$label.log" | sed -E "s/.*NCCL INFO //" | sort -u | head -10
   echo "rc=$rc"
 }
 
