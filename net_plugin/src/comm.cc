@@ -565,9 +565,13 @@ void RecvComm::Impl::callerProgress() {
     return;
   }
   bool waiting = false;
+  const uint64_t before = ctrlSeq_.load(std::memory_order_relaxed);
   Status s = pumpControl(&waiting);
   if (!s.isOk()) {
     ioError(std::move(s), "control record", -1);
+  }
+  if (ctrlSeq_.load(std::memory_order_relaxed) != before) {
+    park_.wakeAll();  // the control thread may be parked on a record this call consumed
   }
 }
 
@@ -657,7 +661,16 @@ void RecvComm::Impl::controlLoop() {
       return;
     }
     if (waiting) {
-      if (waitPosted(seq) == nullptr) {
+      // Until the receive is posted, or until the caller's test() consumed the record itself
+      // (then the slot may already be recycled, and waiting for its stamp would leave this
+      // thread parked while a caller sleeping on its Notifier waits for the next record).
+      Slot* slot = &slots_[seq % kSlots];
+      if (!waitUntil(
+              [&] {
+                return slot->stamp.load(std::memory_order_acquire) == seq + 1 ||
+                       ctrlSeq_.load(std::memory_order_acquire) > seq;
+              },
+              park_)) {
         return;
       }
       continue;
