@@ -1,0 +1,815 @@
+#include "bagua/autotune/autotuner.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "bagua/autotune/params.h"
+#include "bagua/base/logging.h"
+
+namespace bagua::autotune {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::vector<std::string> splitLines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string line;
+  while (std::getline(in, line)) {
+    out.push_back(line);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- Partition and setting files ---------------------------------------------------------------
+
+std::vector<std::vector<int>> partitionBySize(const std::vector<core::TensorRef>& tensors,
+                                              const std::vector<int>& order, uint64_t bucketBytes) {
+  std::vector<std::vector<int>> out;
+  std::vector<int> open;
+  uint64_t bytes = 0;
+  for (int pos : order) {
+    const core::TensorRef& t = tensors[pos];
+    if (!open.empty()) {
+      const core::TensorRef& head = tensors[open.front()];
+      if (head.dtype != t.dtype || !(head.device == t.device)) {
+        out.push_back(std::move(open));
+        open.clear();
+        bytes = 0;
+      }
+    }
+    open.push_back(pos);
+    bytes += t.bytes();
+    if (bytes >= bucketBytes) {
+      out.push_back(std::move(open));
+      open.clear();
+      bytes = 0;
+    }
+  }
+  if (!open.empty()) {
+    out.push_back(std::move(open));
+  }
+  return out;
+}
+
+namespace {
+
+std::string encode(const Setting& s) {
+  std::string out =
+      strPrintf("bucket_bytes=%llu\n", static_cast<unsigned long long>(s.bucketBytes));
+  for (const auto& [name, v] : s.knobs) {
+    out += strPrintf("knob.%s=%lld\n", name.c_str(), static_cast<long long>(v));
+  }
+  for (const auto& b : s.buckets) {
+    out += "bucket=";
+    for (size_t i = 0; i < b.size(); ++i) {
+      out += (i ? "," : "") + b[i];
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+Result<Setting> decode(const std::vector<std::string>& lines, const std::string& where) {
+  Setting s;
+  bool haveBytes = false;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.empty() || line[0] == '#') {
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) {
+      return BAGUA_ERROR(kInvalidArgument, "%s line %zu: expected key=value, got '%s'",
+                         where.c_str(), i + 1, line.c_str());
+    }
+    const std::string k = line.substr(0, eq);
+    const std::string v = line.substr(eq + 1);
+    if (k == "bucket_bytes") {
+      BAGUA_ASSIGN_OR_RETURN(int64_t b, parseInt(v));
+      if (b <= 0) {
+        return BAGUA_ERROR(kInvalidArgument, "%s: bucket_bytes %lld must be positive",
+                           where.c_str(), static_cast<long long>(b));
+      }
+      s.bucketBytes = static_cast<uint64_t>(b);
+      haveBytes = true;
+    } else if (k.rfind("knob.", 0) == 0) {
+      BAGUA_ASSIGN_OR_RETURN(int64_t kv, parseInt(v));
+      s.knobs[k.substr(5)] = kv;
+    } else if (k == "bucket") {
+      std::vector<std::string> names;
+      std::string cur;
+      std::istringstream in(v);
+      while (std::getline(in, cur, ',')) {
+        names.push_back(cur);
+      }
+      if (names.empty()) {
+        return BAGUA_ERROR(kInvalidArgument, "%s line %zu: empty bucket", where.c_str(), i + 1);
+      }
+      s.buckets.push_back(std::move(names));
+    } else if (k == "score") {
+      BAGUA_ASSIGN_OR_RETURN(s.score, parseDouble(v));
+    } else if (k == "model") {
+      // Informational.
+    } else {
+      return BAGUA_ERROR(kInvalidArgument, "%s line %zu: unknown key '%s'", where.c_str(), i + 1,
+                         k.c_str());
+    }
+  }
+  if (!haveBytes || s.buckets.empty()) {
+    return BAGUA_ERROR(kInvalidArgument, "%s: needs bucket_bytes= and at least one bucket= line",
+                       where.c_str());
+  }
+  return s;
+}
+
+}  // namespace
+
+Status saveSetting(const std::string& path, const std::string& model, const Setting& setting) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) {
+      return BAGUA_ERRNO(errno, "autotune: cannot write " + tmp);
+    }
+    out << "# bagua autotune: best setting found; start a later run from it with "
+           "BAGUA_AUTOTUNE_LOAD_FILE\n";
+    out << "model=" << model << "\n"
+        << strPrintf("score=%.17g\n", setting.score) << encode(setting);
+    if (!out.flush()) {
+      return BAGUA_ERRNO(errno, "autotune: writing " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return BAGUA_ERRNO(errno, "autotune: rename " + tmp + " -> " + path);
+  }
+  return Status::ok();
+}
+
+Result<Setting> loadSetting(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return BAGUA_ERRNO(errno, "autotune: cannot read the saved setting " + path);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return decode(splitLines(ss.str()), path);
+}
+
+// ---- Autotuner --------------------------------------------------------------------------------
+
+struct Autotuner::Resolved {
+  bool enabled = false;
+  int maxSamples = 60;
+  double warmupS = 30;
+  double confidenceS = 5;
+  int checkInterval = 10;
+  int initialSamples = 0;
+  uint64_t seed = 0;
+  std::string logFile;
+  std::string saveFile;
+  std::string loadFile;
+  std::chrono::milliseconds wait{300000};
+};
+
+Autotuner::Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm,
+                     AutotuneOptions options)
+    : ddp_(ddp), algo_(algorithm), options_(std::move(options)), r_(std::make_unique<Resolved>()) {}
+
+Autotuner::~Autotuner() = default;
+
+Result<std::unique_ptr<Autotuner>> Autotuner::create(core::DistributedDataParallel& ddp,
+                                                     Tunable& algorithm, AutotuneOptions options) {
+  std::unique_ptr<Autotuner> t(new Autotuner(ddp, algorithm, std::move(options)));
+  BAGUA_RETURN_IF_ERROR(t->init());
+  return t;
+}
+
+std::string Autotuner::key(const std::string& what) const {
+  return "autotune/" + options_.model + "/" + what;
+}
+
+Status Autotuner::init() {
+  Resolved& r = *r_;
+  const AutotuneOptions& o = options_;
+  if (o.model.empty() || o.model.find('/') != std::string::npos) {
+    return BAGUA_ERROR(kInvalidArgument, "autotune: model name '%s' must be non-empty without '/'",
+                       o.model.c_str());
+  }
+  if (o.enabled) {
+    r.enabled = *o.enabled;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(int64_t level, AutotuneParams::level().get());
+    r.enabled = level >= 1;
+  }
+  auto pick = [](const auto& opt, auto& param, auto& dst) -> Status {
+    if (opt) {
+      dst = *opt;
+      return Status::ok();
+    }
+    BAGUA_ASSIGN_OR_RETURN(auto v, param.get());
+    dst = static_cast<std::remove_reference_t<decltype(dst)>>(v);
+    return Status::ok();
+  };
+  BAGUA_RETURN_IF_ERROR(pick(o.maxSamples, AutotuneParams::maxSamples(), r.maxSamples));
+  BAGUA_RETURN_IF_ERROR(pick(o.warmupTimeS, AutotuneParams::warmupTimeS(), r.warmupS));
+  BAGUA_RETURN_IF_ERROR(
+      pick(o.samplingConfidenceTimeS, AutotuneParams::samplingConfidenceTimeS(), r.confidenceS));
+  BAGUA_RETURN_IF_ERROR(pick(o.checkInterval, AutotuneParams::checkInterval(), r.checkInterval));
+  BAGUA_RETURN_IF_ERROR(pick(o.initialSamples, AutotuneParams::initialSamples(), r.initialSamples));
+  BAGUA_RETURN_IF_ERROR(pick(o.seed, AutotuneParams::seed(), r.seed));
+  BAGUA_RETURN_IF_ERROR(pick(o.logFile, AutotuneParams::logFile(), r.logFile));
+  BAGUA_RETURN_IF_ERROR(pick(o.saveFile, AutotuneParams::saveFile(), r.saveFile));
+  BAGUA_RETURN_IF_ERROR(pick(o.loadFile, AutotuneParams::loadFile(), r.loadFile));
+  if (o.waitTimeout) {
+    r.wait = *o.waitTimeout;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(double w, AutotuneParams::serverWaitTimeS().get());
+    r.wait = std::chrono::milliseconds(static_cast<int64_t>(w * 1000.0));
+  }
+  if (r.maxSamples < 1 || r.checkInterval < 1 || r.warmupS < 0 || r.confidenceS < 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "autotune: max samples (%d) and check interval (%d) must be >= 1, times "
+                       "(%g, %g) >= 0",
+                       r.maxSamples, r.checkInterval, r.warmupS, r.confidenceS);
+  }
+  rank_ = ddp_.group().rank();
+  world_ = ddp_.group().size();
+  for (const core::TensorRef& t : ddp_.tensors()) {
+    if (t.name.find_first_of(",\n=") != std::string::npos) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "autotune: tensor name '%s' contains ',', '=' or a newline, which the "
+                         "setting format cannot carry",
+                         t.name.c_str());
+    }
+    tensorNames_.push_back(t.name);
+  }
+  current_.bucketBytes = static_cast<uint64_t>(ddp_.options().bucketCapMb * 1024.0 * 1024.0);
+  current_.buckets = ddp_.bucketLayout();
+  for (const Knob& k : o.knobs) {
+    current_.knobs[k.dimension.name] = k.initial;
+  }
+  windowStart_ = Clock::now();
+  startedAt_ = windowStart_;
+  windowStartStep_ = ddp_.trainStep();
+
+  if (!r.enabled && r.loadFile.empty()) {
+    state_ = State::kDone;
+    return Status::ok();
+  }
+  if (tensorNames_.empty()) {
+    state_ = State::kSkipped;
+    BAGUA_LOG_INFO(kTune,
+                   "autotune: model %s: the algorithm communicates no gradient buckets "
+                   "(decentralized, low-precision decentralized and async average weights "
+                   "instead), so there is no bucket layout to tune; skipped",
+                   o.model.c_str());
+    return Status::ok();
+  }
+
+  // The search space: bucket size (KiB, log scale) and the extra knobs.
+  uint64_t total = 0;
+  for (const core::TensorRef& t : ddp_.tensors()) {
+    total += t.bytes();
+  }
+  const int64_t loKib = std::max<int64_t>(1, static_cast<int64_t>(o.minBucketBytes / 1024));
+  const uint64_t maxBytes = o.maxBucketBytes ? o.maxBucketBytes : total;
+  const int64_t hiKib = std::max<int64_t>(loKib, static_cast<int64_t>((maxBytes + 1023) / 1024));
+  std::vector<Dimension> dims = {Dimension::logInteger("bucket_kib", loKib, hiKib)};
+  for (const Knob& k : o.knobs) {
+    if (!k.apply) {
+      return BAGUA_ERROR(kInvalidArgument, "autotune: knob %s has no apply function",
+                         k.dimension.name.c_str());
+    }
+    if (!k.dimension.contains(k.initial)) {
+      return BAGUA_ERROR(kInvalidArgument, "autotune: knob %s starts at %lld outside [%lld, %lld]",
+                         k.dimension.name.c_str(), static_cast<long long>(k.initial),
+                         static_cast<long long>(k.dimension.lo),
+                         static_cast<long long>(k.dimension.hi));
+    }
+    dims.push_back(k.dimension);
+  }
+  BAGUA_ASSIGN_OR_RETURN(SearchSpace space, SearchSpace::create(std::move(dims)));
+  currentPoint_.push_back(std::clamp<int64_t>(static_cast<int64_t>(current_.bucketBytes / 1024),
+                                              space.dims()[0].lo, space.dims()[0].hi));
+  for (const Knob& k : o.knobs) {
+    currentPoint_.push_back(k.initial);
+  }
+
+  // Rank 0 reads the saved setting (if any) and tells everyone where to start.
+  core::Store& store = *ddp_.group().store();
+  std::string start = "none\n";
+  if (rank_ == 0) {
+    if (!r.loadFile.empty()) {
+      Result<Setting> s = loadSetting(r.loadFile);
+      if (!s.isOk()) {
+        return s.takeStatus();
+      }
+      // It must name exactly this model's tensors.
+      std::multiset<std::string> have(tensorNames_.begin(), tensorNames_.end());
+      std::multiset<std::string> got;
+      for (const auto& b : s->buckets) {
+        got.insert(b.begin(), b.end());
+      }
+      if (have != got) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "autotune: %s holds a layout of %zu tensors that does not match model "
+                           "%s's %zu tensors (saved by another model?)",
+                           r.loadFile.c_str(), got.size(), o.model.c_str(), have.size());
+      }
+      start = "load\n" + encode(*s);
+      BAGUA_LOG_INFO(kTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
+                     o.model.c_str(), r.loadFile.c_str(),
+                     static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
+    }
+    BAGUA_RETURN_IF_ERROR(store.set(key("start"), core::toBytes(start)));
+    OptimizerOptions bo;
+    bo.seed = r.seed;
+    bo.initialSamples = r.initialSamples;
+    BAGUA_ASSIGN_OR_RETURN(BayesianOptimizer opt, BayesianOptimizer::create(space, bo));
+    bo_ = std::make_unique<BayesianOptimizer>(std::move(opt));
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(key("start"), r.wait));
+    start = core::toString(b);
+  }
+  if (start.rfind("load\n", 0) == 0) {
+    BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(start.substr(5)), "rank 0's start"));
+    BAGUA_RETURN_IF_ERROR(schedule(s));
+    const int bi = 0;
+    currentPoint_[bi] = std::clamp<int64_t>(static_cast<int64_t>(s.bucketBytes / 1024),
+                                            space.dims()[0].lo, space.dims()[0].hi);
+    for (size_t k = 0; k < o.knobs.size(); ++k) {
+      auto it = s.knobs.find(o.knobs[k].dimension.name);
+      if (it != s.knobs.end()) {
+        currentPoint_[k + 1] =
+            std::clamp(it->second, o.knobs[k].dimension.lo, o.knobs[k].dimension.hi);
+      }
+    }
+  }
+  if (!r.enabled) {
+    state_ = State::kDone;
+    return Status::ok();
+  }
+  state_ = r.warmupS > 0 ? State::kWarmup : State::kMeasuring;
+  BAGUA_LOG_INFO(kTune,
+                 "autotune: model %s: %zu tensors (%llu bytes), bucket size searched in [%lld, "
+                 "%lld] KiB, %zu extra knob(s), %d samples, warm-up %gs, window %gs",
+                 o.model.c_str(), tensorNames_.size(), static_cast<unsigned long long>(total),
+                 static_cast<long long>(loKib), static_cast<long long>(hiKib), o.knobs.size(),
+                 r.maxSamples, r.warmupS, r.confidenceS);
+  return Status::ok();
+}
+
+Status Autotuner::schedule(const Setting& s) {
+  const int64_t at = ddp_.trainStep() + 1;
+  BAGUA_RETURN_IF_ERROR(algo_.schedule(at, s.buckets));
+  for (const Knob& k : options_.knobs) {
+    auto it = s.knobs.find(k.dimension.name);
+    if (it == s.knobs.end()) {
+      continue;
+    }
+    auto cur = current_.knobs.find(k.dimension.name);
+    if (cur == current_.knobs.end() || cur->second != it->second || switchSteps_.empty()) {
+      Status st = k.apply(it->second);
+      if (!st.isOk()) {
+        return st.withContext("autotune: applying " + k.dimension.name);
+      }
+    }
+  }
+  current_ = s;
+  pendingSwitch_ = at;
+  switchSteps_.push_back(at);
+  return Status::ok();
+}
+
+Result<Setting> Autotuner::makeSetting(const Point& point) {
+  Setting s;
+  s.bucketBytes = static_cast<uint64_t>(point[0]) * 1024;
+  const auto& tensors = ddp_.tensors();
+  // Tensor order: mean gradient-ready time seen on rank 0 (earliest first).
+  std::vector<int> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (readySamples_ > 0 && readySumNs_.size() == tensors.size()) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return readySumNs_[a] < readySumNs_[b]; });
+  }
+  for (const auto& b : partitionBySize(tensors, order, s.bucketBytes)) {
+    s.buckets.emplace_back();
+    for (int t : b) {
+      s.buckets.back().push_back(tensors[t].name);
+    }
+  }
+  for (size_t k = 0; k < options_.knobs.size(); ++k) {
+    s.knobs[options_.knobs[k].dimension.name] = point[k + 1];
+  }
+  return s;
+}
+
+void Autotuner::logTrial(const Trial& t) {
+  BAGUA_LOG_INFO(
+      kTune,
+      "autotune: model %s trial %d at iteration %lld: bucket %llu bytes (%d buckets)%s "
+      "-> %.3f it/s over %.2fs",
+      options_.model.c_str(), t.index, static_cast<long long>(t.trainStep),
+      static_cast<unsigned long long>(t.setting.bucketBytes), t.bucketCount,
+      [&] {
+        std::string k;
+        for (const auto& [n, v] : t.setting.knobs) {
+          k += strPrintf(" %s=%lld", n.c_str(), static_cast<long long>(v));
+        }
+        return k;
+      }()
+          .c_str(),
+      t.score, t.windowS);
+  if (r_->logFile.empty()) {
+    return;
+  }
+  std::ifstream probe(r_->logFile);
+  const bool fresh = !probe.good() || probe.peek() == std::ifstream::traits_type::eof();
+  probe.close();
+  std::ofstream out(r_->logFile, std::ios::app);
+  if (!out) {
+    BAGUA_LOG_WARN(kTune, "autotune: cannot append to the trial log %s", r_->logFile.c_str());
+    return;
+  }
+  if (fresh) {
+    out << "model,trial,train_iter,bucket_bytes,buckets";
+    for (const Knob& k : options_.knobs) {
+      out << "," << k.dimension.name;
+    }
+    out << ",score_iters_per_s,window_s\n";
+  }
+  out << options_.model << "," << t.index << "," << t.trainStep << "," << t.setting.bucketBytes
+      << "," << t.bucketCount;
+  for (const Knob& k : options_.knobs) {
+    auto it = t.setting.knobs.find(k.dimension.name);
+    out << "," << (it == t.setting.knobs.end() ? 0 : it->second);
+  }
+  out << strPrintf(",%.6f,%.4f\n", t.score, t.windowS);
+}
+
+Status Autotuner::decide(int64_t step, const std::vector<std::pair<int64_t, double>>& reports,
+                         std::string* decision) {
+  *decision = "keep\n";
+  if (state_ == State::kWarmup) {
+    if (secondsSince(startedAt_) >= r_->warmupS) {
+      state_ = State::kMeasuring;
+      *decision = "restart\n";
+    }
+    return Status::ok();
+  }
+  if (state_ != State::kMeasuring) {
+    return Status::ok();
+  }
+  double score = 0;
+  for (const auto& [iters, secs] : reports) {
+    if (iters < 1 || secs <= 0 || secs < r_->confidenceS) {
+      return Status::ok();  // this window is not long enough yet
+    }
+    score += static_cast<double>(iters) / secs;
+  }
+  score /= static_cast<double>(reports.size());
+  Trial t;
+  t.index = static_cast<int>(trials_.size());
+  t.trainStep = step;
+  t.setting = current_;
+  t.setting.score = score;
+  t.score = score;
+  t.windowS = reports[0].second;
+  t.bucketCount = static_cast<int>(current_.buckets.size());
+  trials_.push_back(t);
+  logTrial(t);
+  BAGUA_RETURN_IF_ERROR(bo_->tell(currentPoint_, score));
+  if (static_cast<int>(trials_.size()) >= r_->maxSamples) {
+    // The best setting: highest posterior mean among the sampled points, as a fresh layout in the
+    // learned order; the measured trial with the same point supplies the score for the file.
+    const Point best = *bo_->best();
+    BAGUA_ASSIGN_OR_RETURN(Setting s, makeSetting(best));
+    double sum = 0;
+    int n = 0;
+    const auto& obs = bo_->observations();
+    for (const Observation& ob : obs) {
+      if (ob.point == best) {
+        sum += ob.score;
+        ++n;
+      }
+    }
+    s.score = n ? sum / n : 0.0;
+    currentPoint_ = best;
+    state_ = State::kDone;
+    *decision = "final\n" + encode(s);
+    BAGUA_LOG_INFO(kTune,
+                   "autotune: model %s done after %zu trials: bucket %llu bytes, %zu buckets, "
+                   "%.3f it/s measured",
+                   options_.model.c_str(), trials_.size(),
+                   static_cast<unsigned long long>(s.bucketBytes), s.buckets.size(), s.score);
+    if (!r_->saveFile.empty()) {
+      Status st = saveSetting(r_->saveFile, options_.model, s);
+      if (!st.isOk()) {
+        BAGUA_LOG_WARN(kTune, "autotune: %s", st.toString().c_str());
+      }
+    }
+    return Status::ok();
+  }
+  BAGUA_ASSIGN_OR_RETURN(Point next, bo_->ask());
+  BAGUA_ASSIGN_OR_RETURN(Setting s, makeSetting(next));
+  currentPoint_ = next;
+  *decision = "switch\n" + encode(s);
+  return Status::ok();
+}
+
+Status Autotuner::applyDecision(const std::string& decision) {
+  const size_t nl = decision.find('\n');
+  const std::string kind = decision.substr(0, nl);
+  if (kind == "keep") {
+    return Status::ok();
+  }
+  if (kind == "restart") {
+    state_ = State::kMeasuring;
+    windowStart_ = Clock::now();
+    windowIters_ = 0;
+    return Status::ok();
+  }
+  if (kind != "switch" && kind != "final") {
+    return BAGUA_ERROR(kInternal, "autotune: unknown decision '%s'", kind.c_str());
+  }
+  BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(decision.substr(nl + 1)), "decision"));
+  BAGUA_RETURN_IF_ERROR(schedule(s));
+  state_ = kind == "final" ? State::kDone : State::kMeasuring;
+  return Status::ok();
+}
+
+Status Autotuner::check() {
+  core::Store& store = *ddp_.group().store();
+  const int64_t c = checks_++;
+  const int64_t step = ddp_.trainStep();
+  const double secs = pendingSwitch_ >= 0 ? 0.0 : secondsSince(windowStart_);
+  const std::string mine = strPrintf("%lld %.9f", static_cast<long long>(windowIters_), secs);
+  const std::string prefix = strPrintf("c%lld/", static_cast<long long>(c));
+  std::string decision;
+  if (rank_ == 0) {
+    std::vector<std::pair<int64_t, double>> reports(world_);
+    reports[0] = {windowIters_, secs};
+    std::vector<std::string> keys;
+    for (int r = 1; r < world_; ++r) {
+      keys.push_back(key(prefix + "rep" + std::to_string(r)));
+    }
+    if (!keys.empty()) {
+      Status s = store.wait(keys, r_->wait);
+      if (!s.isOk()) {
+        return s.withContext(
+            strPrintf("autotune: model %s, iteration %lld: waiting for the other "
+                      "ranks' throughput reports",
+                      options_.model.c_str(), static_cast<long long>(step)));
+      }
+    }
+    for (int r = 1; r < world_; ++r) {
+      BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(keys[r - 1], r_->wait));
+      long long it = 0;
+      double sec = 0;
+      if (std::sscanf(core::toString(b).c_str(), "%lld %lf", &it, &sec) != 2) {
+        return BAGUA_ERROR(kInternal, "autotune: rank %d sent a malformed report", r);
+      }
+      reports[r] = {it, sec};
+    }
+    BAGUA_RETURN_IF_ERROR(decide(step, reports, &decision));
+    BAGUA_RETURN_IF_ERROR(store.set(key(prefix + "dec"), core::toBytes(decision)));
+    if (state_ == State::kDone) {
+      // decide() moved to kDone; applyDecision below sets it again.
+      state_ = State::kMeasuring;
+    }
+  } else {
+    BAGUA_RETURN_IF_ERROR(
+        store.set(key(prefix + "rep" + std::to_string(rank_)), core::toBytes(mine)));
+    Result<core::Bytes> b = store.get(key(prefix + "dec"), r_->wait);
+    if (!b.isOk()) {
+      return b.takeStatus().withContext(
+          strPrintf("autotune: model %s, iteration %lld: waiting for rank 0's decision",
+                    options_.model.c_str(), static_cast<long long>(step)));
+    }
+    decision = core::toString(*b);
+  }
+  return applyDecision(decision);
+}
+
+Status Autotuner::onIterationEnd() {
+  if (state_ == State::kDone || state_ == State::kSkipped) {
+    return Status::ok();
+  }
+  const auto t0 = Clock::now();
+  if (ddp_.tensors().size() != tensorNames_.size()) {
+    // The algorithm rebuilt its tensors (e.g. async averaging after its warm-up): every rank
+    // sees this at the same iteration.
+    state_ = State::kSkipped;
+    BAGUA_LOG_INFO(kTune,
+                   "autotune: model %s: the algorithm now communicates %zu tensors instead of %zu; "
+                   "tuning stopped",
+                   options_.model.c_str(), ddp_.tensors().size(), tensorNames_.size());
+    return Status::ok();
+  }
+  ++iterations_;
+  const int64_t step = ddp_.trainStep();
+  if (pendingSwitch_ >= 0 && step >= pendingSwitch_) {
+    // The first iteration on the new layout (re-bucketing included) is not measured.
+    pendingSwitch_ = -1;
+    windowStart_ = t0;
+    windowStartStep_ = step;
+    windowIters_ = 0;
+  } else {
+    ++windowIters_;
+  }
+  if (rank_ == 0) {
+    const std::vector<int64_t>& ready = algo_.readyTimesNs();
+    if (ready.size() == tensorNames_.size()) {
+      readySumNs_.resize(ready.size(), 0.0);
+      for (size_t i = 0; i < ready.size(); ++i) {
+        readySumNs_[i] += static_cast<double>(ready[i]);
+      }
+      ++readySamples_;
+    }
+  }
+  Status s;
+  if (iterations_ % r_->checkInterval == 0) {
+    s = check();
+  }
+  overheadS_ += secondsSince(t0);
+  return s;
+}
+
+// ---- Tunable ----------------------------------------------------------------------------------
+
+class TunableImpl final : public core::AlgorithmImpl {
+ public:
+  TunableImpl(Tunable* owner, std::unique_ptr<core::AlgorithmImpl> inner)
+      : owner_(owner), inner_(std::move(inner)) {}
+
+  bool needReset(core::DistributedDataParallel& ddp) override {
+    // Evaluate the inner algorithm's hook every time (it may keep count of steps).
+    const bool inner = inner_->needReset(ddp);
+    Tunable& o = *owner_;
+    if (o.switchAt_ < 0 || ddp.trainStep() < o.switchAt_) {
+      return inner;
+    }
+    if (ddp.trainStep() == o.switchAt_) {
+      return true;
+    }
+    // The reducer's own one-time rebuild from the ready order (DDP's, in the prepareForward()
+    // of the iteration after the first complete one) runs before this hook and replaces the
+    // buckets; put the tuned layout back in the same prepareForward(). Every rank sees the same
+    // layouts, so they all decide alike. Once the reducer cannot rebuild any more, stop looking.
+    if (o.stable_ || !o.layoutValid_) {
+      return inner;
+    }
+    const core::DdpOptions& opt = ddp.options();
+    o.stable_ = ddp.bucketsRebuilt() || !opt.rebuildBuckets || opt.findUnusedParameters;
+    return inner || ddp.bucketLayout() != o.layout_;
+  }
+  std::vector<core::TensorRef> initTensors(core::DistributedDataParallel& ddp) override {
+    return inner_->initTensors(ddp);
+  }
+  std::vector<std::vector<int>> tensorsToBuckets(const std::vector<core::TensorRef>& tensors,
+                                                 const core::BucketOptions& options) override {
+    if (!owner_->layout_.empty()) {
+      std::map<std::string, int> pos;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        pos[tensors[i].name] = static_cast<int>(i);
+      }
+      std::vector<std::vector<int>> out;
+      size_t placed = 0;
+      bool ok = true;
+      for (const auto& b : owner_->layout_) {
+        out.emplace_back();
+        for (const std::string& n : b) {
+          auto it = pos.find(n);
+          if (it == pos.end()) {
+            ok = false;
+            break;
+          }
+          out.back().push_back(it->second);
+          pos.erase(it);
+          ++placed;
+        }
+      }
+      if (ok && placed == tensors.size()) {
+        owner_->layoutValid_ = true;
+        return out;
+      }
+      owner_->layoutValid_ = false;
+      BAGUA_LOG_WARN(kTune,
+                     "autotune: the tuned layout does not match the algorithm's %zu tensors "
+                     "any more; using the algorithm's own buckets",
+                     tensors.size());
+    }
+    return inner_->tensorsToBuckets(tensors, options);
+  }
+  Status initOperations(core::Bucket& bucket) override { return inner_->initOperations(bucket); }
+  Status runBucket(core::Bucket& bucket, core::ProcessGroup& group) override {
+    return inner_->runBucket(bucket, group);
+  }
+  Status onForwardPre(core::DistributedDataParallel& ddp) override {
+    owner_->iterStart_ = Clock::now();
+    owner_->readyCur_.assign(ddp.tensors().size(), -1);
+    return inner_->onForwardPre(ddp);
+  }
+  Status onBackwardReady(core::DistributedDataParallel& ddp, int tensor) override {
+    if (tensor >= 0 && static_cast<size_t>(tensor) < owner_->readyCur_.size()) {
+      owner_->readyCur_[tensor] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - owner_->iterStart_)
+              .count();
+    }
+    return inner_->onBackwardReady(ddp, tensor);
+  }
+  Status onPostBackward(core::DistributedDataParallel& ddp) override {
+    owner_->readyNs_ = owner_->readyCur_;
+    return inner_->onPostBackward(ddp);
+  }
+  Status onPostOptimizerStep(core::DistributedDataParallel& ddp) override {
+    return inner_->onPostOptimizerStep(ddp);
+  }
+
+ private:
+  Tunable* owner_;
+  std::unique_ptr<core::AlgorithmImpl> inner_;
+};
+
+Result<std::unique_ptr<core::AlgorithmImpl>> Tunable::reify(core::ProcessGroup& group) {
+  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<core::AlgorithmImpl> inner, inner_->reify(group));
+  return std::unique_ptr<core::AlgorithmImpl>(new TunableImpl(this, std::move(inner)));
+}
+
+Status Tunable::schedule(int64_t atStep, std::vector<std::vector<std::string>> layout) {
+  if (layout.empty()) {
+    return BAGUA_ERROR(kInvalidArgument, "autotune: an empty bucket layout");
+  }
+  for (const auto& b : layout) {
+    if (b.empty()) {
+      return BAGUA_ERROR(kInvalidArgument, "autotune: a layout with an empty bucket");
+    }
+  }
+  switchAt_ = atStep;
+  layout_ = std::move(layout);
+  layoutValid_ = false;
+  stable_ = false;
+  return Status::ok();
+}
+
+// ---- TunableAllReduce -------------------------------------------------------------------------
+
+namespace {
+
+class TunableAllReduceImpl final : public core::AlgorithmImpl {
+ public:
+  TunableAllReduceImpl(TunableAllReduce* owner, bool average) : owner_(owner), average_(average) {}
+
+  Status runBucket(core::Bucket& b, core::ProcessGroup& g) override {
+    const auto timeout = g.options().collectiveTimeout;
+    const core::ReduceOp op = average_ ? core::ReduceOp::kAvg : core::ReduceOp::kSum;
+    if (!owner_->hierarchical() || g.intraNode() == nullptr || g.numNodes() == 1) {
+      return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout);
+    }
+    core::Communicator* intra = g.intraNode();
+    BAGUA_RETURN_IF_ERROR(intra->reduce(b.flat, b.flat, b.numel, b.dtype, op, 0)->wait(timeout));
+    if (intra->rank() == 0) {
+      BAGUA_RETURN_IF_ERROR(
+          g.interNode()->allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout));
+    }
+    return intra->broadcast(b.flat, b.numel, b.dtype, 0)->wait(timeout);
+  }
+
+ private:
+  TunableAllReduce* owner_;
+  bool average_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<core::AlgorithmImpl>> TunableAllReduce::reify(core::ProcessGroup& group) {
+  (void)group;
+  return std::unique_ptr<core::AlgorithmImpl>(new TunableAllReduceImpl(this, average_));
+}
+
+Knob TunableAllReduce::knob() {
+  Knob k;
+  k.dimension = Dimension::boolean("hierarchical");
+  k.initial = hierarchical() ? 1 : 0;
+  k.apply = [this](int64_t v) {
+    setHierarchical(v != 0);
+    return Status::ok();
+  };
+  return k;
+}
+
+}  // namespace bagua::autotune
