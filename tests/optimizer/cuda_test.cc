@@ -1,0 +1,159 @@
+// CUDA kernels against the CPU ones: every built-in rule with a CUDA kernel, f32/f64/f16/bf16
+// parameters (f16/bf16 with master weights), fused over a flat buffer on the GPU and stepped on
+// the CPU from the same start: parameters and states equal bit for bit (both sides round every
+// operation the same way: no FMA contraction, IEEE division and square root). Also the GPU
+// inf/NaN check that makes a scaled step skip. Skips with a reason when no GPU is visible.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "bagua/optimizer/elementwise.h"
+#include "bagua/optimizer/grad_scaler.h"
+#include "optimizer_support.h"
+
+namespace bagua::optim {
+namespace {
+
+using core::DataType;
+using testing::Model;
+
+bool haveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A model's tensors copied to the GPU (data and grad), as a Parameter list pointing there.
+struct GpuModel {
+  std::vector<core::Parameter> params;
+  std::vector<void*> allocations;
+  explicit GpuModel(const std::vector<core::Parameter>& host) {
+    for (const auto& h : host) {
+      core::Parameter p = h;
+      void* d = nullptr;
+      void* g = nullptr;
+      cudaMalloc(&d, h.bytes() + 16);
+      cudaMalloc(&g, h.bytes() + 16);
+      cudaMemcpy(d, h.data, h.bytes(), cudaMemcpyHostToDevice);
+      allocations.push_back(d);
+      allocations.push_back(g);
+      p.data = d;
+      p.grad = g;
+      p.device = core::Device{core::DeviceType::kCuda, 0};
+      const size_t idx = params.size();
+      p.setGrad = [this, idx](void* ng) { params[idx].grad = ng; };
+      params.push_back(std::move(p));
+    }
+  }
+  ~GpuModel() {
+    for (void* a : allocations) {
+      cudaFree(a);
+    }
+  }
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+  void uploadGrads(const std::vector<core::Parameter>& host) {
+    for (size_t i = 0; i < host.size(); ++i) {
+      cudaMemcpy(params[i].grad, host[i].grad, host[i].bytes(), cudaMemcpyHostToDevice);
+    }
+  }
+  std::vector<uint8_t> snapshot() const {
+    std::vector<uint8_t> out;
+    for (const auto& p : params) {
+      const size_t at = out.size();
+      out.resize(at + p.bytes());
+      cudaMemcpy(out.data() + at, p.data, p.bytes(), cudaMemcpyDeviceToHost);
+    }
+    return out;
+  }
+};
+
+std::vector<testing::Spec> specs() {
+  return {{1000, DataType::kF32}, {3, DataType::kF32},      {70000, DataType::kF32},
+          {129, DataType::kF64},  {4097, DataType::kF16},   {33, DataType::kF16},
+          {513, DataType::kBF16}, {100000, DataType::kBF16}};
+}
+
+template <class Opt>
+void expectCudaEqualsCpu(const typename Opt::Hyper& h) {
+  Model cpu(specs());
+  GpuModel gpu(cpu.params());
+  OptimizerOptions o;
+  o.threads = 2;
+  auto a = Opt::create(cpu.params(), h, o);
+  auto b = Opt::create(gpu.params, h, o);
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  ASSERT_TRUE((*b)->fuse().isOk());
+  for (int step = 0; step < 6; ++step) {
+    cpu.fillGrads(step);
+    gpu.uploadGrads(cpu.params());
+    ASSERT_TRUE((*a)->plainStep().isOk());
+    Status s = (*b)->step();
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    EXPECT_GT((*b)->lastFusedRuns(), 0u);
+    ASSERT_EQ(gpu.snapshot(), cpu.snapshot()) << Opt::RuleType::kName << " step " << step;
+    auto sa = (*a)->saveState();
+    auto sb = (*b)->saveState();
+    ASSERT_TRUE(sa.isOk() && sb.isOk());
+    ASSERT_EQ(*sa, *sb) << "state after step " << step;
+  }
+}
+
+TEST(Cuda, KernelsEqualCpuBitForBit) {
+  if (!haveGpu()) {
+    GTEST_SKIP() << "no CUDA device visible: the CUDA optimizer kernels are checked on the GPU "
+                    "machine";
+  }
+  SgdRule::Hyper sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  sgd.weightDecay = 0.01;
+  expectCudaEqualsCpu<Sgd>(sgd);
+  AdamRule::Hyper adam;
+  adam.amsgrad = true;
+  adam.weightDecay = 0.1;
+  expectCudaEqualsCpu<Adam>(adam);
+  expectCudaEqualsCpu<AdamW>(AdamWRule::Hyper{});
+  AdagradRule::Hyper ada;
+  ada.lrDecay = 0.1;
+  expectCudaEqualsCpu<Adagrad>(ada);
+  RmspropRule::Hyper rms;
+  rms.centered = true;
+  rms.momentum = 0.5;
+  expectCudaEqualsCpu<Rmsprop>(rms);
+  expectCudaEqualsCpu<Adadelta>(AdadeltaRule::Hyper{});
+}
+
+TEST(Cuda, InfGradientSkipsTheStepOnTheGpu) {
+  if (!haveGpu()) {
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  Model cpu(specs());
+  GpuModel gpu(cpu.params());
+  auto opt = Adam::create(gpu.params, AdamRule::Hyper{});
+  ASSERT_TRUE(opt.isOk());
+  ASSERT_TRUE((*opt)->fuse().isOk());
+  GradScalerOptions so;
+  so.initScale = 64;
+  auto scaler = GradScaler::create(so);
+  ASSERT_TRUE(scaler.isOk());
+  (*opt)->setGradScaler(&*scaler);
+  cpu.fillGrads(0, 64);
+  static_cast<uint16_t*>(cpu.params()[7].grad)[99999] = 0x7f80;  // bf16 +inf
+  gpu.uploadGrads(cpu.params());
+  const auto before = gpu.snapshot();
+  ASSERT_TRUE((*opt)->step().isOk());
+  EXPECT_TRUE((*opt)->lastStepSkipped());
+  EXPECT_EQ(gpu.snapshot(), before);
+  EXPECT_EQ(scaler->scale(), 32.0f);
+  cpu.fillGrads(1, 32);
+  gpu.uploadGrads(cpu.params());
+  ASSERT_TRUE((*opt)->step().isOk());
+  EXPECT_FALSE((*opt)->lastStepSkipped());
+}
+
+}  // namespace
+}  // namespace bagua::optim
