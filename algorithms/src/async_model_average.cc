@@ -282,7 +282,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
         if (!guard.held()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
-        detail::gatherWeights(*params_, view_, temp_.data());
+        BAGUA_RETURN_IF_ERROR(detail::gatherWeights(*params_, view_, temp_.data()));
       }
       // 3. Sum while training goes on.
       BAGUA_RETURN_IF_ERROR(comm.allReduce(temp_.data(), reduced_.data(), temp_.size(),
@@ -370,6 +370,12 @@ Result<std::unique_ptr<core::AlgorithmImpl>> AsyncModelAverage::reify(core::Proc
     return BAGUA_ERROR(kInvalidArgument,
                        "async: sync_interval_ms=%d and warmup_steps=%d must be >= 0",
                        syncIntervalMs_, warmupSteps_);
+  }
+  if (group.global().backendName() == "nccl") {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "async: asynchronous model average on cuda tensors (NCCL backend) is not "
+                       "implemented: its averaging loop locks and updates host weights; use "
+                       "decentralized or gradient_allreduce on GPUs");
   }
   if (warmupSteps_ == 0) {
     mainStage_ = true;

@@ -12,62 +12,54 @@ namespace detail {
 
 namespace {
 
-// The exchange on one communicator (Bagua's steps 1-6).
-Status exchange(float* data, size_t numel, core::Communicator& comm, size_t padMultiple,
-                bool average, std::chrono::milliseconds timeout, ByteGradScratch& s) {
+// The exchange on one communicator (Bagua's steps 1-6). Device steps are synced before each
+// collective reads their output; a collective's Work completed before steps use its output.
+Status exchange(const Exec& x, float* data, size_t numel, core::Communicator& comm,
+                size_t padMultiple, bool average, std::chrono::milliseconds timeout,
+                ByteGradScratch& s) {
   const size_t n = static_cast<size_t>(comm.size());
   const size_t r = static_cast<size_t>(comm.rank());
   const size_t padded = (numel + padMultiple - 1) / padMultiple * padMultiple;
   const size_t c = padded / n;
   const size_t seg = minMaxSegmentBytes(c);
-  s.padded.resize(padded);
-  s.chunks.resize(padded);
-  s.send.resize(n * seg);
-  s.recv.resize(n * seg);
-  std::memcpy(s.padded.data(), data, numel * sizeof(float));
-  std::fill(s.padded.begin() + static_cast<ptrdiff_t>(numel), s.padded.end(), 0.0f);
+  const size_t total = n * seg;
+  BAGUA_RETURN_IF_ERROR(s.padded.ensure(x, padded * sizeof(float)));
+  BAGUA_RETURN_IF_ERROR(s.chunks.ensure(x, padded * sizeof(float)));
+  BAGUA_RETURN_IF_ERROR(s.send.ensure(x, total));
+  BAGUA_RETURN_IF_ERROR(s.recv.ensure(x, total));
+  float* pad = s.padded.f32();
+  BAGUA_RETURN_IF_ERROR(copyBytes(x, pad, data, numel * sizeof(float)));
+  BAGUA_RETURN_IF_ERROR(zeroBytes(x, pad + numel, (padded - numel) * sizeof(float)));
 
   // 1-2: compress every chunk with its own min/max; chunk j goes to rank j.
-  BAGUA_RETURN_IF_ERROR(minMaxCompress(s.padded.data(), padded, n, s.send.data(), s.send.size()));
+  BAGUA_RETURN_IF_ERROR(compress(x, pad, padded, n, s.send.u8(), total, s.workspace));
+  BAGUA_RETURN_IF_ERROR(sync(x, timeout));
   BAGUA_RETURN_IF_ERROR(
-      comm.allToAll(s.send.data(), s.recv.data(), seg, core::DataType::kU8)->wait(timeout));
+      comm.allToAll(s.send.u8(), s.recv.u8(), seg, core::DataType::kU8)->wait(timeout));
   // 3: chunk j of `chunks` is sender j's version of my chunk r.
-  BAGUA_RETURN_IF_ERROR(minMaxDecompress(s.recv.data(), s.recv.size(), padded, n, s.chunks.data()));
-  // 4: reduce into chunk r (float32, senders in rank order).
-  float* mine = s.padded.data() + r * c;
-  std::memcpy(mine, s.chunks.data(), c * sizeof(float));
-  for (size_t j = 1; j < n; ++j) {
-    const float* other = s.chunks.data() + j * c;
-    for (size_t i = 0; i < c; ++i) {
-      mine[i] += other[i];
-    }
-  }
-  if (average) {
-    const float fn = static_cast<float>(n);
-    for (size_t i = 0; i < c; ++i) {
-      mine[i] /= fn;
-    }
-  }
+  BAGUA_RETURN_IF_ERROR(decompress(x, s.recv.u8(), total, padded, n, s.chunks.f32()));
+  // 4: reduce into chunk r (float32, senders in rank order, then / n).
+  BAGUA_RETURN_IF_ERROR(reduceChunks(x, s.chunks.f32(), n, c, average, pad + r * c));
   // 5-6: compress my chunk, all-gather the compressed chunks, everyone decompresses all.
-  BAGUA_RETURN_IF_ERROR(minMaxCompress(s.padded.data(), padded, n, s.send.data(), s.send.size(),
-                                       static_cast<int>(r)));
   BAGUA_RETURN_IF_ERROR(
-      comm.allGather(s.send.data() + r * seg, s.recv.data(), seg, core::DataType::kU8)
-          ->wait(timeout));
-  BAGUA_RETURN_IF_ERROR(minMaxDecompress(s.recv.data(), s.recv.size(), padded, n, s.padded.data()));
-  std::memcpy(data, s.padded.data(), numel * sizeof(float));
-  return Status::ok();
+      compress(x, pad, padded, n, s.send.u8(), total, s.workspace, static_cast<int>(r)));
+  BAGUA_RETURN_IF_ERROR(sync(x, timeout));
+  BAGUA_RETURN_IF_ERROR(
+      comm.allGather(s.send.u8() + r * seg, s.recv.u8(), seg, core::DataType::kU8)->wait(timeout));
+  BAGUA_RETURN_IF_ERROR(decompress(x, s.recv.u8(), total, padded, n, pad));
+  BAGUA_RETURN_IF_ERROR(copyBytes(x, data, pad, numel * sizeof(float)));
+  return sync(x, timeout);
 }
 
 }  // namespace
 
-Status byteGradAllReduce(float* data, size_t numel, core::ProcessGroup& group, bool hierarchical,
-                         bool average, ByteGradScratch& scratch) {
+Status byteGradAllReduce(const Exec& exec, float* data, size_t numel, core::ProcessGroup& group,
+                         bool hierarchical, bool average, ByteGradScratch& scratch) {
   const auto timeout = group.options().collectiveTimeout;
   // Bagua pads every bucket to a multiple of the global size, also in hierarchical mode.
   const size_t padMultiple = static_cast<size_t>(group.size());
   if (!hierarchical) {
-    return exchange(data, numel, group.global(), padMultiple, average, timeout, scratch);
+    return exchange(exec, data, numel, group.global(), padMultiple, average, timeout, scratch);
   }
   core::Communicator* intra = group.intraNode();
   core::Communicator* inter = group.interNode();
@@ -80,7 +72,8 @@ Status byteGradAllReduce(float* data, size_t numel, core::ProcessGroup& group, b
   BAGUA_RETURN_IF_ERROR(
       intra->reduce(data, data, numel, core::DataType::kF32, op, 0)->wait(timeout));
   if (intra->rank() == 0) {
-    BAGUA_RETURN_IF_ERROR(exchange(data, numel, *inter, padMultiple, average, timeout, scratch));
+    BAGUA_RETURN_IF_ERROR(
+        exchange(exec, data, numel, *inter, padMultiple, average, timeout, scratch));
   }
   return intra->broadcast(data, numel, core::DataType::kF32, 0)->wait(timeout);
 }
@@ -100,7 +93,9 @@ class ByteGradImpl final : public core::AlgorithmImpl {
                          "for f32 only",
                          bucket.index, core::dataTypeName(bucket.dtype));
     }
+    BAGUA_ASSIGN_OR_RETURN(detail::Exec exec, detail::execFor(bucket.device, "bytegrad"));
     scratch_.try_emplace(bucket.index);  // created here, on the trainer's thread
+    exec_[bucket.index] = exec;
     return Status::ok();
   }
 
@@ -109,14 +104,15 @@ class ByteGradImpl final : public core::AlgorithmImpl {
     if (it == scratch_.end()) {
       return BAGUA_ERROR(kInternal, "bytegrad: bucket %d was not initialised", b.index);
     }
-    return detail::byteGradAllReduce(static_cast<float*>(b.flat), b.numel, g, hierarchical_,
-                                     average_, it->second);
+    return detail::byteGradAllReduce(exec_.at(b.index), static_cast<float*>(b.flat), b.numel, g,
+                                     hierarchical_, average_, it->second);
   }
 
  private:
   bool hierarchical_;
   bool average_;
   std::map<int, detail::ByteGradScratch> scratch_;
+  std::map<int, detail::Exec> exec_;
 };
 
 }  // namespace

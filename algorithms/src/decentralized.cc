@@ -41,9 +41,10 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
 
   Status onForwardPre(core::DistributedDataParallel& ddp) override {
     if (!built_) {
-      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "decentralized"));
-      peer_.assign(view_.numel, 0.0f);
-      recv_.assign(view_.numel, 0.0f);
+      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "decentralized", true));
+      BAGUA_RETURN_IF_ERROR(peer_.ensure(view_.exec, view_.numel * sizeof(float)));
+      BAGUA_RETURN_IF_ERROR(recv_.ensure(view_.exec, view_.numel * sizeof(float)));
+      timeout_ = ddp.group().options().collectiveTimeout;
       built_ = true;
     }
     if (launched_) {
@@ -56,7 +57,8 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
       return Status::ok();
     }
     // The weights as they are before forward, exchanged while forward and backward run.
-    detail::gatherWeights(ddp.parameters(), view_, peer_.data());
+    BAGUA_RETURN_IF_ERROR(detail::gatherWeights(ddp.parameters(), view_, peer_.f32()));
+    BAGUA_RETURN_IF_ERROR(detail::sync(view_.exec, timeout_));
     core::ProcessGroup& g = ddp.group();
     const int64_t step = commStep_++;
     BAGUA_RETURN_IF_ERROR(worker_.start([this, &g, step] { return exchange(g, step); }));
@@ -71,8 +73,8 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
     launched_ = false;
     const auto timeout = ddp.group().options().collectiveTimeout + std::chrono::seconds(5);
     BAGUA_RETURN_IF_ERROR(worker_.wait(timeout));
-    detail::scatterWeights(ddp.parameters(), view_, peer_.data());
-    return Status::ok();
+    BAGUA_RETURN_IF_ERROR(detail::scatterWeights(ddp.parameters(), view_, peer_.f32()));
+    return detail::sync(view_.exec, timeout);
   }
 
  private:
@@ -83,14 +85,14 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
       return peerAverage(g.global(), step, timeout);
     }
     core::Communicator* intra = g.intraNode();
-    BAGUA_RETURN_IF_ERROR(intra
-                              ->reduce(peer_.data(), peer_.data(), peer_.size(),
-                                       core::DataType::kF32, core::ReduceOp::kAvg, 0)
-                              ->wait(timeout));
+    const size_t n = view_.numel;
+    BAGUA_RETURN_IF_ERROR(
+        intra->reduce(peer_.f32(), peer_.f32(), n, core::DataType::kF32, core::ReduceOp::kAvg, 0)
+            ->wait(timeout));
     if (intra->rank() == 0) {
       BAGUA_RETURN_IF_ERROR(peerAverage(*g.interNode(), step, timeout));
     }
-    return intra->broadcast(peer_.data(), peer_.size(), core::DataType::kF32, 0)->wait(timeout);
+    return intra->broadcast(peer_.f32(), n, core::DataType::kF32, 0)->wait(timeout);
   }
 
   Status peerAverage(core::Communicator& comm, int64_t step, std::chrono::milliseconds timeout) {
@@ -98,21 +100,19 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
     if (n == 1) {
       return Status::ok();
     }
+    const size_t count = view_.numel;
     if (mode_ == PeerSelection::kAll) {
       return comm
-          .allReduce(peer_.data(), peer_.data(), peer_.size(), core::DataType::kF32,
-                     core::ReduceOp::kAvg)
+          .allReduce(peer_.f32(), peer_.f32(), count, core::DataType::kF32, core::ReduceOp::kAvg)
           ->wait(timeout);
     }
     const int peer = Decentralized::shiftOnePeer(comm.rank(), n, step);
-    BAGUA_RETURN_IF_ERROR(comm.sendRecv(peer_.data(), peer_.size(), peer, recv_.data(),
-                                        recv_.size(), peer, core::DataType::kF32)
-                              ->wait(timeout));
+    BAGUA_RETURN_IF_ERROR(
+        comm.sendRecv(peer_.f32(), count, peer, recv_.f32(), count, peer, core::DataType::kF32)
+            ->wait(timeout));
     // (a + b) / 2 is symmetric, so both peers hold bitwise the same average.
-    for (size_t i = 0; i < peer_.size(); ++i) {
-      peer_[i] = (peer_[i] + recv_[i]) / 2.0f;
-    }
-    return Status::ok();
+    BAGUA_RETURN_IF_ERROR(detail::averagePair(view_.exec, peer_.f32(), recv_.f32(), count));
+    return detail::sync(view_.exec, timeout);
   }
 
   bool flat_;
@@ -122,8 +122,9 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
   bool launched_ = false;
   int64_t commStep_ = 0;
   detail::WeightView view_;
-  std::vector<float> peer_;  // my weights, then the average (worker thread while launched_)
-  std::vector<float> recv_;
+  std::chrono::milliseconds timeout_{0};
+  detail::Buffer peer_;  // my weights, then the average (worker thread while launched_)
+  detail::Buffer recv_;
   detail::Worker worker_;  // last: joined before the buffers go
 };
 

@@ -107,7 +107,7 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
   if (name == "gradient_allreduce") {
     BAGUA_ASSIGN_OR_RETURN(bool hierarchical, a.getBool("hierarchical", false));
     BAGUA_ASSIGN_OR_RETURN(bool average, a.getBool("average", true));
-    out = std::make_shared<core::GradientAllReduce>(hierarchical, average);
+    out = std::make_shared<GradientAllReduce>(hierarchical, average);
   } else if (name == "bytegrad") {
     BAGUA_ASSIGN_OR_RETURN(bool hierarchical, a.getBool("hierarchical", true));
     BAGUA_ASSIGN_OR_RETURN(bool average, a.getBool("average", true));

@@ -34,7 +34,7 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
       return Status::ok();
     }
     BAGUA_ASSIGN_OR_RETURN(detail::WeightView all,
-                           detail::makeWeightView(ddp, "low_precision_decentralized"));
+                           detail::makeWeightView(ddp, "low_precision_decentralized", true));
     std::vector<core::TensorRef> refs;
     for (int p : all.params) {
       const core::Parameter& prm = ddp.parameters()[p];
@@ -53,19 +53,24 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
         params.push_back(refs[pos].paramIndex);
       }
       State s;
-      BAGUA_ASSIGN_OR_RETURN(s.view,
-                             detail::makeWeightView(ddp, params, "low_precision_decentralized"));
+      BAGUA_ASSIGN_OR_RETURN(
+          s.view, detail::makeWeightView(ddp, params, "low_precision_decentralized", true));
+      const detail::Exec& x = s.view.exec;
       const size_t n = s.view.numel;
-      s.x.assign(n, 0.0f);
-      detail::gatherWeights(ddp.parameters(), s.view, s.x.data());
-      s.w = s.x;
-      s.l = s.x;
-      s.r = s.x;
-      s.d.assign(n, 0.0f);
-      const size_t bytes = minMaxCompressedBytes(n, 1);
-      s.send.assign(bytes, 0);
-      s.fromLeft.assign(bytes, 0);
-      s.fromRight.assign(bytes, 0);
+      s.numel = n;
+      const size_t fb = n * sizeof(float);
+      for (detail::Buffer* b : {&s.x, &s.w, &s.l, &s.r, &s.d}) {
+        BAGUA_RETURN_IF_ERROR(b->ensure(x, fb));
+      }
+      BAGUA_RETURN_IF_ERROR(detail::gatherWeights(ddp.parameters(), s.view, s.x.f32()));
+      BAGUA_RETURN_IF_ERROR(detail::copyBytes(x, s.w.f32(), s.x.f32(), fb));
+      BAGUA_RETURN_IF_ERROR(detail::copyBytes(x, s.l.f32(), s.x.f32(), fb));
+      BAGUA_RETURN_IF_ERROR(detail::copyBytes(x, s.r.f32(), s.x.f32(), fb));
+      s.bytes = minMaxCompressedBytes(n, 1);
+      for (detail::Buffer* b : {&s.send, &s.fromLeft, &s.fromRight}) {
+        BAGUA_RETURN_IF_ERROR(b->ensure(x, s.bytes));
+      }
+      BAGUA_RETURN_IF_ERROR(detail::sync(x, ddp.group().options().collectiveTimeout));
       buckets_.push_back(std::move(s));
     }
     built_ = true;
@@ -80,98 +85,102 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
     const auto timeout = g.options().collectiveTimeout;
     std::lock_guard<std::mutex> lock(owner_->mu_);
     for (State& s : buckets_) {
-      detail::gatherWeights(ddp.parameters(), s.view, s.x.data());
-      const size_t n = s.x.size();
+      const detail::Exec& x = s.view.exec;
+      BAGUA_RETURN_IF_ERROR(detail::gatherWeights(ddp.parameters(), s.view, s.x.f32()));
+      BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
+      const size_t n = s.numel;
       if (!hierarchical_) {
         BAGUA_RETURN_IF_ERROR(update(s, g.global(), timeout));
       } else {
         core::Communicator* intra = g.intraNode();
         BAGUA_RETURN_IF_ERROR(
-            intra->reduce(s.x.data(), s.x.data(), n, core::DataType::kF32, core::ReduceOp::kAvg, 0)
+            intra->reduce(s.x.f32(), s.x.f32(), n, core::DataType::kF32, core::ReduceOp::kAvg, 0)
                 ->wait(timeout));
         if (intra->rank() == 0) {
           BAGUA_RETURN_IF_ERROR(update(s, *g.interNode(), timeout));
         }
         BAGUA_RETURN_IF_ERROR(
-            intra->broadcast(s.x.data(), n, core::DataType::kF32, 0)->wait(timeout));
+            intra->broadcast(s.x.f32(), n, core::DataType::kF32, 0)->wait(timeout));
       }
-      detail::scatterWeights(ddp.parameters(), s.view, s.x.data());
+      BAGUA_RETURN_IF_ERROR(detail::scatterWeights(ddp.parameters(), s.view, s.x.f32()));
+      BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
     }
     return Status::ok();
   }
 
   // Caller holds owner_->mu_.
-  Result<LowPrecisionDecentralized::Replicas> replicas() const {
+  Result<LowPrecisionDecentralized::Replicas> replicas() {
     if (!built_) {
       return BAGUA_ERROR(kFailedPrecondition,
                          "low_precision_decentralized: no replicas before the first forward");
     }
     LowPrecisionDecentralized::Replicas out;
-    for (const State& s : buckets_) {
-      out.self.insert(out.self.end(), s.w.begin(), s.w.end());
-      out.left.insert(out.left.end(), s.l.begin(), s.l.end());
-      out.right.insert(out.right.end(), s.r.begin(), s.r.end());
+    for (State& s : buckets_) {
+      for (auto [buf, dst] :
+           {std::pair{&s.w, &out.self}, std::pair{&s.l, &out.left}, std::pair{&s.r, &out.right}}) {
+        const size_t at = dst->size();
+        dst->resize(at + s.numel);
+        BAGUA_RETURN_IF_ERROR(readBack(s.view.exec, dst->data() + at, buf->f32(), s.numel));
+      }
     }
     return out;
   }
 
  private:
+  // Buffers on the weights' side (host or device).
   struct State {
     detail::WeightView view;
-    std::vector<float> x;  // the weights after the local step, then the new weights
-    std::vector<float> w;  // my replica as the neighbours hold it
-    std::vector<float> l;  // my left neighbour's replica
-    std::vector<float> r;  // my right neighbour's replica
-    std::vector<float> d;
-    std::vector<uint8_t> send;
-    std::vector<uint8_t> fromLeft;
-    std::vector<uint8_t> fromRight;
+    size_t numel = 0;
+    size_t bytes = 0;  // of one compressed message
+    detail::Buffer x;  // the weights after the local step, then the new weights
+    detail::Buffer w;  // my replica as the neighbours hold it
+    detail::Buffer l;  // my left neighbour's replica
+    detail::Buffer r;  // my right neighbour's replica
+    detail::Buffer d;
+    detail::Buffer send;
+    detail::Buffer fromLeft;
+    detail::Buffer fromRight;
+    detail::Buffer workspace;
   };
 
+  // Device replicas to the host for replicas() (tests, debugging).
+  static Status readBack(const detail::Exec& x, float* out, const float* src, size_t n);
+
   static Status update(State& s, core::Communicator& comm, std::chrono::milliseconds timeout) {
-    const size_t n = s.x.size();
-    const float third = 1.0f / 3.0f;
-    const float fiveThirds = 5.0f / 3.0f;
+    const detail::Exec& x = s.view.exec;
+    const size_t n = s.numel;
+    const size_t bytes = s.bytes;
     // d = [(w + l + r) / 3 + (x - w)] - w: the ring average of the replicas, plus my local
     // update, minus my replica.
-    for (size_t i = 0; i < n; ++i) {
-      s.d[i] = s.x[i] + s.l[i] * third + s.r[i] * third - s.w[i] * fiveThirds;
-    }
-    BAGUA_RETURN_IF_ERROR(minMaxCompress(s.d.data(), n, 1, s.send.data(), s.send.size()));
+    BAGUA_RETURN_IF_ERROR(
+        detail::lowPrecisionDiff(x, s.d.f32(), s.x.f32(), s.l.f32(), s.r.f32(), s.w.f32(), n));
+    BAGUA_RETURN_IF_ERROR(detail::compress(x, s.d.f32(), n, 1, s.send.u8(), bytes, s.workspace));
+    BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
     const int size = comm.size();
-    const uint8_t* fromLeft = s.send.data();
-    const uint8_t* fromRight = s.send.data();
+    const uint8_t* fromLeft = s.send.u8();
+    const uint8_t* fromRight = s.send.u8();
     if (size > 1) {
       const int left = (comm.rank() + size - 1) % size;
       const int right = (comm.rank() + 1) % size;
-      const size_t bytes = s.send.size();
       // My left neighbour's message to its right is mine from the left, and vice versa.
-      BAGUA_RETURN_IF_ERROR(comm.sendRecv(s.send.data(), bytes, left, s.fromRight.data(), bytes,
-                                          right, core::DataType::kU8)
+      BAGUA_RETURN_IF_ERROR(comm.sendRecv(s.send.u8(), bytes, left, s.fromRight.u8(), bytes, right,
+                                          core::DataType::kU8)
                                 ->wait(timeout));
-      BAGUA_RETURN_IF_ERROR(comm.sendRecv(s.send.data(), bytes, right, s.fromLeft.data(), bytes,
-                                          left, core::DataType::kU8)
+      BAGUA_RETURN_IF_ERROR(comm.sendRecv(s.send.u8(), bytes, right, s.fromLeft.u8(), bytes, left,
+                                          core::DataType::kU8)
                                 ->wait(timeout));
-      fromLeft = s.fromLeft.data();
-      fromRight = s.fromRight.data();
+      fromLeft = s.fromLeft.u8();
+      fromRight = s.fromRight.u8();
     }
-    const size_t bytes = s.send.size();
     // l += D(c_left), r += D(c_right), x = w + D(c), w = x: my neighbours apply the same D(c)
     // to their copy of w, so the replicas stay bitwise equal.
-    BAGUA_RETURN_IF_ERROR(minMaxDecompress(fromLeft, bytes, n, 1, s.d.data()));
-    for (size_t i = 0; i < n; ++i) {
-      s.l[i] += s.d[i];
-    }
-    BAGUA_RETURN_IF_ERROR(minMaxDecompress(fromRight, bytes, n, 1, s.d.data()));
-    for (size_t i = 0; i < n; ++i) {
-      s.r[i] += s.d[i];
-    }
-    BAGUA_RETURN_IF_ERROR(minMaxDecompress(s.send.data(), bytes, n, 1, s.d.data()));
-    for (size_t i = 0; i < n; ++i) {
-      s.w[i] += s.d[i];
-      s.x[i] = s.w[i];
-    }
-    return Status::ok();
+    BAGUA_RETURN_IF_ERROR(detail::decompress(x, fromLeft, bytes, n, 1, s.d.f32()));
+    BAGUA_RETURN_IF_ERROR(detail::addInPlace(x, s.l.f32(), s.d.f32(), n));
+    BAGUA_RETURN_IF_ERROR(detail::decompress(x, fromRight, bytes, n, 1, s.d.f32()));
+    BAGUA_RETURN_IF_ERROR(detail::addInPlace(x, s.r.f32(), s.d.f32(), n));
+    BAGUA_RETURN_IF_ERROR(detail::decompress(x, s.send.u8(), bytes, n, 1, s.d.f32()));
+    BAGUA_RETURN_IF_ERROR(detail::addAndCopy(x, s.w.f32(), s.d.f32(), s.x.f32(), n));
+    return detail::sync(x, timeout);
   }
 
   LowPrecisionDecentralized* owner_;
@@ -180,6 +189,15 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
   bool built_ = false;
   std::vector<State> buckets_;  // guarded by owner_->mu_
 };
+
+Status LowPrecisionDecentralizedImpl::readBack(const detail::Exec& x, float* out, const float* src,
+                                               size_t n) {
+  if (!x.device) {
+    std::memcpy(out, src, n * sizeof(float));
+    return Status::ok();
+  }
+  return detail::copyToHost(x, out, src, n * sizeof(float));
+}
 
 Result<LowPrecisionDecentralized::Replicas> LowPrecisionDecentralized::replicas() {
   std::lock_guard<std::mutex> lock(mu_);

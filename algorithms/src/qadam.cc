@@ -26,8 +26,11 @@ Result<std::unique_ptr<QAdamOptimizer>> QAdamOptimizer::create(std::vector<core:
   }
   for (const core::Parameter& p : params) {
     if (p.dtype != core::DataType::kF32 || p.device.type != core::DeviceType::kCpu) {
-      return BAGUA_ERROR(kInvalidArgument, "qadam: parameter '%s' is not f32 on the CPU",
-                         p.name.c_str());
+      return BAGUA_ERROR(kInvalidArgument,
+                         "qadam: parameter '%s' is %s on %s; QAdamOptimizer steps f32 CPU "
+                         "parameters only (CUDA tensors are not implemented for qadam)",
+                         p.name.c_str(), core::dataTypeName(p.dtype),
+                         p.device.type == core::DeviceType::kCpu ? "cpu" : "cuda");
     }
   }
   return std::unique_ptr<QAdamOptimizer>(new QAdamOptimizer(params, o));
@@ -125,6 +128,13 @@ class QAdamImpl final : public core::AlgorithmImpl {
       return BAGUA_ERROR(kInvalidArgument, "qadam: bucket %d holds %s; f32 only", bucket.index,
                          core::dataTypeName(bucket.dtype));
     }
+    if (bucket.device.type != core::DeviceType::kCpu) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "qadam: bucket %d is on cuda:%d; QAdam runs on CPU tensors only (its "
+                         "optimizer steps host memory): use bytegrad or gradient_allreduce on "
+                         "GPUs",
+                         bucket.index, bucket.device.index);
+    }
     scratch_.try_emplace(bucket.index);
     return Status::ok();
   }
@@ -148,8 +158,8 @@ class QAdamImpl final : public core::AlgorithmImpl {
         slot[i] = m[i] * b1 + slot[i] * ob1;
       }
     }
-    BAGUA_RETURN_IF_ERROR(
-        detail::byteGradAllReduce(flat, b.numel, g, hierarchical_, true, scratch_.at(b.index)));
+    BAGUA_RETURN_IF_ERROR(detail::byteGradAllReduce(detail::Exec{}, flat, b.numel, g, hierarchical_,
+                                                    true, scratch_.at(b.index)));
     for (size_t k = 0; k < b.tensors.size(); ++k) {
       const core::TensorRef& t = tensors_[b.tensors[k]];
       std::memcpy(opt_->expAvg(t.paramIndex), flat + b.offsets[k], t.numel * sizeof(float));

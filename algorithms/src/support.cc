@@ -7,18 +7,30 @@
 namespace bagua::algo::detail {
 
 Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
-                                  const std::vector<int>& params, const char* algorithm) {
+                                  const std::vector<int>& params, const char* algorithm,
+                                  bool allowDevice) {
   WeightView v;
   auto& ps = ddp.parameters();
-  for (int i : params) {
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int i = params[k];
     const core::Parameter& p = ps[i];
-    if (p.dtype != core::DataType::kF32 || p.device.type != core::DeviceType::kCpu) {
+    const bool onDevice = p.device.type != core::DeviceType::kCpu;
+    if (p.dtype != core::DataType::kF32 || (onDevice && !allowDevice)) {
       return BAGUA_ERROR(kFailedPrecondition,
-                         "%s: parameter '%s' is %s on %s; this algorithm averages f32 CPU "
-                         "weights only",
+                         "%s: parameter '%s' is %s on %s; this algorithm averages f32 %s weights "
+                         "only",
                          algorithm, p.name.c_str(), core::dataTypeName(p.dtype),
-                         core::deviceTypeName(p.device.type));
+                         core::deviceTypeName(p.device.type), allowDevice ? "CPU or CUDA" : "CPU");
     }
+    BAGUA_ASSIGN_OR_RETURN(Exec e, execFor(p.device, algorithm));
+    if (k > 0 && (e.device != v.exec.device || e.deviceIndex != v.exec.deviceIndex)) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "%s: parameter '%s' is on %s:%d, the others on %s:%d; the weights must "
+                         "live on one device",
+                         algorithm, p.name.c_str(), core::deviceTypeName(p.device.type),
+                         p.device.index, v.exec.device ? "cuda" : "cpu", v.exec.deviceIndex);
+    }
+    v.exec = e;
     v.params.push_back(i);
     v.offsets.push_back(v.numel);
     v.numel += p.numel;
@@ -26,7 +38,8 @@ Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
   return v;
 }
 
-Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm) {
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm,
+                                  bool allowDevice) {
   std::vector<int> params;
   auto& ps = ddp.parameters();
   for (int i = static_cast<int>(ps.size()) - 1; i >= 0; --i) {
@@ -34,21 +47,25 @@ Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char
       params.push_back(i);
     }
   }
-  return makeWeightView(ddp, params, algorithm);
+  return makeWeightView(ddp, params, algorithm, allowDevice);
 }
 
-void gatherWeights(const std::vector<core::Parameter>& ps, const WeightView& view, float* out) {
+Status gatherWeights(const std::vector<core::Parameter>& ps, const WeightView& view, float* out) {
   for (size_t k = 0; k < view.params.size(); ++k) {
     const core::Parameter& p = ps[view.params[k]];
-    std::memcpy(out + view.offsets[k], p.data, p.numel * sizeof(float));
+    BAGUA_RETURN_IF_ERROR(
+        copyBytes(view.exec, out + view.offsets[k], p.data, p.numel * sizeof(float)));
   }
+  return Status::ok();
 }
 
-void scatterWeights(std::vector<core::Parameter>& ps, const WeightView& view, const float* in) {
+Status scatterWeights(std::vector<core::Parameter>& ps, const WeightView& view, const float* in) {
   for (size_t k = 0; k < view.params.size(); ++k) {
     core::Parameter& p = ps[view.params[k]];
-    std::memcpy(p.data, in + view.offsets[k], p.numel * sizeof(float));
+    BAGUA_RETURN_IF_ERROR(
+        copyBytes(view.exec, p.data, in + view.offsets[k], p.numel * sizeof(float)));
   }
+  return Status::ok();
 }
 
 Worker::Worker(std::string name)

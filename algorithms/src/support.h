@@ -12,24 +12,34 @@
 
 #include "bagua/base/status.h"
 #include "bagua/core/ddp.h"
+#include "vec_ops.h"
 
 namespace bagua::algo::detail {
 
 // The communicated weights: parameters that require grad and are not ignored, in reverse
-// registration order (Bagua's tensor order), as one flat float32 vector.
+// registration order (Bagua's tensor order), as one flat float32 vector on the weights' side
+// (host, or the one CUDA device they all live on).
 struct WeightView {
   std::vector<int> params;
   std::vector<size_t> offsets;
   size_t numel = 0;
+  Exec exec;
 };
 
-// FailedPrecondition naming the parameter when one is not f32 on the CPU.
-Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm);
+// FailedPrecondition naming the parameter when one is not f32, or lives on a CUDA device while
+// !allowDevice (or on another device than the others, or the build has no CUDA kernels).
+Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp, const char* algorithm,
+                                  bool allowDevice = false);
 // The same, for a subset of parameter indices (in the given order).
 Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
-                                  const std::vector<int>& params, const char* algorithm);
-void gatherWeights(const std::vector<core::Parameter>& params, const WeightView& view, float* out);
-void scatterWeights(std::vector<core::Parameter>& params, const WeightView& view, const float* in);
+                                  const std::vector<int>& params, const char* algorithm,
+                                  bool allowDevice = false);
+// Copies between the parameters and a flat buffer on the view's side (device: enqueued on this
+// thread's stream; sync before a collective reads the buffer).
+[[nodiscard]] Status gatherWeights(const std::vector<core::Parameter>& params,
+                                   const WeightView& view, float* out);
+[[nodiscard]] Status scatterWeights(std::vector<core::Parameter>& params, const WeightView& view,
+                                    const float* in);
 
 // One named thread running one job at a time; start() hands it a job, wait() collects its
 // status within a deadline. Destruction requests stop and joins (a running job must itself be

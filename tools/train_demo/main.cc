@@ -4,6 +4,9 @@
 //
 //   baguarun --nproc_per_node 4 --master_port 0 bagua-train-demo [options]
 //
+// --algorithm NAME picks any of the algorithms library's algorithms by name (createAlgorithm),
+// with --algo_arg key=value for its parameters, as Lightning's BaguaStrategy(algorithm=...) does.
+//
 // Rank 0 draws a progress bar with the global loss, accuracy and samples/s; at the end every rank
 // reports the bytes it sent and received. The exit status is 1 if the loss did not go down.
 #include <unistd.h>
@@ -17,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/qadam.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/core/ddp.h"
@@ -41,14 +46,20 @@ struct Args {
   bool hierarchical = false;
   bool viewGrads = true;
   std::string algorithm = "gradient_allreduce";
+  bool hierarchicalGiven = false;
+  bagua::algo::AlgorithmArgs algoArgs;
 };
 
 void usage() {
   std::printf(
       "usage: bagua-train-demo [--steps N] [--batch B] [--hidden H] [--lr X] [--momentum X]\n"
       "                        [--bucket_cap_mb X] [--hierarchical] [--no_grad_view]\n"
-      "                        [--algorithm gradient_allreduce]\n"
-      "Data-parallel training of an MLP on generated data. Run under baguarun (env://).\n");
+      "                        [--algorithm NAME] [--algo_arg key=value ...]\n"
+      "Data-parallel training of an MLP on generated data. Run under baguarun (env://).\n"
+      "Algorithms: gradient_allreduce (default), bytegrad, decentralized,\n"
+      "low_precision_decentralized, qadam (trains with QAdam; --lr is its learning rate),\n"
+      "async. --algo_arg passes an algorithm parameter, e.g. --algo_arg\n"
+      "peer_selection_mode=shift_one; --hierarchical sets hierarchical=true (default false).\n");
 }
 
 bool parseArgs(int argc, char** argv, Args* a) {
@@ -106,6 +117,18 @@ bool parseArgs(int argc, char** argv, Args* a) {
         return false;
     } else if (k == "--hierarchical") {
       a->hierarchical = true;
+      a->hierarchicalGiven = true;
+    } else if (k == "--algo_arg") {
+      const char* v = next("--algo_arg");
+      if (v == nullptr)
+        return false;
+      const std::string kv = v;
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        std::fprintf(stderr, "bagua-train-demo: --algo_arg wants key=value, got '%s'\n", v);
+        return false;
+      }
+      a->algoArgs[kv.substr(0, eq)] = kv.substr(eq + 1);
     } else if (k == "--no_grad_view") {
       a->viewGrads = false;
     } else if (k == "--algorithm") {
@@ -200,15 +223,34 @@ void drawBar(int step, int steps, float loss, float acc, double samplesPerS, boo
   std::fflush(stdout);
 }
 
+// The algorithm's parameters: --algo_arg values, plus hierarchical=<--hierarchical> for the
+// algorithms that take it (the demo defaults to flat, unlike Bagua's ByteGrad and decentralized
+// defaults, so it runs on any process group).
+algo::AlgorithmArgs algorithmArgs(const Args& a) {
+  algo::AlgorithmArgs args = a.algoArgs;
+  if (a.algorithm != "async" && args.count("hierarchical") == 0) {
+    args["hierarchical"] = a.hierarchical ? "true" : "false";
+  }
+  return args;
+}
+
 Status run(const Args& a) {
-  if (a.algorithm != "gradient_allreduce") {
-    return BAGUA_ERROR(kInvalidArgument,
-                       "unknown algorithm '%s' (available: gradient_allreduce; the algorithms "
-                       "library adds more)",
-                       a.algorithm.c_str());
+  const algo::AlgorithmArgs algoArgs = algorithmArgs(a);
+  {
+    // Check the name and parameters before anything connects (QAdam's optimizer comes later).
+    algo::QAdamOptimizer* none = nullptr;
+    std::vector<Parameter> noParams;
+    std::unique_ptr<algo::QAdamOptimizer> probe;
+    if (a.algorithm == "qadam") {
+      BAGUA_ASSIGN_OR_RETURN(probe, algo::QAdamOptimizer::create(noParams));
+      none = probe.get();
+    }
+    BAGUA_RETURN_IF_ERROR(algo::createAlgorithm(a.algorithm, algoArgs, none).status());
   }
   ProcessGroupOptions po;
-  po.hierarchical = a.hierarchical;
+  po.hierarchical = a.hierarchical ||
+                    (algoArgs.count("hierarchical") != 0 &&
+                     algoArgs.at("hierarchical") != "false" && algoArgs.at("hierarchical") != "0");
   po.name = "train_demo";
   BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, ProcessGroup::initFromEnv(po));
   const int rank = pg->rank();
@@ -219,13 +261,26 @@ Status run(const Args& a) {
   mc.sizes = {a.features, a.hidden, a.hidden, a.classes};
   mc.seed = 1000 + static_cast<uint64_t>(rank);  // differs per rank: the initial broadcast fixes it
   example::Mlp model(mc);
-  Sgd opt(model.parameters(), a.lr, a.momentum);
+  // QAdam steps the model itself; every other algorithm trains with SGD + momentum.
+  std::unique_ptr<Optimizer> opt;
+  algo::QAdamOptimizer* qadam = nullptr;
+  if (a.algorithm == "qadam") {
+    algo::QAdamOptions qo;
+    qo.lr = a.lr;
+    qo.warmupSteps = std::max(1, a.steps / 5);
+    BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(model.parameters(), qo));
+    qadam = q.get();
+    opt = std::move(q);
+  } else {
+    opt = std::make_unique<Sgd>(model.parameters(), a.lr, a.momentum);
+  }
+  BAGUA_ASSIGN_OR_RETURN(std::shared_ptr<Algorithm> algorithm,
+                         algo::createAlgorithm(a.algorithm, algoArgs, qadam));
   DdpOptions dopt;
   dopt.bucketCapMb = a.bucketCapMb;
   dopt.gradientAsBucketView = a.viewGrads;
-  BAGUA_ASSIGN_OR_RETURN(auto ddp,
-                         withBagua(model.parameters(), model.buffers(), {&opt},
-                                   std::make_shared<GradientAllReduce>(a.hierarchical), *pg, dopt));
+  BAGUA_ASSIGN_OR_RETURN(
+      auto ddp, withBagua(model.parameters(), model.buffers(), {opt.get()}, algorithm, *pg, dopt));
   const bool tty = ::isatty(1) != 0;
   if (rank == 0) {
     std::printf(
@@ -246,7 +301,7 @@ Status run(const Args& a) {
   double window[2] = {0, 0};  // loss sum, correct sum since the last report
   int windowSteps = 0;
   for (int step = 1; step <= a.steps; ++step) {
-    opt.zeroGrad();
+    opt->zeroGrad();
     BAGUA_RETURN_IF_ERROR(ddp->prepareForward());
     task.batch(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(rank), a.batch, &x,
                &y);
@@ -284,6 +339,10 @@ Status run(const Args& a) {
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (auto* am = dynamic_cast<algo::AsyncModelAverage*>(algorithm.get())) {
+    // Async model average: stop the background averaging on every rank in the same round.
+    BAGUA_RETURN_IF_ERROR(am->abort());
+  }
   if (rank == 0 && tty) {
     std::printf("\n");
   }

@@ -3,7 +3,7 @@
 // **kwargs) and Lightning's BaguaStrategy(algorithm=...) do.
 //
 // Names and parameters (defaults are the seeds'):
-//   gradient_allreduce           hierarchical=false, average=true          (core's implementation)
+//   gradient_allreduce           hierarchical=false, average=true
 //   bytegrad                     hierarchical=true, average=true
 //   decentralized                hierarchical=true, peer_selection_mode=all|shift_one,
 //                                communication_interval=1
@@ -28,6 +28,31 @@
 namespace bagua::algo {
 
 class QAdamOptimizer;
+
+// How gradient_allreduce averages. kNative: the backend's AVG reduction (ncclAvg). kSumThenDivide:
+// a SUM all-reduce, then a division by the world size (Bagua's "degraded" mode for NCCL older than
+// 2.10, which has no ncclAvg and failed with "invalid reduction operation 4", Bagua #363).
+// kAuto: kSumThenDivide when the communicator is NCCL < 2.10, else kNative.
+enum class AverageMode { kAuto, kNative, kSumThenDivide };
+
+// Gradient AllReduce: the gradients all-reduced bucket by bucket, on host or CUDA tensors.
+// average: mean (else sum). hierarchical: intra-node reduce to the local leader, all-reduce among
+// the leaders, intra-node broadcast (needs a process group with hierarchical sub-groups).
+class GradientAllReduce final : public core::Algorithm {
+ public:
+  explicit GradientAllReduce(bool hierarchical = false, bool average = true,
+                             AverageMode mode = AverageMode::kAuto)
+      : hierarchical_(hierarchical), average_(average), mode_(mode) {}
+  std::string name() const override { return "gradient_allreduce"; }
+  Result<std::unique_ptr<core::AlgorithmImpl>> reify(core::ProcessGroup& group) override;
+  // The version of the NCCL this build links (e.g. 22809), 0 without NCCL.
+  static int ncclVersion();
+
+ private:
+  bool hierarchical_;
+  bool average_;
+  AverageMode mode_;
+};
 
 // ByteGrad: MinMaxUInt8-compressed scatter-reduce / all-gather of the gradients (see README).
 // Every rank ends with bitwise identical gradients.

@@ -14,6 +14,13 @@
 // DDP's next_bucket_ and Bagua's ordered buckets) on one background thread, so every rank runs
 // the same communication sequence, overlapped with the rest of the backward pass.
 //
+// Device tensors: parameters on a CUDA device are reduced in device buckets (cudaMalloc'd, one
+// per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
+// are copied in and out with cudaMemcpyAsync on the reducer's own copy stream, ordered after the
+// trainer's stream (DdpOptions::cudaStream) with events, never through host memory. A bucket is
+// handed to the algorithm once its copy event has completed. Host and device buckets may mix
+// (a bucket holds one device). Without NCCL, device tensors are refused with an error.
+//
 // Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
 // finishBackward() as an error within the collective timeout; the reducer is then unusable.
 //
@@ -51,6 +58,9 @@ struct DdpOptions {
   std::vector<std::string> paramsToIgnore;
   // Bound on waiting for communication in finishBackward (0: BAGUA_COLLECTIVE_TIMEOUT_MS).
   std::chrono::milliseconds timeout{0};
+  // Device tensors: the cudaStream_t the trainer produces gradients on and reads them from
+  // (nullptr: the legacy default stream). Gradient copies wait for it; it waits for copy-back.
+  void* cudaStream = nullptr;
 };
 
 class DistributedDataParallel {
@@ -110,6 +120,15 @@ class DistributedDataParallel {
   Status launchReadyBuckets();
   void commLoop(std::stop_token stop);
   Status waitForBuckets();
+  // Device buckets (no-ops or errors in builds without NCCL).
+  Status checkDeviceTensor(const TensorRef& tensor);
+  Status copyIntoBucket(const Bucket& bucket, void* dst, const void* src, size_t bytes);
+  Status zeroInBucket(const Bucket& bucket, void* dst, size_t bytes);
+  Status recordBucketReady(int bucket);
+  Status waitBucketReady(int bucket);
+  Status finishCopyBack(bool anyDevice);
+  Status broadcastHostI64(int64_t* data, size_t count);
+  void releaseDeviceState();
 
   std::vector<Parameter>& params_;
   std::vector<Parameter>& buffers_;
@@ -123,7 +142,14 @@ class DistributedDataParallel {
   std::vector<TensorRef> tensors_;
   std::vector<int> tensorOfParam_;  // param index -> tensor index or -1
   std::vector<Bucket> buckets_;
-  std::vector<std::vector<uint8_t>> storage_;  // one flat allocation per bucket
+  std::vector<std::vector<uint8_t>> storage_;  // one flat allocation per host bucket
+  // One cudaMalloc'd allocation per device bucket (null for host buckets), the copy stream, the
+  // event marking the trainer's stream, and one "gradients copied" event per bucket.
+  std::vector<void*> deviceStorage_;
+  void* copyStream_ = nullptr;
+  int copyDevice_ = -1;
+  void* readyEvent_ = nullptr;
+  std::vector<void*> bucketEvents_;
   std::vector<int> bucketOfTensor_;
   std::vector<int> slotOfTensor_;
 

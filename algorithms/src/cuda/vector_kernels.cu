@@ -1,0 +1,189 @@
+// Element-wise CUDA kernels of the algorithms. Each mirrors the host loop of vec_ops.cc operation
+// by operation (compiled with -fmad=false: no FMA contraction), so device and host results are
+// bit-identical.
+#include <cuda_runtime.h>
+
+#include "minmax_kernels.h"
+#include "vector_kernels.h"
+
+namespace bagua::algo::cudakernels {
+
+namespace {
+
+constexpr float kThird = 1.0f / 3.0f;
+constexpr float kFiveThirds = 5.0f / 3.0f;
+
+unsigned blocksFor(size_t n) {
+  size_t g = (n + kThreads - 1) / kThreads;
+  g = g == 0 ? 1 : g;
+  return static_cast<unsigned>(g > 65535 ? 65535 : g);
+}
+
+#define BAGUA_GRID_LOOP(i, n)                                                          \
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+__global__ void reduceChunksKernel(const float* chunks, size_t n, size_t c, int average,
+                                   float* out) {
+  BAGUA_GRID_LOOP(i, c) {
+    float acc = chunks[i];
+    for (size_t j = 1; j < n; ++j) {
+      acc += chunks[j * c + i];
+    }
+    if (average) {
+      acc /= static_cast<float>(n);
+    }
+    out[i] = acc;
+  }
+}
+
+__global__ void averagePairKernel(float* a, const float* b, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    a[i] = (a[i] + b[i]) / 2.0f;
+  }
+}
+
+__global__ void lowPrecisionDiffKernel(float* d, const float* x, const float* l, const float* r,
+                                       const float* w, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    d[i] = x[i] + l[i] * kThird + r[i] * kThird - w[i] * kFiveThirds;
+  }
+}
+
+__global__ void addInPlaceKernel(float* a, const float* b, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    a[i] += b[i];
+  }
+}
+
+__global__ void addAndCopyKernel(float* w, const float* d, float* x, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    w[i] += d[i];
+    x[i] = w[i];
+  }
+}
+
+__global__ void divideInPlaceKernel(float* a, float divisor, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    a[i] /= divisor;
+  }
+}
+
+int launched() {
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int setDevice(int device) {
+  return static_cast<int>(cudaSetDevice(device));
+}
+
+int deviceAlloc(void** out, size_t bytes) {
+  cudaError_t e = cudaMalloc(out, bytes == 0 ? 1 : bytes);
+  if (e == cudaSuccess) {
+    e = cudaMemset(*out, 0, bytes == 0 ? 1 : bytes);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  return static_cast<int>(e);
+}
+
+void deviceFree(void* p) {
+  cudaFree(p);
+}
+
+int copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) {
+    return 0;
+  }
+  return static_cast<int>(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+}
+
+int copyToHost(void* hostDst, const void* src, size_t bytes) {
+  if (bytes == 0) {
+    return 0;
+  }
+  cudaError_t e = cudaMemcpyAsync(hostDst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread);
+  if (e == cudaSuccess) {
+    e = cudaStreamSynchronize(cudaStreamPerThread);
+  }
+  return static_cast<int>(e);
+}
+
+int zero(void* dst, size_t bytes) {
+  if (bytes == 0) {
+    return 0;
+  }
+  return static_cast<int>(cudaMemsetAsync(dst, 0, bytes, cudaStreamPerThread));
+}
+
+int queryStream() {
+  const cudaError_t e = cudaStreamQuery(cudaStreamPerThread);
+  if (e == cudaSuccess) {
+    return 0;
+  }
+  if (e == cudaErrorNotReady) {
+    return 1;
+  }
+  (void)cudaGetLastError();
+  return static_cast<int>(e);
+}
+
+void* perThreadStream() {
+  return static_cast<void*>(cudaStreamPerThread);
+}
+
+int reduceChunks(const float* chunks, size_t n, size_t c, bool average, float* out) {
+  if (c == 0) {
+    return 0;
+  }
+  reduceChunksKernel<<<blocksFor(c), kThreads, 0, cudaStreamPerThread>>>(chunks, n, c,
+                                                                         average ? 1 : 0, out);
+  return launched();
+}
+
+int averagePair(float* a, const float* b, size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  averagePairKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, b, n);
+  return launched();
+}
+
+int lowPrecisionDiff(float* d, const float* x, const float* l, const float* r, const float* w,
+                     size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  lowPrecisionDiffKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(d, x, l, r, w, n);
+  return launched();
+}
+
+int addInPlace(float* a, const float* b, size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  addInPlaceKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, b, n);
+  return launched();
+}
+
+int addAndCopy(float* w, const float* d, float* x, size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  addAndCopyKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(w, d, x, n);
+  return launched();
+}
+
+int divideInPlace(float* a, float divisor, size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  divideInPlaceKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, divisor, n);
+  return launched();
+}
+
+}  // namespace bagua::algo::cudakernels

@@ -1,0 +1,29 @@
+// Plain-C++ entry points of the algorithms' element-wise CUDA kernels and the runtime calls the
+// host code needs (compiled by nvcc, called from vec_ops.cc). Everything runs on the calling
+// thread's per-thread default stream. Return a cudaError_t value (0: success). Private.
+#pragma once
+
+#include <cstddef>
+
+namespace bagua::algo::cudakernels {
+
+int setDevice(int device);
+int deviceAlloc(void** out, size_t bytes);
+void deviceFree(void* p);
+int copy(void* dst, const void* src, size_t bytes);
+int zero(void* dst, size_t bytes);
+// Synchronous device-to-host copy (after this thread's stream work).
+int copyToHost(void* hostDst, const void* src, size_t bytes);
+// 0: the stream's work is done, 1: still running, else the error.
+int queryStream();
+void* perThreadStream();
+
+int reduceChunks(const float* chunks, size_t n, size_t c, bool average, float* out);
+int averagePair(float* a, const float* b, size_t n);
+int lowPrecisionDiff(float* d, const float* x, const float* l, const float* r, const float* w,
+                     size_t n);
+int addInPlace(float* a, const float* b, size_t n);
+int addAndCopy(float* w, const float* d, float* x, size_t n);
+int divideInPlace(float* a, float divisor, size_t n);
+
+}  // namespace bagua::algo::cudakernels

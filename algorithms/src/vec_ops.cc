@@ -1,0 +1,294 @@
+#include "vec_ops.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "bagua/algorithms/compression.h"
+#include "bagua/algorithms/cuda_compression.h"
+
+#if BAGUA_ALGO_WITH_CUDA
+#include "cuda/minmax_kernels.h"
+#include "cuda/vector_kernels.h"
+#endif
+
+namespace bagua::algo::detail {
+
+namespace {
+
+#if BAGUA_ALGO_WITH_CUDA
+Status cudaResult(int err, const char* what, size_t n) {
+  if (err == 0) {
+    return Status::ok();
+  }
+  return BAGUA_ERROR(kCudaError, "%s (%zu): %s", what, n, cudakernels::errorString(err));
+}
+#define BAGUA_ON_DEVICE(exec, what, n, call)                                                      \
+  do {                                                                                            \
+    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice((exec).deviceIndex), "cudaSetDevice", \
+                                     static_cast<size_t>(0)));                                    \
+    return cudaResult((call), what, n);                                                           \
+  } while (0)
+#else
+#define BAGUA_ON_DEVICE(exec, what, n, call) \
+  return BAGUA_ERROR(kFailedPrecondition, "%s on a device: built without CUDA", what)
+#endif
+
+}  // namespace
+
+bool deviceKernelsAvailable() {
+#if BAGUA_ALGO_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<Exec> execFor(const core::Device& device, const char* what) {
+  Exec e;
+  if (device.type == core::DeviceType::kCpu) {
+    return e;
+  }
+  if (!deviceKernelsAvailable()) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "%s: tensors on cuda:%d, but bagua was built without the algorithms' CUDA "
+                       "kernels (configure on a machine with nvcc, -Dcuda=enabled)",
+                       what, device.index);
+  }
+  e.device = true;
+  e.deviceIndex = device.index;
+  return e;
+}
+
+Buffer::~Buffer() {
+  release();
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_),
+      deviceIndex_(other.deviceIndex_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+    deviceIndex_ = other.deviceIndex_;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (data_ == nullptr) {
+    return;
+  }
+  if (device_) {
+#if BAGUA_ALGO_WITH_CUDA
+    (void)cudakernels::setDevice(deviceIndex_);
+    cudakernels::deviceFree(data_);
+#endif
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Status Buffer::ensure(const Exec& exec, size_t bytes) {
+  if (data_ != nullptr && bytes_ >= bytes && device_ == exec.device &&
+      (!exec.device || deviceIndex_ == exec.deviceIndex)) {
+    return Status::ok();
+  }
+  release();
+  if (exec.device) {
+#if BAGUA_ALGO_WITH_CUDA
+    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+    void* p = nullptr;
+    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::deviceAlloc(&p, bytes), "cudaMalloc", bytes));
+    data_ = p;
+#else
+    return BAGUA_ERROR(kFailedPrecondition, "device buffer: built without CUDA");
+#endif
+  } else {
+    // 64-byte aligned, rounded up as aligned_alloc wants; zeroed like the device side.
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (data_ == nullptr) {
+      return BAGUA_ERROR(kResourceExhausted, "host buffer of %zu bytes", bytes);
+    }
+    std::memset(data_, 0, rounded == 0 ? 64 : rounded);
+  }
+  bytes_ = bytes;
+  device_ = exec.device;
+  deviceIndex_ = exec.deviceIndex;
+  return Status::ok();
+}
+
+Status copyBytes(const Exec& exec, void* dst, const void* src, size_t bytes) {
+  if (!exec.device) {
+    if (bytes > 0) {
+      std::memmove(dst, src, bytes);
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "copy", bytes, cudakernels::copy(dst, src, bytes));
+}
+
+Status copyToHost(const Exec& exec, void* hostDst, const void* src, size_t bytes) {
+  if (!exec.device) {
+    if (bytes > 0) {
+      std::memmove(hostDst, src, bytes);
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "copy to host", bytes, cudakernels::copyToHost(hostDst, src, bytes));
+}
+
+Status zeroBytes(const Exec& exec, void* dst, size_t bytes) {
+  if (!exec.device) {
+    if (bytes > 0) {
+      std::memset(dst, 0, bytes);
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "zero", bytes, cudakernels::zero(dst, bytes));
+}
+
+Status compress(const Exec& exec, const float* src, size_t numel, size_t chunks, uint8_t* dst,
+                size_t dstBytes, Buffer& workspace, int targetChunk) {
+  if (!exec.device) {
+    return minMaxCompress(src, numel, chunks, dst, dstBytes, targetChunk);
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(workspace.ensure(exec, minMaxCudaWorkspaceBytes(numel, chunks)));
+  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  return minMaxCompressCuda(src, numel, chunks, dst, dstBytes, workspace.u8(), workspace.bytes(),
+                            targetChunk, cudakernels::perThreadStream());
+#else
+  (void)workspace;
+  return BAGUA_ERROR(kFailedPrecondition, "compress on a device: built without CUDA");
+#endif
+}
+
+Status decompress(const Exec& exec, const uint8_t* src, size_t srcBytes, size_t numel,
+                  size_t chunks, float* dst, int targetChunk) {
+  if (!exec.device) {
+    return minMaxDecompress(src, srcBytes, numel, chunks, dst, targetChunk);
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  return minMaxDecompressCuda(src, srcBytes, numel, chunks, dst, targetChunk,
+                              cudakernels::perThreadStream());
+#else
+  return BAGUA_ERROR(kFailedPrecondition, "decompress on a device: built without CUDA");
+#endif
+}
+
+Status reduceChunks(const Exec& exec, const float* chunks, size_t n, size_t c, bool average,
+                    float* out) {
+  if (!exec.device) {
+    // out may alias chunk 0 (or any chunk): each element reads all its inputs before writing.
+    const float fn = static_cast<float>(n);
+    for (size_t i = 0; i < c; ++i) {
+      float acc = chunks[i];
+      for (size_t j = 1; j < n; ++j) {
+        acc += chunks[j * c + i];
+      }
+      if (average) {
+        acc /= fn;
+      }
+      out[i] = acc;
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "reduce chunks", c, cudakernels::reduceChunks(chunks, n, c, average, out));
+}
+
+Status averagePair(const Exec& exec, float* a, const float* b, size_t n) {
+  if (!exec.device) {
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = (a[i] + b[i]) / 2.0f;
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "average pair", n, cudakernels::averagePair(a, b, n));
+}
+
+Status lowPrecisionDiff(const Exec& exec, float* d, const float* x, const float* l, const float* r,
+                        const float* w, size_t n) {
+  if (!exec.device) {
+    const float third = 1.0f / 3.0f;
+    const float fiveThirds = 5.0f / 3.0f;
+    for (size_t i = 0; i < n; ++i) {
+      d[i] = x[i] + l[i] * third + r[i] * third - w[i] * fiveThirds;
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "low-precision difference", n,
+                  cudakernels::lowPrecisionDiff(d, x, l, r, w, n));
+}
+
+Status addInPlace(const Exec& exec, float* a, const float* b, size_t n) {
+  if (!exec.device) {
+    for (size_t i = 0; i < n; ++i) {
+      a[i] += b[i];
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "add", n, cudakernels::addInPlace(a, b, n));
+}
+
+Status addAndCopy(const Exec& exec, float* w, const float* d, float* x, size_t n) {
+  if (!exec.device) {
+    for (size_t i = 0; i < n; ++i) {
+      w[i] += d[i];
+      x[i] = w[i];
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "add and copy", n, cudakernels::addAndCopy(w, d, x, n));
+}
+
+Status divideInPlace(const Exec& exec, float* a, float divisor, size_t n) {
+  if (!exec.device) {
+    for (size_t i = 0; i < n; ++i) {
+      a[i] /= divisor;
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "divide", n, cudakernels::divideInPlace(a, divisor, n));
+}
+
+Status sync(const Exec& exec, std::chrono::milliseconds timeout) {
+  if (!exec.device) {
+    return Status::ok();
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const int q = cudakernels::queryStream();
+    if (q == 0) {
+      return Status::ok();
+    }
+    if (q != 1) {
+      return cudaResult(q, "device work of the algorithm", 0);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "cuda:%d: the algorithm's device work took over %lld ms", exec.deviceIndex,
+                         static_cast<long long>(timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(10));
+  }
+#else
+  (void)timeout;
+  return BAGUA_ERROR(kFailedPrecondition, "device sync: built without CUDA");
+#endif
+}
+
+}  // namespace bagua::algo::detail
