@@ -7,7 +7,10 @@
 #      NCCL's Socket transport (default, and tuned 4x4) against Bagua-Net, same run, sizes
 #      1 MiB..1 GiB, every result checked; NCCL_DEBUG=INFO proves which plugin NCCL loaded;
 #   4. a summary table with the ratios (bench/gpu/summarize.py);
-#   5. the whole test suite (the GPU/NCCL tests run here instead of skipping).
+#   5. the whole test suite (the GPU/NCCL tests run here instead of skipping);
+#   6. the per-capability steps in bench/gpu/steps/.
+# BAGUA_GPU_PHASES (default "net steps tests") picks what runs after the build, so that a long
+# session can be split over several device calls on the same warm machine.
 # Output goes to $OUT (the device tool's folder) or ./gpu-out.
 #
 # usage: bench/gpu/run.sh [--quick] [--skip-tests]
@@ -25,6 +28,8 @@ for a in "$@"; do
   esac
 done
 log() { echo "=== $* [$(date +%T)]"; }
+PHASES=" ${BAGUA_GPU_PHASES:-net steps tests} "
+want() { [[ "$PHASES" == *" $1 "* ]]; }
 
 # NVLink multicast stays off on shared hosts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -82,6 +87,7 @@ run_case() {  # label, then env assignments
   echo "rc=$rc"
 }
 
+if want net; then
 run_case socket NCCL_NET_PLUGIN=none NCCL_NET=Socket
 run_case socket-4x4 NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
 run_case bagua LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua ${BAGUA_GPU_ENV:-}
@@ -110,21 +116,27 @@ if [ -x "$BUILD/bench/algorithms_bench" ]; then
   log "compression kernels (algorithms_bench, CUDA)"
   timeout 120 "$BUILD/bench/algorithms_bench" --benchmark_filter='BM_Cuda' 2>&1 | tail -20
 fi
+fi  # phase net
 
 # Further GPU steps, one script per capability (bench/gpu/steps/NN-name.sh, run in order). Each
 # gets ROOT, BUILD, OUT, NCCL_HOME_DIR and PLUGIN_DIR in its environment, prints a short summary
 # on stdout and keeps its detail in "$OUT/<name>.log" (folded into gpu-logs.tgz at the end).
 export ROOT BUILD OUT NCCL_HOME_DIR PLUGIN_DIR
-if [ "$STANDALONE" = 0 ]; then
+if [ "$STANDALONE" = 0 ] && want steps; then
   for step in "$ROOT"/bench/gpu/steps/*.sh; do
     [ -e "$step" ] || continue
+    if [ -n "${BAGUA_GPU_STEPS:-}" ]; then  # e.g. "10 40": only the steps with these prefixes
+      keep=0
+      for p in $BAGUA_GPU_STEPS; do [[ "$(basename "$step")" == "$p"* ]] && keep=1; done
+      [ "$keep" = 1 ] || continue
+    fi
     log "step $(basename "$step")"
     timeout "${BAGUA_GPU_STEP_TIMEOUT:-240}" bash "$step" 2>&1 | tail -40
     echo "step $(basename "$step") rc=${PIPESTATUS[0]}"
   done
 fi
 
-if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ]; then
+if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ] && want tests; then
   log "test suite"
   timeout 240 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 12 > "$OUT/tests.log" 2>&1
   rc=$?
