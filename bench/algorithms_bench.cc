@@ -2,13 +2,23 @@
 // input (the peer), and per-algorithm step time and bytes on the wire for a fixed model size on
 // the host backend (4 ranks as threads over loopback) against gradient all-reduce.
 //
-// Counters: bytes_per_second is input (float) bytes processed; wire_bytes is payload bytes sent
-// per rank per step (the process group's counters); step_ms is the time per training step.
+// With NCCL built and two GPUs visible, the same per-algorithm step runs on CUDA tensors over NCCL
+// (BM_AlgorithmStepNccl: 2 ranks as threads, one GPU each, a 64 MiB model); the NCCL transport is
+// whatever the environment selects (bench/gpu/steps/40-algorithms.sh runs it over Bagua-Net and
+// over NCCL's Socket with P2P and SHM off).
+//
+// Counters: bytes_per_second is input (float) bytes processed; wire_MB is payload bytes sent
+// per rank per step (the process group's counters); step_ms is the time per training step. At
+// the end a table gives each algorithm's wire and time ratio to gradient_allreduce (same run).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,6 +33,7 @@
 
 #include "bagua/algorithms/cuda_compression.h"
 #endif
+#define BAGUA_BENCH_NCCL (BAGUA_HAVE_CUDA && BAGUA_HAVE_NCCL)
 
 namespace {
 
@@ -181,10 +192,15 @@ BENCHMARK(BM_Cuda)
     ->UseManualTime();
 #endif
 
-// ---- Per-algorithm step: 4 ranks, a 4 Mi-float model in 4 tensors, SGD ----------------------
+// ---- Per-algorithm step -----------------------------------------------------------------------
+// Host: 4 ranks as threads over loopback, a 4 Mi-float model in 4 tensors, SGD.
+// NCCL: 2 ranks as threads, one GPU each, a 16 Mi-float model in 4 CUDA tensors, no optimizer
+// (the step time is the reducer's and the algorithm's; gradients are uploaded once).
 
-constexpr int kWorld = 4;
-constexpr size_t kTensor = 1 << 20;
+constexpr int kHostWorld = 4;
+constexpr size_t kHostTensor = 1 << 20;
+constexpr int kDeviceWorld = 2;
+constexpr size_t kDeviceTensor = 1 << 22;
 constexpr int kTensors = 4;
 constexpr int kWarm = 3;
 constexpr int kSteps = 8;
@@ -195,33 +211,76 @@ struct StepResult {
   std::string error;
 };
 
-StepResult runSteps(const std::string& name, const algo::AlgorithmArgs& args) {
+// The rows of the final ratio table: backend -> label -> result.
+std::mutex gRowsMu;
+std::map<std::string, std::vector<std::pair<std::string, StepResult>>> gRows;
+
+class NoopOptimizer final : public core::Optimizer {
+ public:
+  Status step() override { return Status::ok(); }
+  void zeroGrad() override {}
+};
+
+StepResult runSteps(const std::string& name, const algo::AlgorithmArgs& args, bool device) {
+  const int world = device ? kDeviceWorld : kHostWorld;
+  const size_t tensor = device ? kDeviceTensor : kHostTensor;
   auto store = std::make_shared<core::InMemoryStore>();
-  std::vector<StepResult> per(kWorld);
+  std::vector<StepResult> per(world);
   std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       StepResult& out = per[r];
       core::ProcessGroupOptions po;
       po.rank = r;
-      po.worldSize = kWorld;
+      po.worldSize = world;
       po.hierarchical = false;
-      po.rendezvousTimeout = 30000ms;
+      po.rendezvousTimeout = 60000ms;
       po.collectiveTimeout = 60000ms;
+      if (device) {
+        po.backend = core::Backend::kNccl;
+        po.cudaDevice = r;
+      }
       auto pg = core::ProcessGroup::create(store, po);
       if (!pg.isOk()) {
         out.error = pg.status().toString();
         return;
       }
-      std::vector<std::vector<float>> data(kTensors, std::vector<float>(kTensor, 0.5f));
-      std::vector<std::vector<float>> grad(kTensors, std::vector<float>(kTensor));
+      std::vector<std::vector<float>> data(kTensors, std::vector<float>(tensor, 0.5f));
+      std::vector<std::vector<float>> grad(kTensors, std::vector<float>(tensor));
+      for (int k = 0; k < kTensors; ++k) {
+        for (size_t i = 0; i < tensor; ++i) {
+          grad[k][i] = static_cast<float>((i + r) % 13) * 0.01f - 0.06f;
+        }
+      }
       std::vector<core::Parameter> params(kTensors);
+      std::vector<void*> deviceMem;
       for (int k = 0; k < kTensors; ++k) {
         params[k].name = "w" + std::to_string(k);
         params[k].data = data[k].data();
         params[k].grad = grad[k].data();
-        params[k].numel = kTensor;
+        params[k].numel = tensor;
       }
+#if BAGUA_BENCH_NCCL
+      if (device) {
+        cudaSetDevice(r);
+        for (int k = 0; k < kTensors; ++k) {
+          void* d = nullptr;
+          void* g = nullptr;
+          if (cudaMalloc(&d, tensor * 4) != cudaSuccess ||
+              cudaMalloc(&g, tensor * 4) != cudaSuccess) {
+            out.error = "cudaMalloc failed";
+            return;
+          }
+          cudaMemcpy(d, data[k].data(), tensor * 4, cudaMemcpyHostToDevice);
+          cudaMemcpy(g, grad[k].data(), tensor * 4, cudaMemcpyHostToDevice);
+          deviceMem.push_back(d);
+          deviceMem.push_back(g);
+          params[k].data = d;
+          params[k].grad = g;
+          params[k].device = {core::DeviceType::kCuda, r};
+        }
+      }
+#endif
       std::vector<core::Parameter> buffers;
       std::unique_ptr<core::Optimizer> opt;
       algo::QAdamOptimizer* q = nullptr;
@@ -229,8 +288,14 @@ StepResult runSteps(const std::string& name, const algo::AlgorithmArgs& args) {
         algo::QAdamOptions o;
         o.warmupSteps = 2;
         auto made = algo::QAdamOptimizer::create(params, o);
+        if (!made.isOk()) {
+          out.error = made.status().toString();
+          return;
+        }
         q = made->get();
         opt = std::move(*made);
+      } else if (device) {
+        opt = std::make_unique<NoopOptimizer>();
       } else {
         opt = std::make_unique<core::Sgd>(params, 0.01f);
       }
@@ -239,40 +304,54 @@ StepResult runSteps(const std::string& name, const algo::AlgorithmArgs& args) {
         out.error = a.status().toString();
         return;
       }
-      auto ddp = core::withBagua(params, buffers, {opt.get()}, *a, **pg);
-      if (!ddp.isOk()) {
-        out.error = ddp.status().toString();
-        return;
-      }
-      core::CommStats before{};
-      auto t0 = std::chrono::steady_clock::now();
-      for (int step = 0; step < kWarm + kSteps; ++step) {
-        if (step == kWarm) {
-          before = (*pg)->stats();
-          t0 = std::chrono::steady_clock::now();
-        }
-        Status s = (*ddp)->prepareForward();
-        for (int k = 0; k < kTensors; ++k) {
-          for (size_t i = 0; i < kTensor; i += 97) {
-            grad[k][i] = static_cast<float>((i + step + r) % 13) * 0.01f;
-          }
-        }
-        for (int k = kTensors - 1; s.isOk() && k >= 0; --k) {
-          s = (*ddp)->markGradReady(k);
-        }
-        if (s.isOk()) {
-          s = (*ddp)->finishBackward();
-        }
-        if (s.isOk()) {
-          s = (*ddp)->step();
-        }
-        if (!s.isOk()) {
-          out.error = s.toString();
+      {
+        auto ddp = core::withBagua(params, buffers, {opt.get()}, *a, **pg);
+        if (!ddp.isOk()) {
+          out.error = ddp.status().toString();
           return;
         }
+        core::CommStats before{};
+        auto t0 = std::chrono::steady_clock::now();
+        for (int step = 0; step < kWarm + kSteps; ++step) {
+          if (step == kWarm) {
+            before = (*pg)->stats();
+            t0 = std::chrono::steady_clock::now();
+          }
+          Status s = (*ddp)->prepareForward();
+          if (!device) {
+            for (int k = 0; k < kTensors; ++k) {
+              for (size_t i = 0; i < tensor; i += 97) {
+                grad[k][i] = static_cast<float>((i + step + r) % 13) * 0.01f;
+              }
+            }
+          }
+          for (int k = kTensors - 1; s.isOk() && k >= 0; --k) {
+            s = (*ddp)->markGradReady(k);
+          }
+          if (s.isOk()) {
+            s = (*ddp)->finishBackward();
+          }
+          if (s.isOk()) {
+            s = (*ddp)->step();
+          }
+#if BAGUA_BENCH_NCCL
+          if (device && s.isOk() && cudaDeviceSynchronize() != cudaSuccess) {
+            s = BAGUA_ERROR(kCudaError, "cudaDeviceSynchronize after step %d", step);
+          }
+#endif
+          if (!s.isOk()) {
+            out.error = s.toString();
+            break;
+          }
+        }
+        out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        out.wireBytes = static_cast<double>((*pg)->stats().bytesSent - before.bytesSent);
       }
-      out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      out.wireBytes = static_cast<double>((*pg)->stats().bytesSent - before.bytesSent);
+#if BAGUA_BENCH_NCCL
+      for (void* m : deviceMem) {
+        cudaFree(m);
+      }
+#endif
     });
   }
   for (auto& t : threads) {
@@ -284,17 +363,27 @@ StepResult runSteps(const std::string& name, const algo::AlgorithmArgs& args) {
       return p;
     }
     total.seconds = std::max(total.seconds, p.seconds);
-    total.wireBytes += p.wireBytes / kWorld;
+    total.wireBytes += p.wireBytes / world;
   }
   total.seconds /= kSteps;
   total.wireBytes /= kSteps;
   return total;
 }
 
-void BM_AlgorithmStep(benchmark::State& state, const std::string& name,
-                      const algo::AlgorithmArgs& args) {
+void BM_AlgorithmStep(benchmark::State& state, const std::string& label, const std::string& name,
+                      const algo::AlgorithmArgs& args, bool device) {
+#if BAGUA_BENCH_NCCL
+  if (device) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < kDeviceWorld) {
+      (void)cudaGetLastError();
+      state.SkipWithError("needs 2 CUDA devices (the NCCL step runs on the GPU machine)");
+      return;
+    }
+  }
+#endif
   for (auto _ : state) {
-    StepResult r = runSteps(name, args);
+    StepResult r = runSteps(name, args, device);
     if (!r.error.empty()) {
       state.SkipWithError(r.error.c_str());
       break;
@@ -302,24 +391,75 @@ void BM_AlgorithmStep(benchmark::State& state, const std::string& name,
     state.SetIterationTime(r.seconds);
     state.counters["step_ms"] = r.seconds * 1e3;
     state.counters["wire_MB"] = r.wireBytes / 1e6;
-    state.counters["model_MB"] = static_cast<double>(kTensor * kTensors * 4) / 1e6;
+    state.counters["model_MB"] =
+        static_cast<double>((device ? kDeviceTensor : kHostTensor) * kTensors * 4) / 1e6;
+    std::lock_guard<std::mutex> lock(gRowsMu);
+    gRows[device ? "nccl" : "host"].emplace_back(label, r);
   }
 }
 
-#define ALGO_STEP(label, name, ...)                                                              \
-  BENCHMARK_CAPTURE(BM_AlgorithmStep, label, std::string(name), algo::AlgorithmArgs __VA_ARGS__) \
-      ->Iterations(1)                                                                            \
-      ->UseManualTime()                                                                          \
+#define ALGO_STEP(bm, label, device, name, ...)                                      \
+  BENCHMARK_CAPTURE(BM_AlgorithmStep, label, std::string(#label), std::string(name), \
+                    algo::AlgorithmArgs __VA_ARGS__, device)                         \
+      ->Name(bm "/" #label)                                                          \
+      ->Iterations(1)                                                                \
+      ->UseManualTime()                                                              \
       ->Unit(benchmark::kMillisecond)
 
-ALGO_STEP(gradient_allreduce, "gradient_allreduce", {});
-ALGO_STEP(bytegrad, "bytegrad", {{"hierarchical", "false"}});
-ALGO_STEP(decentralized_all, "decentralized", {{"hierarchical", "false"}});
-ALGO_STEP(decentralized_shift_one, "decentralized",
+ALGO_STEP("BM_AlgorithmStep", gradient_allreduce, false, "gradient_allreduce", {});
+ALGO_STEP("BM_AlgorithmStep", bytegrad, false, "bytegrad", {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStep", decentralized_all, false, "decentralized",
+          {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStep", decentralized_shift_one, false, "decentralized",
           {{"hierarchical", "false"}, {"peer_selection_mode", "shift_one"}});
-ALGO_STEP(low_precision_decentralized, "low_precision_decentralized", {{"hierarchical", "false"}});
-ALGO_STEP(qadam, "qadam", {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStep", low_precision_decentralized, false, "low_precision_decentralized",
+          {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStep", qadam, false, "qadam", {{"hierarchical", "false"}});
+
+#if BAGUA_BENCH_NCCL
+ALGO_STEP("BM_AlgorithmStepNccl", gradient_allreduce, true, "gradient_allreduce", {});
+ALGO_STEP("BM_AlgorithmStepNccl", bytegrad, true, "bytegrad", {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStepNccl", decentralized_all, true, "decentralized",
+          {{"hierarchical", "false"}});
+ALGO_STEP("BM_AlgorithmStepNccl", decentralized_shift_one, true, "decentralized",
+          {{"hierarchical", "false"}, {"peer_selection_mode", "shift_one"}});
+ALGO_STEP("BM_AlgorithmStepNccl", low_precision_decentralized, true, "low_precision_decentralized",
+          {{"hierarchical", "false"}});
+#endif
+
+// Each algorithm against gradient_allreduce of the same backend, same run.
+void printRatios() {
+  std::lock_guard<std::mutex> lock(gRowsMu);
+  for (const auto& [backend, rows] : gRows) {
+    const StepResult* peer = nullptr;
+    for (const auto& [label, r] : rows) {
+      if (label == "gradient_allreduce") {
+        peer = &r;
+      }
+    }
+    if (peer == nullptr || peer->wireBytes <= 0 || peer->seconds <= 0) {
+      continue;
+    }
+    std::printf("\nalgorithm step, %s backend (%d ranks): ratios to gradient_allreduce\n",
+                backend.c_str(), backend == "nccl" ? kDeviceWorld : kHostWorld);
+    std::printf("  %-28s %10s %10s %8s %10s\n", "algorithm", "wire MB", "wire x", "step ms",
+                "speed-up");
+    for (const auto& [label, r] : rows) {
+      std::printf("  %-28s %10.2f %10.3f %8.2f %9.2fx\n", label.c_str(), r.wireBytes / 1e6,
+                  r.wireBytes / peer->wireBytes, r.seconds * 1e3, peer->seconds / r.seconds);
+    }
+  }
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
+    return 1;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  printRatios();
+  return 0;
+}
