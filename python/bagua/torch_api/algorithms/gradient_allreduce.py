@@ -1,0 +1,15 @@
+from .base import Algorithm
+
+
+class GradientAllReduceAlgorithm(Algorithm):
+    """All-reduce the gradients bucket by bucket (``average``: mean, else sum)."""
+
+    name = "gradient_allreduce"
+
+    def __init__(self, hierarchical: bool = False, average: bool = True):
+        super().__init__()
+        self.hierarchical = hierarchical
+        self.average = average
+
+    def _kwargs(self):
+        return {"hierarchical": self.hierarchical, "average": self.average}

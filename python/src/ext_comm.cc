@@ -1,0 +1,302 @@
+// Process groups and collectives on raw buffers (CPU memory on the host backend, device memory
+// on the NCCL backend). Every blocking call releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/core/communicator.h"
+#include "bagua/core/params.h"
+#include "bagua/core/process_group.h"
+#include "bagua/core/store.h"
+#include "ext.h"
+
+namespace bagua::py {
+
+namespace {
+
+using core::Communicator;
+using core::DataType;
+using core::ProcessGroup;
+using core::ReduceOp;
+using core::WorkPtr;
+
+void* ptr(uintptr_t p) {
+  return reinterpret_cast<void*>(p);
+}
+
+DataType dtypeOf(int code) {
+  if (code < 0 || code >= core::kNumDataTypes) {
+    throw pyb::value_error("bad dtype code " + std::to_string(code));
+  }
+  return static_cast<DataType>(code);
+}
+
+ReduceOp opOf(int code) {
+  if (code < 0 || code >= core::kNumReduceOps) {
+    throw pyb::value_error("bad reduce-op code " + std::to_string(code));
+  }
+  return static_cast<ReduceOp>(code);
+}
+
+std::chrono::milliseconds collectiveTimeout() {
+  return std::chrono::milliseconds(take(core::CoreParams::collectiveTimeoutMs().get()));
+}
+
+// A Work plus the Python objects whose memory it borrows (kept alive until it completes).
+class PyWork {
+ public:
+  PyWork(WorkPtr work, pyb::object keep) : work_(std::move(work)), keep_(std::move(keep)) {}
+  // Waits up to timeoutMs (negative: the collective timeout); raises on failure.
+  void wait(int64_t timeoutMs) {
+    const auto t = timeoutMs < 0 ? collectiveTimeout() : std::chrono::milliseconds(timeoutMs);
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = work_->wait(t);
+    }
+    check(s);
+  }
+  bool test() { return work_->test(); }
+
+ private:
+  WorkPtr work_;
+  pyb::object keep_;
+};
+
+// A process group; `owned` for groups made here, plus the store to build more groups from.
+class PyGroup {
+ public:
+  explicit PyGroup(std::unique_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {}
+  ProcessGroup& pg() { return *pg_; }
+  Communicator& comm() { return pg_->global(); }
+
+  // Destroys the group with the GIL released (closing connections can wait on peers).
+  void destroy() {
+    pyb::gil_scoped_release nogil;
+    pg_.reset();
+  }
+  bool alive() const { return pg_ != nullptr; }
+  ProcessGroup& live() {
+    if (!pg_) {
+      throw std::runtime_error("this process group was destroyed");
+    }
+    return *pg_;
+  }
+
+ private:
+  std::unique_ptr<ProcessGroup> pg_;
+};
+
+template <typename F>
+PyWork issue(F&& f, pyb::object keep) {
+  WorkPtr w;
+  {
+    pyb::gil_scoped_release nogil;
+    w = f();
+  }
+  return PyWork(std::move(w), std::move(keep));
+}
+
+core::Backend backendOf(const std::string& name) {
+  if (name == "host" || name == "gloo" || name == "cpu") {
+    return core::Backend::kHost;
+  }
+  if (name == "nccl") {
+    return core::Backend::kNccl;
+  }
+  throw pyb::value_error("backend '" + name + "': expected 'host' or 'nccl'");
+}
+
+}  // namespace
+
+void bindComm(pyb::module_& m) {
+  pyb::class_<PyWork>(m, "Work")
+      .def("wait", &PyWork::wait, pyb::arg("timeout_ms") = -1,
+           "Blocks until the operation completes (GIL released); raises RuntimeError on failure")
+      .def("test", &PyWork::test);
+
+  pyb::class_<PyGroup, std::shared_ptr<PyGroup>>(m, "Group")
+      .def_property_readonly("rank", [](PyGroup& g) { return g.live().rank(); })
+      .def_property_readonly("size", [](PyGroup& g) { return g.live().size(); })
+      .def_property_readonly("local_rank", [](PyGroup& g) { return g.live().localRank(); })
+      .def_property_readonly("local_size", [](PyGroup& g) { return g.live().localSize(); })
+      .def_property_readonly("node_rank", [](PyGroup& g) { return g.live().nodeRank(); })
+      .def_property_readonly("num_nodes", [](PyGroup& g) { return g.live().numNodes(); })
+      .def_property_readonly("backend", [](PyGroup& g) { return g.live().global().backendName(); })
+      .def_property_readonly("alive", &PyGroup::alive)
+      .def(
+          "all_reduce",
+          [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, int op,
+             pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue(
+                [&] { return c.allReduce(ptr(send), ptr(recv), count, dtypeOf(dt), opOf(op)); },
+                keep);
+          },
+          pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("op"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "reduce",
+          [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, int op, int root,
+             pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue(
+                [&] { return c.reduce(ptr(send), ptr(recv), count, dtypeOf(dt), opOf(op), root); },
+                keep);
+          },
+          pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("op"),
+          pyb::arg("root"), pyb::arg("keep") = pyb::none())
+      .def(
+          "reduce_scatter",
+          [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, int op,
+             pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue(
+                [&] { return c.reduceScatter(ptr(send), ptr(recv), count, dtypeOf(dt), opOf(op)); },
+                keep);
+          },
+          pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("op"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "all_gather",
+          [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue([&] { return c.allGather(ptr(send), ptr(recv), count, dtypeOf(dt)); },
+                         keep);
+          },
+          pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "broadcast",
+          [](PyGroup& g, uintptr_t buf, size_t count, int dt, int root, pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue([&] { return c.broadcast(ptr(buf), count, dtypeOf(dt), root); }, keep);
+          },
+          pyb::arg("buffer"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("root"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "all_to_all",
+          [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue([&] { return c.allToAll(ptr(send), ptr(recv), count, dtypeOf(dt)); },
+                         keep);
+          },
+          pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "send",
+          [](PyGroup& g, uintptr_t buf, size_t count, int dt, int peer, pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue([&] { return c.send(ptr(buf), count, dtypeOf(dt), peer); }, keep);
+          },
+          pyb::arg("buffer"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("peer"),
+          pyb::arg("keep") = pyb::none())
+      .def(
+          "recv",
+          [](PyGroup& g, uintptr_t buf, size_t count, int dt, int peer, pyb::object keep) {
+            Communicator& c = g.live().global();
+            return issue([&] { return c.recv(ptr(buf), count, dtypeOf(dt), peer); }, keep);
+          },
+          pyb::arg("buffer"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("peer"),
+          pyb::arg("keep") = pyb::none())
+      .def("barrier",
+           [](PyGroup& g) {
+             Communicator& c = g.live().global();
+             return issue([&] { return c.barrier(); }, pyb::none());
+           })
+      .def("abort", [](PyGroup& g, const std::string& why) { g.live().abort(why); })
+      .def("stats",
+           [](PyGroup& g) {
+             core::CommStats s = g.live().stats();
+             pyb::dict d;
+             d["bytes_sent"] = s.bytesSent;
+             d["bytes_received"] = s.bytesReceived;
+             d["operations"] = s.operations;
+             return d;
+           })
+      .def("destroy", &PyGroup::destroy,
+           "Closes the group's connections (collective in spirit: every rank should do it)")
+      .def(
+          "new_group",
+          [](PyGroup& g, const std::vector<int>& ranks, const std::string& name,
+             const std::string& backend, bool hierarchical,
+             int cudaDevice) -> std::shared_ptr<PyGroup> {
+            // A group over `ranks` (in that order) on the same store. Collective over the
+            // parent: every rank calls it; non-members get None.
+            ProcessGroup& parent = g.live();
+            int myIndex = -1;
+            for (size_t i = 0; i < ranks.size(); ++i) {
+              if (ranks[i] == parent.rank()) {
+                myIndex = static_cast<int>(i);
+              }
+            }
+            if (myIndex < 0) {
+              return nullptr;
+            }
+            core::ProcessGroupOptions o;
+            o.rank = myIndex;
+            o.worldSize = static_cast<int>(ranks.size());
+            const bool whole = ranks.size() == static_cast<size_t>(parent.size());
+            o.localWorldSize = whole ? parent.localSize() : -1;
+            o.localRank = whole ? parent.localRank() : -1;
+            o.backend = backendOf(backend);
+            o.hierarchical = hierarchical;
+            o.name = name;
+            o.cudaDevice = cudaDevice;
+            o.collectiveTimeout = parent.options().collectiveTimeout;
+            o.rendezvousTimeout = parent.options().rendezvousTimeout;
+            Result<std::unique_ptr<ProcessGroup>> r = Status();
+            {
+              pyb::gil_scoped_release nogil;
+              r = ProcessGroup::create(parent.store(), o);
+            }
+            return std::make_shared<PyGroup>(take(std::move(r)));
+          },
+          pyb::arg("ranks"), pyb::arg("name"), pyb::arg("backend") = "host",
+          pyb::arg("hierarchical") = false, pyb::arg("cuda_device") = -1);
+
+  m.def(
+      "init_from_env",
+      [](const std::string& backend, bool hierarchical, int rank, int worldSize, int localRank,
+         int localWorldSize, int cudaDevice) {
+        // API arguments beat the environment (ParamCatalogue overrides), as Bagua's
+        // init_process_group(rank=..., world_size=...) does.
+        auto override = [](Param<int64_t>& p, int v) {
+          if (v >= 0) {
+            check(p.setOverride(v));
+          }
+        };
+        override(core::CoreParams::rank(), rank);
+        override(core::CoreParams::worldSize(), worldSize);
+        override(core::CoreParams::localRank(), localRank);
+        override(core::CoreParams::localWorldSize(), localWorldSize);
+        core::ProcessGroupOptions o;
+        o.backend = backendOf(backend);
+        o.hierarchical = hierarchical;
+        o.cudaDevice = cudaDevice;
+        Result<std::unique_ptr<ProcessGroup>> r = Status();
+        {
+          pyb::gil_scoped_release nogil;
+          r = ProcessGroup::initFromEnv(o);
+        }
+        return std::make_shared<PyGroup>(take(std::move(r)));
+      },
+      pyb::arg("backend") = "host", pyb::arg("hierarchical") = true, pyb::arg("rank") = -1,
+      pyb::arg("world_size") = -1, pyb::arg("local_rank") = -1, pyb::arg("local_world_size") = -1,
+      pyb::arg("cuda_device") = -1,
+      "env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, "
+      "LOCAL_WORLD_SIZE); rank 0 hosts the store");
+  m.def("collective_timeout_ms", [] { return collectiveTimeout().count(); });
+}
+
+// For ext_ddp.cc: the ProcessGroup inside a Group object.
+core::ProcessGroup& groupOf(const pyb::object& group) {
+  return group.cast<PyGroup&>().live();
+}
+
+}  // namespace bagua::py

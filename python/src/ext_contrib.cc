@@ -1,0 +1,162 @@
+// contrib: the load-balancing samplers (loader/) and the dataset cache (dataset_cache/).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bagua/dataset_cache/cache.h"
+#include "bagua/loader/batch_sampler.h"
+#include "bagua/loader/sampler.h"
+#include "ext.h"
+
+namespace bagua::py {
+
+namespace {
+
+class PySampler {
+ public:
+  PySampler(std::vector<int64_t> complexities, int numReplicas, int rank, bool shuffle,
+            uint64_t seed, bool dropLast, double randomLevel) {
+    loader::LoadBalancingOptions o;
+    o.numReplicas = numReplicas;
+    o.rank = rank;
+    o.shuffle = shuffle;
+    o.seed = seed;
+    o.dropLast = dropLast;
+    o.randomLevel = randomLevel;
+    s_ = take(loader::LoadBalancingDistributedSampler::create(std::move(complexities), o));
+  }
+  loader::LoadBalancingDistributedSampler& get() { return *s_; }
+
+ private:
+  std::unique_ptr<loader::LoadBalancingDistributedSampler> s_;
+};
+
+class PyBatchSampler {
+ public:
+  PyBatchSampler(PySampler& sampler, pyb::function batchFn, bool dropLast) : fn_(batchFn) {
+    // The batch function is Python: it runs on this (GIL-holding) thread, synchronously.
+    loader::BatchFn f = [this](const std::vector<size_t>& indices) -> Result<loader::Batches> {
+      try {
+        pyb::object r = fn_(indices);
+        return r.cast<loader::Batches>();
+      } catch (pyb::error_already_set& e) {
+        return BAGUA_ERROR(kInvalidArgument, "batch_fn raised: %s", e.what());
+      } catch (pyb::cast_error& e) {
+        return BAGUA_ERROR(kInvalidArgument, "batch_fn must return a list of lists of indices (%s)",
+                           e.what());
+      }
+    };
+    b_ = take(loader::LoadBalancingDistributedBatchSampler::create(sampler.get(), f, dropLast));
+  }
+  loader::LoadBalancingDistributedBatchSampler& get() { return *b_; }
+
+ private:
+  pyb::function fn_;
+  std::unique_ptr<loader::LoadBalancingDistributedBatchSampler> b_;
+};
+
+// One cache loader (a dataset name) over a shared backend; values are opaque bytes (Python
+// pickles the samples).
+class PyCacheLoader {
+ public:
+  PyCacheLoader(std::shared_ptr<cache::CacheBackend> backend, const std::string& name,
+                size_t writerBufferSize)
+      : loader_(std::move(backend), cache::CacheLoaderOptions{name, writerBufferSize}) {}
+
+  pyb::bytes get(const std::string& key, const pyb::function& load) {
+    std::string value;
+    auto fn = [&](std::string_view, std::string& out) -> Status {
+      try {
+        out = load(key).cast<std::string>();
+        return Status::ok();
+      } catch (pyb::error_already_set& e) {
+        return BAGUA_ERROR(kInvalidArgument, "load function raised: %s", e.what());
+      } catch (pyb::cast_error& e) {
+        return BAGUA_ERROR(kInvalidArgument, "load function must return bytes (%s)", e.what());
+      }
+    };
+    check(loader_.get(key, value, fn));
+    return pyb::bytes(value);
+  }
+  void flush() { check(loader_.flush()); }
+  uint64_t numKeys() { return take(loader_.numKeys()); }
+  pyb::dict stats() const {
+    cache::CacheStats s = loader_.stats();
+    pyb::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["writes"] = s.writes;
+    d["dropped_writes"] = s.droppedWrites;
+    d["backend_errors"] = s.backendErrors;
+    return d;
+  }
+
+ private:
+  cache::CacheLoader loader_;
+};
+
+}  // namespace
+
+void bindContrib(pyb::module_& m) {
+  pyb::class_<PySampler>(m, "LoadBalancingSampler")
+      .def(pyb::init<std::vector<int64_t>, int, int, bool, uint64_t, bool, double>(),
+           pyb::arg("complexities"), pyb::arg("num_replicas"), pyb::arg("rank"),
+           pyb::arg("shuffle"), pyb::arg("seed"), pyb::arg("drop_last"), pyb::arg("random_level"))
+      .def("set_epoch", [](PySampler& s, uint64_t e) { s.get().setEpoch(e); })
+      .def("indices",
+           [](PySampler& s) {
+             auto v = s.get().indices();
+             return std::vector<int64_t>(v.begin(), v.end());
+           })
+      .def("indices_of",
+           [](PySampler& s, int rank) {
+             auto v = s.get().indicesOf(rank);
+             return std::vector<int64_t>(v.begin(), v.end());
+           })
+      .def_property_readonly("num_samples", [](PySampler& s) { return s.get().numSamples(); })
+      .def_property_readonly("total_size", [](PySampler& s) { return s.get().totalSize(); });
+
+  pyb::class_<PyBatchSampler>(m, "LoadBalancingBatchSampler")
+      .def(pyb::init<PySampler&, pyb::function, bool>(), pyb::arg("sampler"), pyb::arg("batch_fn"),
+           pyb::arg("drop_last"), pyb::keep_alive<1, 2>())
+      .def("set_epoch", [](PyBatchSampler& b, uint64_t e) { check(b.get().setEpoch(e)); })
+      .def("batches", [](PyBatchSampler& b) { return b.get().batches(); })
+      .def_property_readonly("num_batches", [](PyBatchSampler& b) { return b.get().numBatches(); });
+
+  pyb::class_<cache::CacheBackend, std::shared_ptr<cache::CacheBackend>>(m, "CacheBackend")
+      .def("describe", &cache::CacheBackend::describe)
+      .def("num_keys", [](cache::CacheBackend& b) { return take(b.numKeys()); })
+      .def("clear", [](cache::CacheBackend& b) { check(b.clear()); });
+  m.def(
+      "make_cache_backend",
+      [](const std::string& kind, int64_t capacityBytes) {
+        cache::CacheOptions o = take(cache::CacheOptions::fromParams());
+        if (kind == "embedded") {
+          o.backend = cache::BackendKind::kEmbedded;
+        } else if (kind == "redis") {
+          o.backend = cache::BackendKind::kRedis;
+        } else {
+          throw pyb::value_error("cache backend '" + kind + "': expected 'embedded' or 'redis'");
+        }
+        if (capacityBytes > 0) {
+          o.embedded.capacityBytes = static_cast<uint64_t>(capacityBytes);
+          o.redis.capacityPerNode = static_cast<uint64_t>(capacityBytes);
+        }
+        return take(cache::makeBackend(o));
+      },
+      pyb::arg("kind"), pyb::arg("capacity_bytes") = 0);
+
+  pyb::class_<PyCacheLoader>(m, "CacheLoader")
+      .def(pyb::init<std::shared_ptr<cache::CacheBackend>, const std::string&, size_t>(),
+           pyb::arg("backend"), pyb::arg("dataset_name"), pyb::arg("writer_buffer_size"))
+      .def("get", &PyCacheLoader::get, pyb::arg("key"), pyb::arg("load"))
+      .def("flush", &PyCacheLoader::flush)
+      .def("num_keys", &PyCacheLoader::numKeys)
+      .def("stats", &PyCacheLoader::stats);
+}
+
+}  // namespace bagua::py

@@ -1,0 +1,312 @@
+// The reducer (core::DistributedDataParallel) over torch tensors' memory, the algorithms of
+// algorithms/ by name, and QAdamOptimizer.
+//
+// Parameters cross as (name, data_ptr, grad_ptr, numel, dtype, device_type, device_index,
+// requires_grad). Python owns every byte: the reducer runs in copy mode (a ready gradient is
+// copied into the bucket at markGradReady, the result copied back at finishBackward), and
+// Python refreshes the gradient pointer before each markGradReady because autograd may
+// reallocate param.grad (zero_grad(set_to_none=True)).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/qadam.h"
+#include "bagua/core/ddp.h"
+#include "ext.h"
+
+namespace bagua::py {
+
+namespace {
+
+using core::Parameter;
+
+using ParamSpec = std::tuple<std::string, uintptr_t, uintptr_t, size_t, int, int, int, bool>;
+
+std::vector<Parameter> toParams(const std::vector<ParamSpec>& specs) {
+  std::vector<Parameter> out;
+  out.reserve(specs.size());
+  for (const auto& [name, data, grad, numel, dtype, devType, devIndex, requiresGrad] : specs) {
+    if (dtype < 0 || dtype >= core::kNumDataTypes) {
+      throw pyb::value_error(name + ": bad dtype code " + std::to_string(dtype));
+    }
+    Parameter p;
+    p.name = name;
+    p.data = reinterpret_cast<void*>(data);
+    p.grad = reinterpret_cast<void*>(grad);
+    p.numel = numel;
+    p.dtype = static_cast<core::DataType>(dtype);
+    p.device.type = devType == 0 ? core::DeviceType::kCpu : core::DeviceType::kCuda;
+    p.device.index = devIndex;
+    p.requiresGrad = requiresGrad;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// QAdamOptimizer over the torch parameters' memory (its own parameter list, refreshed before
+// each step).
+class PyQAdam {
+ public:
+  PyQAdam(const std::vector<ParamSpec>& specs, float lr, int warmupSteps, float beta1, float beta2,
+          float eps, float weightDecay)
+      : params_(toParams(specs)) {
+    algo::QAdamOptions o;
+    o.lr = lr;
+    o.warmupSteps = warmupSteps;
+    o.beta1 = beta1;
+    o.beta2 = beta2;
+    o.eps = eps;
+    o.weightDecay = weightDecay;
+    opt_ = take(algo::QAdamOptimizer::create(params_, o));
+  }
+  void setPointers(const std::vector<std::pair<uintptr_t, uintptr_t>>& ptrs) {
+    if (ptrs.size() != params_.size()) {
+      throw pyb::value_error("QAdamOptimizer: pointer list has the wrong length");
+    }
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      params_[i].data = reinterpret_cast<void*>(ptrs[i].first);
+      params_[i].grad = reinterpret_cast<void*>(ptrs[i].second);
+    }
+  }
+  void step() {
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = opt_->step();
+    }
+    check(s);
+  }
+  int64_t stepCount() const { return opt_->stepCount(); }
+  pyb::bytes state(int i, bool second) {
+    if (i < 0 || i >= static_cast<int>(params_.size())) {
+      throw pyb::index_error("QAdamOptimizer: parameter index out of range");
+    }
+    const float* p = second ? opt_->expAvgSq(i) : opt_->expAvg(i);
+    return pyb::bytes(reinterpret_cast<const char*>(p), params_[i].numel * sizeof(float));
+  }
+  void setState(int i, bool second, const pyb::bytes& b) {
+    if (i < 0 || i >= static_cast<int>(params_.size())) {
+      throw pyb::index_error("QAdamOptimizer: parameter index out of range");
+    }
+    std::string s = b;
+    if (s.size() != params_[i].numel * sizeof(float)) {
+      throw pyb::value_error("QAdamOptimizer: state of the wrong size");
+    }
+    float* p = second ? opt_->expAvgSq(i) : opt_->expAvg(i);
+    std::memcpy(p, s.data(), s.size());
+  }
+  algo::QAdamOptimizer* get() { return opt_.get(); }
+
+ private:
+  std::vector<Parameter> params_;
+  std::unique_ptr<algo::QAdamOptimizer> opt_;
+};
+
+// Lets the reducer broadcast QAdam's state without stepping it (Python steps the optimizer).
+class StateOnlyOptimizer final : public core::Optimizer {
+ public:
+  explicit StateOnlyOptimizer(core::Optimizer* inner) : inner_(inner) {}
+  Status step() override { return Status::ok(); }
+  void zeroGrad() override {}
+  std::vector<Parameter> stateTensors() override { return inner_->stateTensors(); }
+
+ private:
+  core::Optimizer* inner_;
+};
+
+class PyAlgorithm {
+ public:
+  PyAlgorithm(const std::string& name, const std::map<std::string, std::string>& args,
+              PyQAdam* qadam)
+      : algo_(take(algo::createAlgorithm(name, args, qadam ? qadam->get() : nullptr))) {}
+  std::string name() const { return algo_->name(); }
+  std::shared_ptr<core::Algorithm> get() { return algo_; }
+
+  void abort() {
+    auto* a = async("abort");
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = a->abort();
+    }
+    check(s);
+  }
+  void resume() {
+    auto* a = async("resume");
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = a->resume();
+    }
+    check(s);
+  }
+  int64_t rounds() { return async("rounds")->rounds(); }
+  pyb::dict replicas() {
+    auto* lp = dynamic_cast<algo::LowPrecisionDecentralized*>(algo_.get());
+    if (lp == nullptr) {
+      throw std::runtime_error("replicas(): only low_precision_decentralized has replicas");
+    }
+    auto r = take(lp->replicas());
+    pyb::dict d;
+    d["self"] = r.self;
+    d["left"] = r.left;
+    d["right"] = r.right;
+    return d;
+  }
+
+ private:
+  algo::AsyncModelAverage* async(const char* what) {
+    auto* a = dynamic_cast<algo::AsyncModelAverage*>(algo_.get());
+    if (a == nullptr) {
+      throw std::runtime_error(std::string(what) + "(): only the async algorithm has it");
+    }
+    return a;
+  }
+  std::shared_ptr<core::Algorithm> algo_;
+};
+
+class PyReducer {
+ public:
+  PyReducer(pyb::object group, const std::vector<ParamSpec>& params,
+            const std::vector<ParamSpec>& buffers, PyAlgorithm& algorithm, PyQAdam* qadam,
+            double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
+            const std::vector<std::string>& ignore, int64_t firstBucketBytes)
+      : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
+    core::ProcessGroup& pg = groupOf(group_);
+    core::DdpOptions o;
+    o.bucketCapMb = bucketCapMb;
+    if (firstBucketBytes > 0) {
+      o.firstBucketBytes = static_cast<size_t>(firstBucketBytes);
+    }
+    o.gradientAsBucketView = false;  // Python owns the gradients; see the file comment
+    o.findUnusedParameters = findUnused;
+    o.broadcastBuffers = broadcastBuffers;
+    o.rebuildBuckets = rebuildBuckets;
+    o.paramsToIgnore = ignore;
+    std::vector<core::Optimizer*> opts;
+    if (qadam != nullptr) {
+      stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());
+      opts.push_back(stateOnly_.get());
+    }
+    Result<std::unique_ptr<core::DistributedDataParallel>> r =
+        BAGUA_ERROR(kInternal, "not created");
+    {
+      pyb::gil_scoped_release nogil;
+      r = core::withBagua(params_, buffers_, opts, algorithm.get(), pg, o);
+    }
+    ddp_ = take(std::move(r));
+  }
+  ~PyReducer() {
+    pyb::gil_scoped_release nogil;
+    noSync_.reset();
+    ddp_.reset();
+  }
+  PyReducer(const PyReducer&) = delete;
+  PyReducer& operator=(const PyReducer&) = delete;
+
+  void setGrad(int i, uintptr_t grad) {
+    if (i < 0 || i >= static_cast<int>(params_.size())) {
+      throw pyb::index_error("set_grad: parameter index out of range");
+    }
+    params_[i].grad = reinterpret_cast<void*>(grad);
+  }
+  template <typename F>
+  void run(F&& f) {
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = f();
+    }
+    check(s);
+  }
+  void prepareForward() {
+    run([&] { return ddp_->prepareForward(); });
+  }
+  void markGradReady(int i) {
+    run([&] { return ddp_->markGradReady(i); });
+  }
+  void finishBackward() {
+    run([&] { return ddp_->finishBackward(); });
+  }
+  void step() {
+    run([&] { return ddp_->step(); });
+  }
+  void setNoSync(bool on) {
+    if (on && !noSync_) {
+      noSync_ = std::make_unique<core::DistributedDataParallel::NoSyncGuard>(ddp_.get());
+    } else if (!on) {
+      noSync_.reset();
+    }
+  }
+  // Indices of the parameters whose gradients the reducer communicates.
+  std::vector<int> communicated() const {
+    std::vector<int> out;
+    for (const auto& t : ddp_->tensors()) {
+      out.push_back(t.paramIndex);
+    }
+    return out;
+  }
+  core::DistributedDataParallel& ddp() { return *ddp_; }
+
+ private:
+  pyb::object group_;  // keeps the process group alive
+  std::vector<Parameter> params_;
+  std::vector<Parameter> buffers_;
+  std::unique_ptr<StateOnlyOptimizer> stateOnly_;
+  std::unique_ptr<core::DistributedDataParallel> ddp_;
+  std::unique_ptr<core::DistributedDataParallel::NoSyncGuard> noSync_;
+};
+
+}  // namespace
+
+void bindDdp(pyb::module_& m) {
+  pyb::class_<PyQAdam>(m, "QAdamOptimizer")
+      .def(pyb::init<const std::vector<ParamSpec>&, float, int, float, float, float, float>(),
+           pyb::arg("params"), pyb::arg("lr"), pyb::arg("warmup_steps"), pyb::arg("beta1"),
+           pyb::arg("beta2"), pyb::arg("eps"), pyb::arg("weight_decay"))
+      .def("set_pointers", &PyQAdam::setPointers)
+      .def("step", &PyQAdam::step)
+      .def_property_readonly("step_count", &PyQAdam::stepCount)
+      .def("state", &PyQAdam::state, pyb::arg("index"), pyb::arg("second"))
+      .def("set_state", &PyQAdam::setState, pyb::arg("index"), pyb::arg("second"),
+           pyb::arg("data"));
+
+  pyb::class_<PyAlgorithm>(m, "Algorithm")
+      .def(pyb::init<const std::string&, const std::map<std::string, std::string>&, PyQAdam*>(),
+           pyb::arg("name"), pyb::arg("args"), pyb::arg("qadam") = nullptr, pyb::keep_alive<1, 4>())
+      .def_property_readonly("name", &PyAlgorithm::name)
+      .def("abort", &PyAlgorithm::abort)
+      .def("resume", &PyAlgorithm::resume)
+      .def("rounds", &PyAlgorithm::rounds)
+      .def("replicas", &PyAlgorithm::replicas);
+  m.def("algorithm_names", [] { return algo::algorithmNames(); });
+
+  pyb::class_<PyReducer>(m, "Reducer")
+      .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
+                     PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
+                     const std::vector<std::string>&, int64_t>(),
+           pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
+           pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
+           pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
+           pyb::arg("first_bucket_bytes") = 0, pyb::keep_alive<1, 5>(), pyb::keep_alive<1, 6>())
+      .def("set_grad", &PyReducer::setGrad)
+      .def("prepare_forward", &PyReducer::prepareForward)
+      .def("mark_grad_ready", &PyReducer::markGradReady)
+      .def("finish_backward", &PyReducer::finishBackward)
+      .def("step", &PyReducer::step)
+      .def("set_no_sync", &PyReducer::setNoSync)
+      .def("communicated", &PyReducer::communicated)
+      .def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
+      .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
+      .def_property_readonly("buckets_rebuilt",
+                             [](PyReducer& r) { return r.ddp().bucketsRebuilt(); });
+}
+
+}  // namespace bagua::py

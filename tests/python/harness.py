@@ -1,0 +1,64 @@
+"""Runs a worker function in N processes over loopback (env:// like torchrun) with a deadline.
+
+Each process runs ``python workers.py <function> <outdir> <json-args>`` with RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT; the function's
+return value is written to <outdir>/rank<r>.pt (torch.save) and returned, rank by rank.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(func, world, args=None, timeout=90, env=None, local_world=None):
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bagua_py_") as out:
+        procs = []
+        for r in range(world):
+            e = dict(os.environ)
+            e.update({
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r % (local_world or world)),
+                "LOCAL_WORLD_SIZE": str(local_world or world),
+                "BAGUA_RENDEZVOUS_TIMEOUT_MS": "30000",
+                "BAGUA_COLLECTIVE_TIMEOUT_MS": "30000",
+                "OMP_NUM_THREADS": "1",
+            })
+            e.update(env or {})
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "workers.py"), func, out,
+                 json.dumps(args or {})],
+                env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outputs = []
+        failed = []
+        for r, p in enumerate(procs):
+            try:
+                o, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                o, _ = p.communicate()
+                failed.append("rank {} timed out after {} s".format(r, timeout))
+            outputs.append(o.decode(errors="replace"))
+            if p.returncode != 0:
+                failed.append("rank {} exited with {}".format(r, p.returncode))
+        if failed:
+            raise AssertionError("; ".join(failed) + "\n" + "\n".join(
+                "---- rank {} ----\n{}".format(r, o[-3000:]) for r, o in enumerate(outputs)))
+        return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(world)]

@@ -1,0 +1,192 @@
+"""Worker functions run by harness.run in separate processes (one per rank)."""
+
+import json
+import os
+import sys
+
+import torch
+
+import bagua.torch_api as bagua
+from bagua.torch_api.algorithms import (
+    Algorithm,
+    GradientAllReduceAlgorithm,
+    ByteGradAlgorithm,
+    DecentralizedAlgorithm,
+    LowPrecisionDecentralizedAlgorithm,
+    AsyncModelAverageAlgorithm,
+)
+from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
+from bagua.torch_api.data_parallel import DistributedDataParallel
+
+WORKERS = {}
+
+
+def worker(f):
+    WORKERS[f.__name__] = f
+    return f
+
+
+class Net(torch.nn.Module):
+    """Bagua's test model: 2 -> 10 -> 50 -> 4 with ReLUs and a softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(2, 10, bias=False)
+        self.fc2 = torch.nn.Linear(10, 50, bias=True)
+        self.fc3 = torch.nn.Linear(50, 4, bias=False)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return torch.softmax(self.fc3(x), dim=1)
+
+
+def data(rank, step, batch=4):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(batch, 2, generator=g), torch.randn(batch, 4, generator=g)
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def make_algorithm(name, kwargs, model, lr):
+    if name == "qadam":
+        opt = QAdamOptimizer(model.parameters(), lr=lr, **kwargs.get("opt", {}))
+        return QAdamAlgorithm(opt, **kwargs.get("algo", {})), opt
+    return Algorithm.init(name, **kwargs), torch.optim.SGD(model.parameters(), lr=lr)
+
+
+# ---- communication --------------------------------------------------------------------------
+
+
+@worker
+def comm_basic(a):
+    bagua.init_process_group()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+    out = {"rank": r, "world": n, "local_rank": bagua.get_local_rank(),
+           "local_size": bagua.get_local_size()}
+    dev = a.get("device", "cpu")
+    for dt in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16):
+        x = (torch.arange(1001, dtype=torch.float64) * (r + 1) + r).to(dt).to(dev)
+        for op in ("SUM", "MAX", "MIN", "AVG"):
+            if op == "AVG" and not dt.is_floating_point:
+                continue
+            y = torch.empty_like(x)
+            bagua.allreduce(x, y, op=getattr(bagua.ReduceOp, op))
+            out["allreduce_{}_{}".format(dt, op)] = y.cpu()
+    x = torch.arange(7, dtype=torch.float32, device=dev) + 100 * r
+    bagua.broadcast(x, src=n - 1)
+    out["broadcast"] = x.cpu()
+    g = torch.empty(7 * n, dtype=torch.float32, device=dev)
+    bagua.allgather(torch.arange(7, dtype=torch.float32, device=dev) + 100 * r, g)
+    out["allgather"] = g.cpu()
+    rs = torch.empty(5, dtype=torch.float32, device=dev)
+    bagua.reduce_scatter(torch.arange(5 * n, dtype=torch.float32, device=dev) * (r + 1), rs)
+    out["reduce_scatter"] = rs.cpu()
+    red = torch.zeros(9, device=dev)
+    bagua.reduce(torch.full((9,), float(r + 1), device=dev), red, dst=0)
+    out["reduce"] = red.cpu()
+    a2a = torch.empty(3 * n, device=dev)
+    bagua.alltoall(torch.arange(3 * n, dtype=torch.float32, device=dev) + 1000 * r, a2a)
+    out["alltoall"] = a2a.cpu()
+    if n >= 2:
+        if r == 0:
+            bagua.send(torch.arange(11, dtype=torch.float32, device=dev) * 3, dst=1)
+        elif r == 1:
+            t = torch.zeros(11, device=dev)
+            bagua.recv(t, src=0)
+            out["recv"] = t.cpu()
+    bagua.barrier()
+    out["object"] = bagua.broadcast_object({"from": r, "list": [1, 2, r]}, src=0)
+    if n >= 3:
+        sub = bagua.new_group([0, 2])
+        if sub is not None:
+            s = torch.tensor([float(r + 1)])
+            bagua.allreduce_inplace(s, comm=sub)
+            out["subgroup"] = s
+        else:
+            out["subgroup"] = None
+    return out
+
+
+# ---- training -------------------------------------------------------------------------------
+
+
+@worker
+def train(a):
+    """Trains Net with an algorithm; returns losses and final weights (and, on rank 0, the
+    single-process reference on the concatenated batches when asked)."""
+    bagua.init_process_group()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+    torch.manual_seed(r)  # different initial weights per rank: the wrap must broadcast rank 0's
+    model = Net()
+    init = None
+    lr = a.get("lr", 0.05)
+    algo, opt = make_algorithm(a["algorithm"], a.get("kwargs", {}), model, lr)
+    if a.get("wrapper") == "ddp":
+        wrapped = DistributedDataParallel(model, optimizers=[opt], algorithm=algo,
+                                          find_unused_parameters=a.get("find_unused", False))
+        ctx = wrapped.no_sync
+    else:
+        wrapped = model.with_bagua([opt], algo, do_flatten=a.get("do_flatten", True))
+        ctx = wrapped.no_sync
+    init = flat(model)
+    losses = []
+    accum = a.get("accumulate", 1)
+    for step in range(a.get("steps", 10)):
+        opt.zero_grad()
+        for micro in range(accum):
+            x, y = data(r * accum + micro, step)
+            if micro < accum - 1:
+                with ctx():
+                    loss = torch.nn.functional.mse_loss(wrapped(x), y)
+                    loss.backward()
+            else:
+                loss = torch.nn.functional.mse_loss(wrapped(x), y)
+                loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {"init": init, "final": flat(model), "losses": losses}
+    if a["algorithm"] == "async":
+        algo.abort(model)
+        algo.abort(model)  # a second abort is a no-op
+        out["rounds"] = algo.rounds()
+        out["final"] = flat(model)
+    if a["algorithm"] == "low_precision_decentralized":
+        reps = algo.replicas()
+        out["replicas"] = {k: torch.tensor(v) for k, v in reps.items()}
+    if a.get("reference") and r == 0:
+        out["reference"] = reference(init, n * accum, a.get("steps", 10), lr, a["algorithm"])
+    out["state_dict_keys"] = list(wrapped.state_dict().keys())
+    if hasattr(wrapped, "module"):
+        out["module_state_dict_keys"] = list(wrapped.module.state_dict().keys())
+    return out
+
+
+def reference(init, world, steps, lr, algorithm):
+    """Single process on the concatenated batch (the mean of the per-rank mean losses)."""
+    model = Net()
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(init.clone(), model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for step in range(steps):
+        opt.zero_grad()
+        xs, ys = zip(*[data(r, step) for r in range(world)])
+        loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        loss.backward()
+        opt.step()
+    return flat(model)
+
+
+def main():
+    func, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    result = WORKERS[func](args)
+    torch.save(result, os.path.join(out, "rank{}.pt".format(os.environ.get("RANK", "0"))))
+    if bagua.is_initialized():
+        bagua.barrier()
+
+
+if __name__ == "__main__":
+    main()
