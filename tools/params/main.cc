@@ -8,18 +8,25 @@
 #include <string>
 #include <vector>
 
+#include "bagua/autotune/params.h"
 #include "bagua/base/params.h"
 #include "bagua/core/params.h"
 #include "bagua/dataset_cache/params.h"
 #include "bagua/loader/params.h"
 #include "bagua/net/engine.h"
+#include "bagua/optimizer/params.h"
 
 namespace {
 
 std::vector<bagua::ParamCatalogue*> allCatalogues() {
   // One line per library catalogue.
-  return {&bagua::baseParams(), &bagua::core::coreParams(), &bagua::cache::cacheParams(),
-          &bagua::loader::loaderParams(), &bagua::net::netParams()};
+  return {&bagua::baseParams(),
+          &bagua::core::coreParams(),
+          &bagua::cache::cacheParams(),
+          &bagua::loader::loaderParams(),
+          &bagua::net::netParams(),
+          &bagua::autotune::autotuneParams(),
+          &bagua::optim::optimizerParams()};
 }
 
 std::string jsonEscape(const std::string& s) {

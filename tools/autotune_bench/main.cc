@@ -1,0 +1,378 @@
+// bagua-autotune-bench: a data-parallel training run where the default bucket size is poor,
+// with autotuning against the default and against the best fixed bucket size of a grid sweep,
+// all in the same run (same process, same process group).
+//
+//   bagua-autotune-bench [--world 4] [--layers 64] [--tensors 8] [--numel 1024]
+//                        [--fwd_us 3000] [--bwd_us 150] [--default_kib 10240]
+//                        [--iters 60] [--rounds 3] [--samples 14] [--window_s 0.8]
+//                        [--warmup_s 1] [--seed 0]
+//
+// The model: `layers` layers of `tensors` f32 gradients of `numel` elements each (many small
+// tensors). Each iteration sleeps `fwd_us` for the forward pass, then per layer (last first)
+// sleeps `bwd_us` (the layer's backward compute, as on an accelerator: the CPU stays free) and
+// marks its gradients ready, so communication can overlap the rest of the backward pass.
+// Ranks are threads of this process over the host backend on loopback.
+//
+// The default is Bagua's 10 MiB bucket (BAGUA_DEFAULT_BUCKET_SIZE), used for every bucket: the
+// 2 MiB model is then one bucket, reduced only after the whole backward pass (no overlap).
+//
+// Phases:
+//   1. grid: every power-of-two bucket size from 4 KiB to the model size, in the order learned
+//      from gradient-ready times (the tuner's own partition), `iters` iterations each;
+//   2. autotune: a fresh reducer tuned by the Autotuner (warm-up `warmup_s`, windows of
+//      `window_s`, `samples` trials); we report the wall time, iterations and throughput of the
+//      tuning phase (its cost) and the setting it chose;
+//   3. final: `rounds` alternating rounds of the default, the grid's best and the tuned setting,
+//      `iters` iterations each; medians reported (so background load hits all three alike).
+// Every reducer's first iteration is checked: each gradient must be the mean over ranks.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/autotune/autotuner.h"
+#include "bagua/base/logging.h"
+#include "bagua/base/thread.h"
+#include "bagua/core/ddp.h"
+#include "bagua/core/process_group.h"
+
+namespace {
+
+using namespace bagua;
+using namespace bagua::core;
+using namespace bagua::autotune;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int world = 4;
+  int layers = 64;
+  int tensors = 8;
+  int numel = 1024;
+  int fwdUs = 3000;
+  int bwdUs = 150;
+  double defaultKib = 10240;  // Bagua's BAGUA_DEFAULT_BUCKET_SIZE (10 MiB)
+  int iters = 60;
+  int rounds = 3;
+  int samples = 14;
+  double windowS = 0.8;
+  double warmupS = 1.0;
+  uint64_t seed = 0;
+};
+
+bool parseArgs(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    const size_t eq = s.find('=');
+    if (s.rfind("--", 0) != 0 || eq == std::string::npos) {
+      std::fprintf(stderr, "bad argument '%s' (expected --key=value)\n", s.c_str());
+      return false;
+    }
+    const std::string k = s.substr(2, eq - 2);
+    const std::string v = s.substr(eq + 1);
+    const double d = std::atof(v.c_str());
+    if (k == "world") {
+      a->world = static_cast<int>(d);
+    } else if (k == "layers") {
+      a->layers = static_cast<int>(d);
+    } else if (k == "tensors") {
+      a->tensors = static_cast<int>(d);
+    } else if (k == "numel") {
+      a->numel = static_cast<int>(d);
+    } else if (k == "fwd_us") {
+      a->fwdUs = static_cast<int>(d);
+    } else if (k == "bwd_us") {
+      a->bwdUs = static_cast<int>(d);
+    } else if (k == "default_kib") {
+      a->defaultKib = d;
+    } else if (k == "iters") {
+      a->iters = static_cast<int>(d);
+    } else if (k == "rounds") {
+      a->rounds = static_cast<int>(d);
+    } else if (k == "samples") {
+      a->samples = static_cast<int>(d);
+    } else if (k == "window_s") {
+      a->windowS = d;
+    } else if (k == "warmup_s") {
+      a->warmupS = d;
+    } else if (k == "seed") {
+      a->seed = static_cast<uint64_t>(d);
+    } else {
+      std::fprintf(stderr, "unknown option --%s\n", k.c_str());
+      return false;
+    }
+  }
+  return a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2;
+}
+
+struct Model {
+  std::vector<std::vector<float>> data, grad;
+  std::vector<Parameter> params, buffers;
+  Model(const Args& a) {
+    const int n = a.layers * a.tensors;
+    data.resize(n);
+    grad.resize(n);
+    for (int i = 0; i < n; ++i) {
+      data[i].assign(a.numel, 0.0f);
+      grad[i].assign(a.numel, 0.0f);
+      Parameter p;
+      p.name = "l" + std::to_string(i / a.tensors) + ".t" + std::to_string(i % a.tensors);
+      p.data = data[i].data();
+      p.grad = grad[i].data();
+      p.numel = a.numel;
+      params.push_back(p);
+    }
+  }
+};
+
+// One iteration: forward, backward layer by layer (last first), finish, step.
+Status iteration(DistributedDataParallel& d, const Args& a) {
+  BAGUA_RETURN_IF_ERROR(d.prepareForward());
+  std::this_thread::sleep_for(std::chrono::microseconds(a.fwdUs));
+  for (int l = a.layers - 1; l >= 0; --l) {
+    std::this_thread::sleep_for(std::chrono::microseconds(a.bwdUs));
+    for (int t = a.tensors - 1; t >= 0; --t) {
+      BAGUA_RETURN_IF_ERROR(d.markGradReady(l * a.tensors + t));
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(d.finishBackward());
+  return d.step();
+}
+
+// First iteration of a reducer: gradients rank + 1 everywhere must come back as their mean.
+Status checkedIteration(DistributedDataParallel& d, Model& m, const Args& a, int rank) {
+  for (auto& g : m.grad) {
+    std::fill(g.begin(), g.end(), static_cast<float>(rank + 1));
+  }
+  BAGUA_RETURN_IF_ERROR(iteration(d, a));
+  const float want = static_cast<float>(a.world + 1) / 2.0f;
+  for (size_t t = 0; t < m.grad.size(); ++t) {
+    for (float v : m.grad[t]) {
+      if (v != want) {
+        return BAGUA_ERROR(kInternal, "tensor %zu reduced to %g, want %g", t, v, want);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// The tuner's partition in the observed ready order (last layer first), as names.
+std::vector<std::vector<std::string>> layoutFor(const DistributedDataParallel& d,
+                                                uint64_t bucketBytes) {
+  const auto& tensors = d.tensors();
+  std::vector<int> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = static_cast<int>(i);  // tensors() is reverse registration = ready order here
+  }
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : partitionBySize(tensors, order, bucketBytes)) {
+    out.emplace_back();
+    for (int t : b) {
+      out.back().push_back(tensors[t].name);
+    }
+  }
+  return out;
+}
+
+// Runs `iters` timed iterations (after one untimed, checked one); returns iterations/s (rank
+// 0's wall time; ranks are in lockstep).
+Result<double> measure(DistributedDataParallel& d, Model& m, const Args& a, int rank) {
+  BAGUA_RETURN_IF_ERROR(checkedIteration(d, m, a, rank));
+  BAGUA_RETURN_IF_ERROR(iteration(d, a));  // settle (layout switch, rebuild)
+  BAGUA_RETURN_IF_ERROR(iteration(d, a));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < a.iters; ++i) {
+    BAGUA_RETURN_IF_ERROR(iteration(d, a));
+  }
+  return a.iters / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Report {
+  std::map<uint64_t, double> grid;  // bucket bytes -> it/s
+  double tuneWallS = 0;
+  int64_t tuneIters = 0;
+  double tuneOverheadS = 0;
+  int trials = 0;
+  Setting tuned;
+  std::vector<double> finalDefault, finalGrid, finalTuned;
+  uint64_t gridBest = 0;
+};
+
+Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* rep) {
+  ProcessGroupOptions po;
+  po.rank = rank;
+  po.worldSize = a.world;
+  po.hierarchical = false;
+  BAGUA_ASSIGN_OR_RETURN(auto pg, ProcessGroup::create(store, po));
+  Model m(a);
+  uint64_t total = 0;
+  for (const auto& p : m.params) {
+    total += p.bytes();
+  }
+  auto makeReducer =
+      [&](double capKib,
+          std::shared_ptr<Tunable> algo) -> Result<std::unique_ptr<DistributedDataParallel>> {
+    DdpOptions o;
+    o.bucketCapMb = capKib / 1024.0;
+    o.firstBucketBytes = static_cast<size_t>(capKib * 1024.0);  // one size for every bucket
+    return withBagua(m.params, m.buffers, {}, algo, *pg, o);
+  };
+  auto fixed = [&](uint64_t bytes) -> Result<double> {
+    auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
+    BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
+    BAGUA_RETURN_IF_ERROR(algo->schedule(1, layoutFor(*d, bytes)));
+    return measure(*d, m, a, rank);
+  };
+  auto deflt = [&]() -> Result<double> {
+    auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
+    BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
+    return measure(*d, m, a, rank);
+  };
+
+  // 1. Grid.
+  for (uint64_t b = 4096; b < 2 * total; b *= 2) {
+    BAGUA_ASSIGN_OR_RETURN(double ips, fixed(b));
+    if (rank == 0) {
+      rep->grid[b] = ips;
+      std::fprintf(stderr, "grid %8llu KiB: %.2f it/s\n", static_cast<unsigned long long>(b >> 10),
+                   ips);
+    }
+  }
+  uint64_t best = 0;
+  if (rank == 0) {
+    for (const auto& [b, ips] : rep->grid) {
+      if (best == 0 || ips > rep->grid[best]) {
+        best = b;
+      }
+    }
+    BAGUA_RETURN_IF_ERROR(store->set("bench/gridbest", toBytes(std::to_string(best))));
+    rep->gridBest = best;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(Bytes v, store->get("bench/gridbest", std::chrono::minutes(10)));
+    best = std::stoull(toString(v));
+  }
+
+  // 2. Autotune from the default.
+  Setting tuned;
+  {
+    auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
+    BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
+    BAGUA_RETURN_IF_ERROR(checkedIteration(*d, m, a, rank));
+    AutotuneOptions o;
+    o.model = "bench";
+    o.enabled = true;
+    o.maxSamples = a.samples;
+    o.warmupTimeS = a.warmupS;
+    o.samplingConfidenceTimeS = a.windowS;
+    o.checkInterval = 5;
+    o.seed = a.seed;
+    o.logFile = "";
+    o.saveFile = "";
+    o.loadFile = "";
+    o.minBucketBytes = 4096;
+    BAGUA_ASSIGN_OR_RETURN(auto tuner, Autotuner::create(*d, *algo, o));
+    const auto t0 = Clock::now();
+    int64_t n = 0;
+    while (tuner->tuning()) {
+      BAGUA_RETURN_IF_ERROR(iteration(*d, a));
+      BAGUA_RETURN_IF_ERROR(tuner->onIterationEnd());
+      ++n;
+    }
+    tuned = tuner->current();
+    if (rank == 0) {
+      rep->tuneWallS = std::chrono::duration<double>(Clock::now() - t0).count();
+      rep->tuneIters = n;
+      rep->tuneOverheadS = tuner->overheadSeconds();
+      rep->trials = static_cast<int>(tuner->trials().size());
+      rep->tuned = tuned;
+      for (const Trial& t : tuner->trials()) {
+        std::fprintf(stderr, "trial %2d: bucket %8llu B, %3d buckets: %.2f it/s\n", t.index,
+                     static_cast<unsigned long long>(t.setting.bucketBytes), t.bucketCount,
+                     t.score);
+      }
+    }
+  }
+
+  // 3. Final: alternate default, grid best and tuned.
+  for (int r = 0; r < a.rounds; ++r) {
+    BAGUA_ASSIGN_OR_RETURN(double d0, deflt());
+    BAGUA_ASSIGN_OR_RETURN(double g0, fixed(best));
+    double t0 = 0;
+    {
+      auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
+      BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
+      BAGUA_RETURN_IF_ERROR(algo->schedule(1, tuned.buckets));
+      BAGUA_ASSIGN_OR_RETURN(t0, measure(*d, m, a, rank));
+    }
+    if (rank == 0) {
+      rep->finalDefault.push_back(d0);
+      rep->finalGrid.push_back(g0);
+      rep->finalTuned.push_back(t0);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (!parseArgs(argc, argv, &a)) {
+    return 2;
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  Report rep;
+  std::vector<std::string> errors(a.world);
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < a.world; ++r) {
+      ranks.emplace_back([&, r] {
+        setThreadName("bagua-bench-r" + std::to_string(r));
+        Status s = rankMain(r, a, store, &rep);
+        if (!s.isOk()) {
+          errors[r] = s.toString();
+        }
+      });
+    }
+  }
+  for (int r = 0; r < a.world; ++r) {
+    if (!errors[r].empty()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, errors[r].c_str());
+      return 1;
+    }
+  }
+  const size_t tensors = static_cast<size_t>(a.layers) * a.tensors;
+  const double modelKib = static_cast<double>(tensors * a.numel * 4) / 1024.0;
+  const double dm = median(rep.finalDefault), gm = median(rep.finalGrid),
+               tm = median(rep.finalTuned);
+  std::printf("model: %zu f32 tensors of %d elements (%.0f KiB), %d ranks, host backend\n", tensors,
+              a.numel, modelKib, a.world);
+  std::printf("grid (%zu sizes): best %llu KiB at %.2f it/s\n", rep.grid.size(),
+              static_cast<unsigned long long>(rep.gridBest >> 10), rep.grid[rep.gridBest]);
+  std::printf(
+      "autotune: %d trials in %.1f s (%lld iterations, %.2f it/s while tuning, %.3f s in "
+      "the tuner on rank 0); chose %llu KiB (%zu buckets)\n",
+      rep.trials, rep.tuneWallS, static_cast<long long>(rep.tuneIters),
+      rep.tuneIters / rep.tuneWallS, rep.tuneOverheadS,
+      static_cast<unsigned long long>(rep.tuned.bucketBytes >> 10), rep.tuned.buckets.size());
+  std::printf("final (median of %d alternating rounds of %d iterations):\n", a.rounds, a.iters);
+  std::printf("  default %.0f KiB : %.2f it/s\n", a.defaultKib, dm);
+  std::printf("  grid best        : %.2f it/s\n", gm);
+  std::printf("  autotuned        : %.2f it/s\n", tm);
+  std::printf(
+      "ratios: autotuned/default %.3f, autotuned/grid-best %.3f, tuning-phase/grid-best "
+      "%.3f\n",
+      tm / dm, tm / gm, (rep.tuneIters / rep.tuneWallS) / gm);
+  return 0;
+}
