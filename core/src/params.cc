@@ -26,6 +26,8 @@ struct Entries {
   Param<std::string>* hostListenAddr;
   Param<bool>* hostShm;
   Param<uint64_t>* hostShmRingBytes;
+  Param<std::string>* hostTransport;
+  Param<int64_t>* hostNetStreams;
 };
 
 Entries& entries() {
@@ -78,6 +80,19 @@ Entries& entries() {
         &c.addBytes("BAGUA_HOST_SHM_RING_BYTES", 1 << 20, 4096, uint64_t{1} << 30,
                     "host backend: bytes of each shared-memory ring (one per ordered pair of "
                     "local ranks, so n*(n-1) of them per host)");
+    x.hostTransport = &c.addEnum(
+        "BAGUA_HOST_TRANSPORT", "auto",
+        {{"auto",
+          "shared memory when every rank of the group is on this host and BAGUA_HOST_SHM "
+          "is on, else the Bagua-Net engine"},
+         {"engine", "the Bagua-Net multi-stream TCP engine for every peer"},
+         {"socket",
+          "our own single-socket TCP mesh (with shm rings between local ranks when "
+          "BAGUA_HOST_SHM is on); for comparison"}},
+        "host backend: transport under the collectives");
+    x.hostNetStreams = &c.addInt("BAGUA_HOST_NET_STREAMS", 2, 1, 64,
+                                 "host backend over the engine: data TCP streams per ordered pair "
+                                 "of ranks (each has a helper thread on both sides)");
     return x;
   }();
   return e;
@@ -144,6 +159,12 @@ Param<bool>& CoreParams::hostShm() {
 }
 Param<uint64_t>& CoreParams::hostShmRingBytes() {
   return *e().hostShmRingBytes;
+}
+Param<std::string>& CoreParams::hostTransport() {
+  return *e().hostTransport;
+}
+Param<int64_t>& CoreParams::hostNetStreams() {
+  return *e().hostNetStreams;
 }
 
 }  // namespace bagua::core

@@ -94,7 +94,8 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
                        "the host backend");
 #endif
   }
-  host::SocketTransportOptions to;
+  host::HostTransportOptions ht;
+  host::SocketTransportOptions& to = ht.socket;
   to.connectTimeout = options.rendezvousTimeout;
   BAGUA_ASSIGN_OR_RETURN(uint64_t buf, CoreParams::hostSocketBuffer().get());
   to.socketBuffer = buf;
@@ -106,7 +107,25 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
   }
   BAGUA_ASSIGN_OR_RETURN(uint64_t ring, CoreParams::hostShmRingBytes().get());
   to.sharedMemoryRingBytes = ring;
-  BAGUA_ASSIGN_OR_RETURN(auto transport, host::connectSocketTransport(store, rank, size, to));
+  host::EngineTransportOptions& te = ht.engine;
+  te.connectTimeout = to.connectTimeout;
+  te.socketBuffer = to.socketBuffer;
+  te.listenAddress = to.listenAddress;
+  BAGUA_ASSIGN_OR_RETURN(int64_t streams, CoreParams::hostNetStreams().get());
+  te.streams = static_cast<int>(streams);
+  BAGUA_ASSIGN_OR_RETURN(uint64_t piece, CoreParams::hostSegmentBytes().get());
+  te.pieceBytes = piece;
+  if (options.hostTransport.has_value()) {
+    ht.kind = *options.hostTransport == HostTransport::kEngine   ? host::TransportKind::kEngine
+              : *options.hostTransport == HostTransport::kSocket ? host::TransportKind::kSocket
+                                                                 : host::TransportKind::kAuto;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(std::string kind, CoreParams::hostTransport().get());
+    ht.kind = kind == "engine"   ? host::TransportKind::kEngine
+              : kind == "socket" ? host::TransportKind::kSocket
+                                 : host::TransportKind::kAuto;
+  }
+  BAGUA_ASSIGN_OR_RETURN(auto transport, host::connectHostTransport(store, rank, size, ht));
   BAGUA_ASSIGN_OR_RETURN(
       host::HostOptions ho,
       host::hostOptionsFromParams(

@@ -282,12 +282,21 @@ std::string runOne(Communicator& comm, Coll c, DataType t, size_t count) {
   return "";
 }
 
-class Collectives : public ::testing::TestWithParam<std::tuple<int, Coll, bool>> {};
+// What the host backend runs over: shared-memory rings (ranks of one process are on one host),
+// the Bagua-Net engine (what ranks on different hosts use), our own TCP mesh.
+enum class Via { kShm, kEngine, kSocketTcp };
+
+void setTransport(ProcessGroupOptions& o, Via via) {
+  o.hostSharedMemory = via == Via::kShm;
+  o.hostTransport = via == Via::kEngine ? HostTransport::kEngine : HostTransport::kSocket;
+}
+
+class Collectives : public ::testing::TestWithParam<std::tuple<int, Coll, Via>> {};
 
 TEST_P(Collectives, EveryDtypeAndSizeMatchesClosedForm) {
   const int world = std::get<0>(GetParam());
   const Coll coll = std::get<1>(GetParam());
-  const bool shm = std::get<2>(GetParam());
+  const Via via = std::get<2>(GetParam());
   auto store = std::make_shared<InMemoryStore>();
   auto res = bagua::testing::runRanks(
       world,
@@ -298,7 +307,7 @@ TEST_P(Collectives, EveryDtypeAndSizeMatchesClosedForm) {
         o.hierarchical = false;
         o.rendezvousTimeout = 20000ms;
         o.collectiveTimeout = 60000ms;
-        o.hostSharedMemory = shm;
+        setTransport(o, via);
         auto pg = ProcessGroup::create(store, o);
         if (!pg.isOk()) {
           return pg.status().toString();
@@ -329,7 +338,7 @@ const auto kAllCollectives = ::testing::Values(
     Coll::kAllReduceProduct, Coll::kReduce, Coll::kReduceScatter, Coll::kAllGather,
     Coll::kBroadcast, Coll::kAllToAll, Coll::kSendRecv, Coll::kBarrier);
 
-std::string caseName(const ::testing::TestParamInfo<std::tuple<int, Coll, bool>>& p) {
+std::string caseName(const ::testing::TestParamInfo<std::tuple<int, Coll, Via>>& p) {
   return std::string(collName(std::get<1>(p.param))) + "_World" +
          std::to_string(std::get<0>(p.param));
 }
@@ -337,12 +346,17 @@ std::string caseName(const ::testing::TestParamInfo<std::tuple<int, Coll, bool>>
 // Ranks of one process are on one host: the shared-memory path, every world size.
 INSTANTIATE_TEST_SUITE_P(HostBackendShm, Collectives,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), kAllCollectives,
-                                            ::testing::Values(true)),
+                                            ::testing::Values(Via::kShm)),
                          caseName);
-// The TCP path (what ranks on different hosts use), on the odd and the even case.
-INSTANTIATE_TEST_SUITE_P(HostBackendTcp, Collectives,
-                         ::testing::Combine(::testing::Values(3, 4), kAllCollectives,
-                                            ::testing::Values(false)),
+// The Bagua-Net engine (what ranks on different hosts use), every world size above 1.
+INSTANTIATE_TEST_SUITE_P(HostBackendEngine, Collectives,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8), kAllCollectives,
+                                            ::testing::Values(Via::kEngine)),
+                         caseName);
+// Our own TCP mesh (BAGUA_HOST_TRANSPORT=socket; it also carries the shm path's wake-ups).
+INSTANTIATE_TEST_SUITE_P(HostBackendSocketTcp, Collectives,
+                         ::testing::Combine(::testing::Values(3), kAllCollectives,
+                                            ::testing::Values(Via::kSocketTcp)),
                          caseName);
 
 }  // namespace
@@ -351,7 +365,9 @@ INSTANTIATE_TEST_SUITE_P(HostBackendTcp, Collectives,
 namespace bagua::core {
 namespace {
 
-TEST(HostFailures, RankThatDiesYieldsErrorsOnOthersNotAHang) {
+class HostFailures : public ::testing::TestWithParam<Via> {};
+
+TEST_P(HostFailures, RankThatDiesYieldsErrorsOnOthersNotAHang) {
   auto store = std::make_shared<InMemoryStore>();
   const int world = 3;
   auto res = bagua::testing::runRanks(
@@ -363,6 +379,7 @@ TEST(HostFailures, RankThatDiesYieldsErrorsOnOthersNotAHang) {
         o.hierarchical = false;
         o.rendezvousTimeout = 10000ms;
         o.collectiveTimeout = 20000ms;
+        setTransport(o, GetParam());
         auto pg = ProcessGroup::create(store, o);
         if (!pg.isOk()) {
           return pg.status().toString();
@@ -402,7 +419,7 @@ TEST(HostFailures, RankThatDiesYieldsErrorsOnOthersNotAHang) {
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
 }
 
-TEST(HostFailures, AbortUnblocksAPendingCollective) {
+TEST_P(HostFailures, AbortUnblocksAPendingCollective) {
   auto store = std::make_shared<InMemoryStore>();
   auto res = bagua::testing::runRanks(
       2,
@@ -413,6 +430,7 @@ TEST(HostFailures, AbortUnblocksAPendingCollective) {
         o.hierarchical = false;
         o.rendezvousTimeout = 10000ms;
         o.collectiveTimeout = 60000ms;
+        setTransport(o, GetParam());
         auto pg = ProcessGroup::create(store, o);
         if (!pg.isOk()) {
           return pg.status().toString();
@@ -437,6 +455,14 @@ TEST(HostFailures, AbortUnblocksAPendingCollective) {
       30s);
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, HostFailures,
+                         ::testing::Values(Via::kShm, Via::kEngine, Via::kSocketTcp),
+                         [](const ::testing::TestParamInfo<Via>& p) {
+                           return std::string(p.param == Via::kShm      ? "Shm"
+                                              : p.param == Via::kEngine ? "Engine"
+                                                                        : "SocketTcp");
+                         });
 
 TEST(HostCommunicator, RejectsBadArgumentsWithoutEnqueueing) {
   auto store = std::make_shared<InMemoryStore>();

@@ -3,12 +3,17 @@
 // baguarun, one process per rank:
 //
 //   baguarun --nproc_per_node 4 --master_port 0 bagua-allreduce-bench [--sizes 4K,1M,64M]
-//            [--iters N] [--reps R] [--dtype f32] [--no_gloo]
+//            [--iters N] [--reps R] [--no_gloo] [--transports shm,engine,socket]
+//
+// --transports runs the host backend once per listed transport, each its own process group in
+// the same processes: shm (socket mesh + shared-memory rings), engine (the Bagua-Net TCP
+// engine), socket (our single-socket TCP mesh, no shm), auto (what BAGUA_HOST_TRANSPORT picks).
+// Without it: one host-backend group configured by the environment.
 //
 // Figures follow nccl-tests: time = the slowest rank's mean time per all-reduce (in-place, sum),
-// algbw = bytes / time, busbw = algbw * 2 (n - 1) / n. For each size the two peers alternate in
-// R rounds and each reports its best round, so background load hits both alike. Every result is
-// checked against its closed form before a figure is printed.
+// algbw = bytes / time, busbw = algbw * 2 (n - 1) / n. For each size the contestants alternate
+// in R rounds and each reports its best round, so background load hits all alike. Every result
+// is checked against its closed form before a figure is printed. Ratios are against gloo.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +47,7 @@ struct Args {
   int iters = 0;  // 0: adaptive
   int reps = 3;
   bool gloo = true;
+  std::vector<std::string> transports;  // empty: one group configured by the environment
 };
 
 bool parseSizes(const std::string& text, std::vector<size_t>* out) {
@@ -172,11 +178,59 @@ int run(const Args& a) {
   }
   useGloo = false;
 #endif
+  // The host-backend contestants: one process group per transport, same processes.
+  struct Contestant {
+    std::string name;
+    Communicator* comm = nullptr;  // null: gloo
+  };
+  std::vector<std::unique_ptr<ProcessGroup>> groups;
+  std::vector<Contestant> contestants;
+  if (a.transports.empty()) {
+    contestants.push_back({"bagua", &pg.global()});
+  }
+  for (const std::string& t : a.transports) {
+    ProcessGroupOptions o = pg.options();
+    o.hierarchical = false;
+    o.name = "allreduce_bench_" + t;
+    if (t == "shm") {
+      o.hostTransport = HostTransport::kSocket;
+      o.hostSharedMemory = true;
+    } else if (t == "engine") {
+      o.hostTransport = HostTransport::kEngine;
+    } else if (t == "socket") {
+      o.hostTransport = HostTransport::kSocket;
+      o.hostSharedMemory = false;
+    } else if (t == "auto") {
+      o.hostTransport = HostTransport::kAuto;
+    } else {
+      std::fprintf(stderr, "bagua-allreduce-bench: unknown transport '%s'\n", t.c_str());
+      return 2;
+    }
+    auto g = ProcessGroup::create(pg.store(), o);
+    if (!g.isOk()) {
+      std::fprintf(stderr, "bagua-allreduce-bench: %s: %s\n", t.c_str(),
+                   g.status().toString().c_str());
+      return 1;
+    }
+    contestants.push_back({t, &(*g)->global()});
+    groups.push_back(std::move(*g));
+  }
+  if (useGloo) {
+    contestants.push_back({"gloo", nullptr});
+  }
   if (rank == 0) {
-    std::printf("bagua-allreduce-bench: %d ranks, f32 sum in place, loopback TCP; host backend%s\n",
+    std::printf("bagua-allreduce-bench: %d ranks, f32 sum in place, loopback; host backend%s\n",
                 world, useGloo ? " vs gloo (gloo::allreduce, tcp transport)" : "");
-    std::printf("%10s %6s | %12s %10s %10s | %12s %10s %10s | %8s\n", "size", "iters", "bagua us",
-                "algbw GB/s", "busbw GB/s", "gloo us", "algbw GB/s", "busbw GB/s", "busbw x");
+    std::printf("%8s %5s", "size", "iters");
+    for (const Contestant& c : contestants) {
+      std::printf(" | %8s us %7s busbw", c.name.c_str(), "");
+    }
+    if (useGloo) {
+      for (size_t i = 0; i + 1 < contestants.size(); ++i) {
+        std::printf(" | %s/gloo", contestants[i].name.c_str());
+      }
+    }
+    std::printf("\n");
   }
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
 #if BAGUA_BENCH_HAVE_GLOO
@@ -191,16 +245,17 @@ int run(const Args& a) {
       iters = static_cast<int>(
           std::clamp<double>(0.3 / (static_cast<double>(bytes) / 1e8 + 5e-4), 3, 200));
     }
-    double best[2] = {1e30, 1e30};
+    std::vector<double> best(contestants.size(), 1e30);
     for (int rep = 0; rep < a.reps; ++rep) {
-      for (int peer = 0; peer < (useGloo ? 2 : 1); ++peer) {
+      for (size_t peer = 0; peer < contestants.size(); ++peer) {
         fill(buf, rank);
         // One warm-up, then the timed loop; all start together.
         auto once = [&]() -> bool {
-          if (peer == 0) {
-            Status s = pg.global()
-                           .allReduce(buf.data(), buf.data(), count, DataType::kF32, ReduceOp::kSum)
-                           ->wait(std::chrono::seconds(120));
+          if (contestants[peer].comm != nullptr) {
+            Status s =
+                contestants[peer]
+                    .comm->allReduce(buf.data(), buf.data(), count, DataType::kF32, ReduceOp::kSum)
+                    ->wait(std::chrono::seconds(120));
             if (!s.isOk()) {
               std::fprintf(stderr, "bagua-allreduce-bench: %s\n", s.toString().c_str());
               return false;
@@ -251,16 +306,19 @@ int run(const Args& a) {
       }
     }
     if (rank == 0) {
-      const double alg0 = static_cast<double>(bytes) / (best[0] * 1e-6) / 1e9;
-      if (useGloo) {
-        const double alg1 = static_cast<double>(bytes) / (best[1] * 1e-6) / 1e9;
-        std::printf("%10s %6d | %12.1f %10.3f %10.3f | %12.1f %10.3f %10.3f | %7.2fx\n",
-                    sizeText(bytes).c_str(), iters, best[0], alg0, alg0 * busFactor, best[1], alg1,
-                    alg1 * busFactor, alg0 / alg1);
-      } else {
-        std::printf("%10s %6d | %12.1f %10.3f %10.3f |\n", sizeText(bytes).c_str(), iters, best[0],
-                    alg0, alg0 * busFactor);
+      std::printf("%8s %5d", sizeText(bytes).c_str(), iters);
+      std::vector<double> bus(contestants.size());
+      for (size_t i = 0; i < contestants.size(); ++i) {
+        bus[i] = static_cast<double>(bytes) / (best[i] * 1e-6) / 1e9 * busFactor;
+        std::printf(" | %11.1f %7.3f GB/s", best[i], bus[i]);
       }
+      if (useGloo) {
+        for (size_t i = 0; i + 1 < contestants.size(); ++i) {
+          std::printf(" | %*.2fx", static_cast<int>(contestants[i].name.size() + 4),
+                      bus[i] / bus.back());
+        }
+      }
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -286,10 +344,17 @@ int main(int argc, char** argv) {
       (k == "--iters" ? a.iters : a.reps) = static_cast<int>(*v);
     } else if (k == "--no_gloo") {
       a.gloo = false;
+    } else if (k == "--transports" && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t pos = 0; pos <= list.size();) {
+        size_t comma = list.find(',', pos);
+        a.transports.push_back(list.substr(pos, comma == std::string::npos ? comma : comma - pos));
+        pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: baguarun --nproc_per_node N bagua-allreduce-bench [--sizes 4K,1M,64M] "
-                   "[--iters N] [--reps R] [--no_gloo]\n");
+                   "[--iters N] [--reps R] [--no_gloo] [--transports shm,engine,socket,auto]\n");
       return k == "--help" || k == "-h" ? 0 : 2;
     }
   }

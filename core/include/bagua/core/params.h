@@ -32,6 +32,8 @@ struct CoreParams {
   static Param<std::string>& hostListenAddr();   // BAGUA_HOST_LISTEN_ADDR
   static Param<bool>& hostShm();                 // BAGUA_HOST_SHM
   static Param<uint64_t>& hostShmRingBytes();    // BAGUA_HOST_SHM_RING_BYTES
+  static Param<std::string>& hostTransport();    // BAGUA_HOST_TRANSPORT: auto, engine, socket
+  static Param<int64_t>& hostNetStreams();       // BAGUA_HOST_NET_STREAMS
 };
 
 }  // namespace bagua::core

@@ -30,6 +30,13 @@ class TcpStoreServer;
 
 enum class Backend { kHost, kNccl };
 
+// What the host backend's collectives run over (BAGUA_HOST_TRANSPORT).
+enum class HostTransport {
+  kAuto,    // shared memory when every rank of the group is on this host, else kEngine
+  kEngine,  // the Bagua-Net multi-stream TCP engine (net_plugin)
+  kSocket,  // our own TCP mesh, with shm rings between local ranks when shared memory is on
+};
+
 struct ProcessGroupOptions {
   int rank = 0;
   int worldSize = 1;
@@ -45,6 +52,8 @@ struct ProcessGroupOptions {
   int cudaDevice = -1;  // NCCL backend: -1 means localRank
   // Host backend: shared memory between ranks of one host (unset: BAGUA_HOST_SHM).
   std::optional<bool> hostSharedMemory;
+  // Host backend: transport (unset: BAGUA_HOST_TRANSPORT).
+  std::optional<HostTransport> hostTransport;
 };
 
 // What env:// initialisation read (torchrun's variables through coreParams()).

@@ -467,22 +467,6 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
   return Status::ok();
 }
 
-std::string hostIdentity() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  std::string id = host;
-  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char boot[64] = {};
-    ssize_t n = ::read(fd, boot, sizeof(boot) - 1);
-    ::close(fd);
-    if (n > 0) {
-      id += "/" + std::string(boot, static_cast<size_t>(n));
-    }
-  }
-  return id;
-}
-
 // Finds the ranks on this host and, when there are several, moves their traffic to shared
 // memory. Every local rank reports whether it could map the segment; all use it or none does.
 Status attachSharedMemory(Store& store, int rank, int size, const SocketTransportOptions& options,
@@ -526,6 +510,22 @@ Status attachSharedMemory(Store& store, int rank, int size, const SocketTranspor
 }
 
 }  // namespace
+
+std::string hostIdentity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string id = host;
+  int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char boot[64] = {};
+    ssize_t n = ::read(fd, boot, sizeof(boot) - 1);
+    ::close(fd);
+    if (n > 0) {
+      id += "/" + std::string(boot, static_cast<size_t>(n));
+    }
+  }
+  return id;
+}
 
 Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
                                                           const SocketTransportOptions& options) {

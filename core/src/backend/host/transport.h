@@ -1,7 +1,7 @@
 // The seam between the host collectives and the bytes on the wire: connect to every peer
 // through the store, then move bytes to and from peer ranks. The collectives only see this
-// interface, so the transport can be our own sockets (socket_transport.cc, today) or the
-// Bagua-Net multi-stream engine (once its public header exists) without touching them.
+// interface: the Bagua-Net multi-stream engine (engine_transport.cc, TCP) or our own socket mesh
+// with shared-memory rings between ranks of one host (socket_transport.cc).
 //
 // Model: a batch of sends and receives is posted at once and progressed together until all
 // complete, the deadline passes, or the transport is aborted. Ops to the same peer in the same
@@ -78,5 +78,38 @@ struct SocketTransportOptions {
 // only carries wake-up bytes and reports the peer's death.
 Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
                                                           const SocketTransportOptions& options);
+
+struct EngineTransportOptions {
+  std::chrono::milliseconds connectTimeout{60000};
+  size_t socketBuffer = 4 << 20;
+  std::string listenAddress;  // empty: the store's localAddress()
+  int streams = 2;            // data TCP streams per ordered pair of ranks
+  // Messages are cut into pieces of this size (the unit of pipelining); same on every rank.
+  size_t pieceBytes = 256 * 1024;
+};
+
+// The Bagua-Net engine (net_plugin's multi-stream TCP engine): one connection per ordered pair,
+// handles exchanged through `store` under "eng/<receiver>/<sender>".
+Result<std::unique_ptr<Transport>> connectEngineTransport(Store& store, int rank, int size,
+                                                          const EngineTransportOptions& options);
+
+enum class TransportKind {
+  kAuto,    // every rank on this host and shared memory on: socket (shm rings); else engine
+  kEngine,  // the Bagua-Net engine for every peer
+  kSocket,  // our own TCP mesh (+ shm rings between local ranks when enabled)
+};
+
+struct HostTransportOptions {
+  TransportKind kind = TransportKind::kAuto;
+  SocketTransportOptions socket;
+  EngineTransportOptions engine;
+};
+
+// Picks and connects the transport (collective: every rank must pass the same kind).
+Result<std::unique_ptr<Transport>> connectHostTransport(Store& store, int rank, int size,
+                                                        const HostTransportOptions& options);
+
+// This machine's identity (host name and boot id): ranks with equal identities share memory.
+std::string hostIdentity();
 
 }  // namespace bagua::core::host

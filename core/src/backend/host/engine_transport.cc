@@ -1,0 +1,455 @@
+// The host Transport over the Bagua-Net multi-stream TCP engine (net_plugin's bagua_net_engine):
+// one engine connection per ordered pair of ranks (my SendComm to each peer, my RecvComm from
+// each peer), every message cut into pieces of `pieceBytes` so that a receive reports segments
+// while the rest is still in flight and a ring can forward a piece as soon as it is reduced.
+//
+// Both sides cut a message by the same rule (pieces of pieceBytes, the tail shorter), so the k-th
+// isend of a pair matches the k-th irecv; pieceBytes is published with each connection handle
+// and a rank that sees another value fails set-up, naming both.
+//
+// Waiting: the comms share one net::Notifier that their helper threads bump on every completion,
+// so the calling thread sleeps on it (bounded, 50 ms at a time to see abort and the deadline)
+// instead of spinning against the helper threads for the two cores.
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "backend/host/transport.h"
+#include "bagua/base/logging.h"
+#include "bagua/net/engine.h"
+
+namespace bagua::core::host {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxInFlight = 16;  // per comm and direction (the engine holds >= 32)
+
+std::chrono::milliseconds msUntil(Deadline d) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+class EngineTransport final : public Transport {
+ public:
+  EngineTransport(int rank, int size, size_t pieceBytes)
+      : rank_(rank), size_(size), piece_(pieceBytes), sends_(size), recvs_(size) {}
+  ~EngineTransport() override = default;
+  EngineTransport(const EngineTransport&) = delete;
+  EngineTransport& operator=(const EngineTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
+
+  void abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(abortMu_);
+      abortWhy_ = why;
+    }
+    aborted_.store(true, std::memory_order_release);
+    for (auto& c : sends_) {
+      if (c) {
+        c->abort(why);
+      }
+    }
+    for (auto& c : recvs_) {
+      if (c) {
+        c->abort(why);
+      }
+    }
+    notifier_.notify();
+  }
+
+  Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                  Deadline deadline) override;
+
+  Status connect(Store& store, const EngineTransportOptions& options);
+
+ private:
+  struct SendState {
+    const SendOp* op;
+    size_t posted = 0;  // bytes handed to the engine
+    size_t done = 0;    // bytes whose isend completed
+    size_t limit() const { return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len; }
+  };
+  struct RecvState {
+    explicit RecvState(RecvOp* o) : op(o) {}
+    RecvOp* op;
+    size_t posted = 0;
+    size_t prefix = 0;        // bytes received contiguously from offset 0
+    size_t reported = 0;      // bytes passed to onSegment
+    std::vector<bool> piece;  // completed pieces
+    size_t nDone = 0;         // completed pieces
+  };
+  struct InFlight {
+    net::Request* req;
+    size_t state;  // index into the exchange's SendState/RecvState array
+    size_t piece;  // piece index within the op
+    size_t bytes;
+  };
+  struct PeerQueues {
+    std::vector<size_t> sendOps;  // indices into ss, in posting order
+    std::vector<size_t> recvOps;
+    size_t sendHead = 0;  // first op with bytes left to post
+    size_t recvHead = 0;
+    std::vector<InFlight> sendFlight;
+    std::vector<InFlight> recvFlight;
+  };
+
+  size_t pieces(size_t len) const { return (len + piece_ - 1) / piece_; }
+  Status abortedStatus() {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
+  }
+  Status peerError(const Status& s, const char* what, int peer) {
+    if (aborted_.load(std::memory_order_acquire)) {
+      return abortedStatus();
+    }
+    if (s.code() == StatusCode::kAborted) {
+      return s;
+    }
+    return Status(s.code() == StatusCode::kSystemError ? StatusCode::kRemoteError : s.code(),
+                  strPrintf("rank %d: %s rank %d failed (did it exit or fail?): %s", rank_, what,
+                            peer, s.message().c_str()));
+  }
+  static void report(RecvState& r) {
+    RecvOp& op = *r.op;
+    if (!op.onSegment) {
+      r.reported = r.prefix;
+      return;
+    }
+    const size_t seg = op.segment == 0 ? op.len : op.segment;
+    while (r.reported < op.len &&
+           (r.prefix - r.reported >= seg || (r.prefix == op.len && r.reported < r.prefix))) {
+      size_t n = std::min(seg, op.len - r.reported);
+      op.onSegment(r.reported, n);
+      r.reported += n;
+    }
+  }
+
+  int rank_;
+  int size_;
+  size_t piece_;
+  net::Notifier notifier_;                             // outlives the comms (declared before them)
+  std::vector<std::unique_ptr<net::SendComm>> sends_;  // indexed by peer; null for self
+  std::vector<std::unique_ptr<net::RecvComm>> recvs_;
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> received_{0};
+  std::atomic<bool> aborted_{false};
+  std::mutex abortMu_;
+  std::string abortWhy_;  // guarded by abortMu_
+};
+
+Status EngineTransport::connect(Store& store, const EngineTransportOptions& options) {
+  const Deadline deadline = Clock::now() + options.connectTimeout;
+  BAGUA_ASSIGN_OR_RETURN(net::EngineOptions eo, net::EngineOptions::fromParams());
+  eo.nStreams = std::clamp(options.streams, 1, net::kMaxStreams);
+  eo.socketBufferBytes = options.socketBuffer;
+  eo.timeoutMs = std::max<int64_t>(eo.timeoutMs, 1000);
+  BAGUA_RETURN_IF_ERROR(eo.validate());
+  std::string addr = options.listenAddress.empty() ? store.localAddress() : options.listenAddress;
+  BAGUA_ASSIGN_OR_RETURN(net::SocketAddress bindAddr, net::SocketAddress::parse(addr));
+
+  // One listener per peer that sends to me, published as "eng/<me>/<peer>": handle + pieceBytes.
+  std::vector<std::unique_ptr<net::Listener>> listeners(size_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      continue;
+    }
+    BAGUA_ASSIGN_OR_RETURN(listeners[p], net::Listener::create(bindAddr, eo));
+    const net::Handle& h = listeners[p]->handle();
+    Bytes value(h.begin(), h.end());
+    const uint64_t piece = piece_;
+    value.resize(h.size() + sizeof(piece));
+    std::memcpy(value.data() + h.size(), &piece, sizeof(piece));
+    BAGUA_RETURN_IF_ERROR(store.set(strPrintf("eng/%d/%d", rank_, p), value));
+  }
+  std::vector<std::unique_ptr<net::Connector>> connectors(size_);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      continue;
+    }
+    BAGUA_ASSIGN_OR_RETURN(Bytes value,
+                           store.get(strPrintf("eng/%d/%d", p, rank_), msUntil(deadline)));
+    net::Handle h{};
+    uint64_t piece = 0;
+    if (value.size() != h.size() + sizeof(piece)) {
+      return BAGUA_ERROR(kRemoteError, "rank %d published a bad engine handle (%zu bytes)", p,
+                         value.size());
+    }
+    std::memcpy(h.data(), value.data(), h.size());
+    std::memcpy(&piece, value.data() + h.size(), sizeof(piece));
+    if (piece != piece_) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "rank %d cuts messages into %llu-byte pieces but rank %d into %zu: set "
+                         "BAGUA_HOST_SEGMENT_BYTES to the same value on every rank",
+                         p, static_cast<unsigned long long>(piece), rank_, piece_);
+    }
+    BAGUA_ASSIGN_OR_RETURN(connectors[p], net::Connector::start(h, eo));
+  }
+  int missing = 2 * (size_ - 1);
+  while (missing > 0) {
+    bool progress = false;
+    for (int p = 0; p < size_; ++p) {
+      if (connectors[p] && !sends_[p]) {
+        Result<std::unique_ptr<net::SendComm>> c = connectors[p]->poll();
+        if (!c.isOk()) {
+          return BAGUA_ERROR(kUnavailable, "rank %d: cannot connect to rank %d: %s", rank_, p,
+                             c.status().message().c_str());
+        }
+        if (*c) {
+          sends_[p] = std::move(*c);
+          sends_[p]->setNotifier(&notifier_);
+          connectors[p].reset();
+          --missing;
+          progress = true;
+        }
+      }
+      if (listeners[p] && !recvs_[p]) {
+        Result<std::unique_ptr<net::RecvComm>> c = listeners[p]->accept();
+        if (!c.isOk()) {
+          return c.takeStatus();
+        }
+        if (*c) {
+          recvs_[p] = std::move(*c);
+          recvs_[p]->setNotifier(&notifier_);
+          listeners[p].reset();
+          --missing;
+          progress = true;
+        }
+      }
+    }
+    if (missing == 0) {
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      std::string who;
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_ && (!sends_[p] || !recvs_[p])) {
+          who += strPrintf("%s%d", who.empty() ? "" : ",", p);
+        }
+      }
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: engine connections with ranks [%s] not made within the "
+                         "rendezvous timeout",
+                         rank_, who.c_str());
+    }
+    if (!progress) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return Status::ok();
+}
+
+Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                                 Deadline deadline) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    return abortedStatus();
+  }
+  std::vector<SendState> ss;
+  std::vector<RecvState> rs;
+  ss.reserve(sends.size());
+  rs.reserve(recvs.size());
+  std::vector<const SendOp*> selfSends;
+  std::vector<RecvOp*> selfRecvs;
+  std::vector<PeerQueues> q(size_);
+  for (const SendOp& s : sends) {
+    if (s.peer < 0 || s.peer >= size_) {
+      return BAGUA_ERROR(kInvalidArgument, "send to rank %d of a group of %d", s.peer, size_);
+    }
+    if (s.peer == rank_) {
+      selfSends.push_back(&s);
+    } else if (s.len > 0) {
+      q[s.peer].sendOps.push_back(ss.size());
+      ss.push_back({&s});
+    }
+  }
+  for (RecvOp& r : recvs) {
+    if (r.peer < 0 || r.peer >= size_) {
+      return BAGUA_ERROR(kInvalidArgument, "recv from rank %d of a group of %d", r.peer, size_);
+    }
+    if (r.peer == rank_) {
+      selfRecvs.push_back(&r);
+    } else if (r.len > 0) {
+      q[r.peer].recvOps.push_back(rs.size());
+      rs.emplace_back(&r);
+      rs.back().piece.assign(pieces(r.len), false);
+    } else {
+      RecvState empty(&r);
+      report(empty);
+    }
+  }
+  if (selfSends.size() != selfRecvs.size()) {
+    return BAGUA_ERROR(kInternal, "rank %d: %zu self sends but %zu self receives", rank_,
+                       selfSends.size(), selfRecvs.size());
+  }
+  for (size_t i = 0; i < selfSends.size(); ++i) {
+    if (selfSends[i]->len != selfRecvs[i]->len) {
+      return BAGUA_ERROR(kInternal, "rank %d: self send of %zu bytes into a receive of %zu", rank_,
+                         selfSends[i]->len, selfRecvs[i]->len);
+    }
+    if (selfSends[i]->len > 0 && selfRecvs[i]->data != selfSends[i]->data) {
+      std::memmove(selfRecvs[i]->data, selfSends[i]->data, selfSends[i]->len);
+    }
+    RecvState st(selfRecvs[i]);
+    st.prefix = selfRecvs[i]->len;
+    report(st);
+  }
+
+  size_t pending = ss.size() + rs.size();
+  while (pending > 0) {
+    const uint64_t seen = notifier_.epoch();
+    bool progress = false;
+    for (int p = 0; p < size_; ++p) {
+      PeerQueues& pq = q[p];
+      // Post the sends whose bytes are ready, in order.
+      while (pq.sendHead < pq.sendOps.size() &&
+             pq.sendFlight.size() < static_cast<size_t>(kMaxInFlight)) {
+        SendState& s = ss[pq.sendOps[pq.sendHead]];
+        const size_t len = std::min(piece_, s.op->len - s.posted);
+        if (s.posted + len > s.limit()) {
+          break;  // the next piece is still arriving (ring forwarding)
+        }
+        Result<net::Request*> r =
+            sends_[p]->isend(static_cast<const uint8_t*>(s.op->data) + s.posted, len);
+        if (!r.isOk()) {
+          if (r.status().code() == StatusCode::kUnavailable) {
+            break;
+          }
+          return peerError(r.status(), "send to", p);
+        }
+        pq.sendFlight.push_back({*r, pq.sendOps[pq.sendHead], s.posted / piece_, len});
+        s.posted += len;
+        if (s.posted == s.op->len) {
+          ++pq.sendHead;
+        }
+      }
+      while (pq.recvHead < pq.recvOps.size() &&
+             pq.recvFlight.size() < static_cast<size_t>(kMaxInFlight)) {
+        // A receive's pieces are posted only once the previous receive from this peer completed
+        // and was reported: ops may share a buffer (the ring reduces each step's chunk out of one
+        // scratch buffer), exactly as a byte stream would deliver them.
+        if (pq.recvHead > 0) {
+          const RecvState& prevOp = rs[pq.recvOps[pq.recvHead - 1]];
+          if (prevOp.nDone < prevOp.piece.size()) {
+            break;
+          }
+        }
+        RecvState& rcv = rs[pq.recvOps[pq.recvHead]];
+        const size_t len = std::min(piece_, rcv.op->len - rcv.posted);
+        Result<net::Request*> r =
+            recvs_[p]->irecv(static_cast<uint8_t*>(rcv.op->data) + rcv.posted, len);
+        if (!r.isOk()) {
+          if (r.status().code() == StatusCode::kUnavailable) {
+            break;
+          }
+          return peerError(r.status(), "receive from", p);
+        }
+        pq.recvFlight.push_back({*r, pq.recvOps[pq.recvHead], rcv.posted / piece_, len});
+        rcv.posted += len;
+        if (rcv.posted == rcv.op->len) {
+          ++pq.recvHead;
+        }
+      }
+      // Test what is in flight.
+      for (size_t i = 0; i < pq.sendFlight.size();) {
+        InFlight& f = pq.sendFlight[i];
+        bool done = false;
+        size_t got = 0;
+        Status st = f.req->test(&done, &got);
+        if (!st.isOk()) {
+          return peerError(st, "send to", p);
+        }
+        if (!done) {
+          ++i;
+          continue;
+        }
+        SendState& s = ss[f.state];
+        s.done += f.bytes;
+        sent_.fetch_add(f.bytes, std::memory_order_relaxed);
+        if (s.done == s.op->len) {
+          --pending;
+        }
+        pq.sendFlight.erase(pq.sendFlight.begin() + static_cast<std::ptrdiff_t>(i));
+        progress = true;
+      }
+      for (size_t i = 0; i < pq.recvFlight.size();) {
+        InFlight& f = pq.recvFlight[i];
+        bool done = false;
+        size_t got = 0;
+        Status st = f.req->test(&done, &got);
+        if (!st.isOk()) {
+          return peerError(st, "receive from", p);
+        }
+        if (!done) {
+          ++i;
+          continue;
+        }
+        RecvState& rcv = rs[f.state];
+        if (got != f.bytes) {
+          return BAGUA_ERROR(kRemoteError,
+                             "rank %d: rank %d sent a %zu-byte piece where %zu were expected (the "
+                             "ranks issued different operations?)",
+                             rank_, p, got, f.bytes);
+        }
+        rcv.piece[f.piece] = true;
+        ++rcv.nDone;
+        received_.fetch_add(f.bytes, std::memory_order_relaxed);
+        while (rcv.prefix < rcv.op->len && rcv.piece[rcv.prefix / piece_]) {
+          rcv.prefix = std::min(rcv.op->len, rcv.prefix + piece_);
+        }
+        report(rcv);
+        if (rcv.nDone == rcv.piece.size()) {
+          --pending;
+        }
+        pq.recvFlight.erase(pq.recvFlight.begin() + static_cast<std::ptrdiff_t>(i));
+        progress = true;
+      }
+    }
+    if (pending == 0) {
+      break;
+    }
+    if (aborted_.load(std::memory_order_acquire)) {
+      return abortedStatus();
+    }
+    if (progress) {
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::string waiting;
+      for (int p = 0; p < size_; ++p) {
+        if (!q[p].sendFlight.empty() || !q[p].recvFlight.empty() ||
+            q[p].sendHead < q[p].sendOps.size() || q[p].recvHead < q[p].recvOps.size()) {
+          waiting += strPrintf("%s%d", waiting.empty() ? "" : ",", p);
+        }
+      }
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: transfer did not complete before the collective deadline; "
+                         "still waiting on ranks [%s] (a peer is stuck or issued a different "
+                         "collective)",
+                         rank_, waiting.c_str());
+    }
+    notifier_.waitChange(seen, std::min(deadline, now + std::chrono::milliseconds(50)));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> connectEngineTransport(Store& store, int rank, int size,
+                                                          const EngineTransportOptions& options) {
+  if (options.pieceBytes == 0) {
+    return BAGUA_ERROR(kInvalidArgument, "engine transport: piece size must be positive");
+  }
+  auto t = std::make_unique<EngineTransport>(rank, size, options.pieceBytes);
+  if (size > 1) {
+    BAGUA_RETURN_IF_ERROR(t->connect(store, options));
+  }
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace bagua::core::host
