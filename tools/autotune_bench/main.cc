@@ -18,7 +18,8 @@
 //
 // Phases:
 //   1. grid: every power-of-two bucket size from 4 KiB to the model size, in the order learned
-//      from gradient-ready times (the tuner's own partition), `iters` iterations each;
+//      from gradient-ready times (the tuner's own partition), `iters` iterations each, `rounds`
+//      passes over all sizes, median per size;
 //   2. autotune: a fresh reducer tuned by the Autotuner (warm-up `warmup_s`, windows of
 //      `window_s`, `samples` trials); we report the wall time, iterations and throughput of the
 //      tuning phase (its cost) and the setting it chose;
@@ -240,13 +241,19 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     return measure(*d, m, a, rank);
   };
 
-  // 1. Grid.
-  for (uint64_t b = 4096; b < 2 * total; b *= 2) {
-    BAGUA_ASSIGN_OR_RETURN(double ips, fixed(b));
-    if (rank == 0) {
-      rep->grid[b] = ips;
-      std::fprintf(stderr, "grid %8llu KiB: %.2f it/s\n", static_cast<unsigned long long>(b >> 10),
-                   ips);
+  // 1. Grid: `rounds` passes over every size, median per size.
+  std::map<uint64_t, std::vector<double>> gridRuns;
+  for (int r = 0; r < a.rounds; ++r) {
+    for (uint64_t b = 4096; b < 2 * total; b *= 2) {
+      BAGUA_ASSIGN_OR_RETURN(double ips, fixed(b));
+      gridRuns[b].push_back(ips);
+    }
+  }
+  if (rank == 0) {
+    for (const auto& [b, runs] : gridRuns) {
+      rep->grid[b] = median(runs);
+      std::fprintf(stderr, "grid %8llu KiB: median %.2f it/s\n",
+                   static_cast<unsigned long long>(b >> 10), rep->grid[b]);
     }
   }
   uint64_t best = 0;
