@@ -126,24 +126,31 @@ bool DistributedDataParallel::isIgnored(const std::string& name) const {
 
 Status DistributedDataParallel::broadcastState() {
   Communicator& c = group_.global();
-  std::vector<WorkPtr> works;
-  auto bcast = [&](const Parameter& p) {
+  std::vector<const Parameter*> todo;
+  auto add = [&](const Parameter& p) {
     if (!isIgnored(p.name) && p.numel > 0) {
-      works.push_back(c.broadcast(p.data, p.numel, p.dtype, 0));
+      todo.push_back(&p);
     }
   };
   for (const Parameter& p : params_) {
-    bcast(p);
+    add(p);
   }
   for (const Parameter& p : buffers_) {
-    bcast(p);
+    add(p);
   }
   std::vector<std::vector<Parameter>> states;
   for (Optimizer* o : optimizers_) {
     states.push_back(o->stateTensors());
-    for (const Parameter& p : states.back()) {
-      bcast(p);
+  }
+  for (const auto& st : states) {
+    for (const Parameter& p : st) {
+      add(p);
     }
+  }
+  BAGUA_RETURN_IF_ERROR(waitForTrainerStream(todo));
+  std::vector<WorkPtr> works;
+  for (const Parameter* p : todo) {
+    works.push_back(c.broadcast(p->data, p->numel, p->dtype, 0));
   }
   for (auto& w : works) {
     BAGUA_RETURN_IF_ERROR(w->wait(timeout_));
@@ -356,11 +363,16 @@ Status DistributedDataParallel::prepareForward() {
     BAGUA_RETURN_IF_ERROR(initAlgorithm());
   }
   if (options_.broadcastBuffers && !buffers_.empty()) {
-    std::vector<WorkPtr> works;
+    std::vector<const Parameter*> todo;
     for (const Parameter& b : buffers_) {
       if (!isIgnored(b.name) && b.numel > 0) {
-        works.push_back(group_.global().broadcast(b.data, b.numel, b.dtype, 0));
+        todo.push_back(&b);
       }
+    }
+    BAGUA_RETURN_IF_ERROR(waitForTrainerStream(todo));
+    std::vector<WorkPtr> works;
+    for (const Parameter* b : todo) {
+      works.push_back(group_.global().broadcast(b->data, b->numel, b->dtype, 0));
     }
     for (auto& w : works) {
       BAGUA_RETURN_IF_ERROR(w->wait(timeout_));
@@ -679,6 +691,10 @@ Status DistributedDataParallel::broadcastHostI64(int64_t* data, size_t count) {
     (void)cudaGetLastError();
     s = BAGUA_ERROR(kCudaError, "broadcast staging: copy to cuda:%d failed", device);
   }
+  if (s.isOk() && cudaStreamSynchronize(nullptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "broadcast staging: synchronising cuda:%d failed", device);
+  }
   if (s.isOk()) {
     s = c.broadcast(staging, count, DataType::kI64, 0)->wait(timeout_);
   }
@@ -687,6 +703,31 @@ Status DistributedDataParallel::broadcastHostI64(int64_t* data, size_t count) {
     s = BAGUA_ERROR(kCudaError, "broadcast staging: copy from cuda:%d failed", device);
   }
   cudaFree(staging);
+  return s;
+}
+
+Status DistributedDataParallel::waitForTrainerStream(const std::vector<const Parameter*>& tensors) {
+  int device = -1;
+  for (const Parameter* p : tensors) {
+    if (p->device.type != DeviceType::kCpu) {
+      device = p->device.index;
+      break;
+    }
+  }
+  if (device < 0) {
+    return Status::ok();
+  }
+  BAGUA_DDP_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
+  cudaEvent_t ev = nullptr;
+  BAGUA_DDP_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
+  Status s;
+  if (cudaEventRecord(ev, static_cast<cudaStream_t>(options_.cudaStream)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "recording an event on the trainer's stream failed");
+  } else {
+    s = pollEvent(ev, Clock::now() + timeout_, "waiting for the trainer's stream");
+  }
+  cudaEventDestroy(ev);
   return s;
 }
 
@@ -749,6 +790,10 @@ Status DistributedDataParallel::finishCopyBack(bool /*anyDevice*/) {
 }
 Status DistributedDataParallel::broadcastHostI64(int64_t* data, size_t count) {
   return group_.global().broadcast(data, count, DataType::kI64, 0)->wait(timeout_);
+}
+Status DistributedDataParallel::waitForTrainerStream(
+    const std::vector<const Parameter*>& /*tensors*/) {
+  return Status::ok();
 }
 void DistributedDataParallel::releaseDeviceState() {}
 

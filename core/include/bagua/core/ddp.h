@@ -128,6 +128,9 @@ class DistributedDataParallel {
   Status waitBucketReady(int bucket);
   Status finishCopyBack(bool anyDevice);
   Status broadcastHostI64(int64_t* data, size_t count);
+  // Device parameters or buffers: waits (bounded) until the trainer's stream has written them,
+  // before a collective on another stream reads them.
+  Status waitForTrainerStream(const std::vector<const Parameter*>& tensors);
   void releaseDeviceState();
 
   std::vector<Parameter>& params_;
