@@ -1,6 +1,10 @@
 // The reducer (core::DistributedDataParallel) over torch tensors' memory, the algorithms of
 // algorithms/ by name, and QAdamOptimizer.
 //
+// CUDA parameters go to the same reducer on an NCCL group: it copies gradients into device
+// buckets on its own stream, ordered after the trainer's stream (cuda_stream, torch's current
+// stream at wrap time) with events.
+//
 // Parameters cross as (name, data_ptr, grad_ptr, numel, dtype, device_type, device_index,
 // requires_grad). Python owns every byte: the reducer runs in copy mode (a ready gradient is
 // copied into the bucket at markGradReady, the result copied back at finishBackward), and
@@ -177,7 +181,7 @@ class PyReducer {
   PyReducer(pyb::object group, const std::vector<ParamSpec>& params,
             const std::vector<ParamSpec>& buffers, PyAlgorithm& algorithm, PyQAdam* qadam,
             double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
-            const std::vector<std::string>& ignore, int64_t firstBucketBytes)
+            const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream)
       : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
     core::ProcessGroup& pg = groupOf(group_);
     core::DdpOptions o;
@@ -190,6 +194,7 @@ class PyReducer {
     o.broadcastBuffers = broadcastBuffers;
     o.rebuildBuckets = rebuildBuckets;
     o.paramsToIgnore = ignore;
+    o.cudaStream = reinterpret_cast<void*>(cudaStream);
     std::vector<core::Optimizer*> opts;
     if (qadam != nullptr) {
       stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());
@@ -291,11 +296,12 @@ void bindDdp(pyb::module_& m) {
   pyb::class_<PyReducer>(m, "Reducer")
       .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
                      PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
-                     const std::vector<std::string>&, int64_t>(),
+                     const std::vector<std::string>&, int64_t, uintptr_t>(),
            pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
            pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
            pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
-           pyb::arg("first_bucket_bytes") = 0, pyb::keep_alive<1, 5>(), pyb::keep_alive<1, 6>())
+           pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0, pyb::keep_alive<1, 5>(),
+           pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
       .def("prepare_forward", &PyReducer::prepareForward)
       .def("mark_grad_ready", &PyReducer::markGradReady)

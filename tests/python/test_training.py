@@ -3,7 +3,42 @@
 import pytest
 import torch
 
+import comm_checks
 import harness
+
+# Every 2-rank scenario runs in one launch of 2 processes (importing torch dominates the time
+# on a loaded 2-core machine); each test checks its own scenario.
+SCENARIOS_2 = {
+    "gar_with_bagua_flat": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
+                            "wrapper": "with_bagua", "do_flatten": True},
+    "gar_with_bagua_noflat": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
+                              "wrapper": "with_bagua", "do_flatten": False},
+    "gar_ddp": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
+                "wrapper": "ddp"},
+    "no_sync": {"algorithm": "gradient_allreduce", "steps": 6, "accumulate": 2},
+    "bytegrad": {"algorithm": "bytegrad", "steps": 10, "reference": True,
+                 "kwargs": {"hierarchical": False}},
+    "decentralized": {"algorithm": "decentralized", "steps": 8,
+                      "kwargs": {"hierarchical": False, "peer_selection_mode": "all"}},
+    "qadam_warmup": {"algorithm": "qadam", "steps": 8, "lr": 1e-2,
+                     "kwargs": {"opt": {"warmup_steps": 100}, "algo": {"hierarchical": False}}},
+    "qadam_compressed": {"algorithm": "qadam", "steps": 12, "lr": 1e-2,
+                         "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
+    "async": {"algorithm": "async", "steps": 30,
+              "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}},
+}
+
+
+@pytest.fixture(scope="module")
+def runs2():
+    items = {k: {"func": "train", "args": v} for k, v in SCENARIOS_2.items()}
+    items["comm"] = {"func": "comm_basic"}
+    outs = harness.run("bundle", 2, {"items": items}, timeout=240)
+    return {k: [o[k] for o in outs] for k in items}
+
+
+def test_collectives_world2(runs2):
+    comm_checks.check_collectives(runs2["comm"], 2)
 
 
 def _assert_ranks_equal(outs, key="final"):
@@ -11,15 +46,12 @@ def _assert_ranks_equal(outs, key="final"):
         assert torch.equal(o[key], outs[0][key])
 
 
-@pytest.mark.parametrize("wrapper,do_flatten", [("with_bagua", True), ("with_bagua", False),
-                                                ("ddp", True)])
-def test_gradient_allreduce_equals_single_process(wrapper, do_flatten):
+@pytest.mark.parametrize("scenario", ["gar_with_bagua_flat", "gar_with_bagua_noflat", "gar_ddp"])
+def test_gradient_allreduce_equals_single_process(runs2, scenario):
     # DDP equivalence: 2 ranks with different batches == one process on the concatenated batch,
     # starting from rank 0's weights (every rank starts from different ones).
-    outs = harness.run("train", 2, {"algorithm": "gradient_allreduce", "steps": 10,
-                                    "reference": True, "wrapper": wrapper,
-                                    "do_flatten": do_flatten})
-    assert not torch.equal(outs[0]["init"], outs[1]["init"]) or True
+    outs = runs2[scenario]
+    wrapper = SCENARIOS_2[scenario]["wrapper"]
     assert torch.equal(outs[0]["init"], outs[1]["init"])  # broadcast at wrap
     _assert_ranks_equal(outs)
     assert torch.allclose(outs[0]["final"], outs[0]["reference"], rtol=1e-5, atol=1e-6)
@@ -35,10 +67,9 @@ def test_gradient_allreduce_equals_single_process(wrapper, do_flatten):
                                                  "fc3.weight"]
 
 
-def test_no_sync_accumulation_equals_single_process():
+def test_no_sync_accumulation_equals_single_process(runs2):
     # 2 micro-batches per step, the first under no_sync: the sum reduces once per step.
-    outs = harness.run("train", 2, {"algorithm": "gradient_allreduce", "steps": 6,
-                                    "accumulate": 2, "reference": False})
+    outs = runs2["no_sync"]
     _assert_ranks_equal(outs)
     # Reference: the gradient of the two micro-batch losses summed, averaged over 2 ranks.
     import workers
@@ -56,17 +87,15 @@ def test_no_sync_accumulation_equals_single_process():
     assert torch.allclose(outs[0]["final"], workers.flat(model), rtol=1e-5, atol=1e-6)
 
 
-def test_bytegrad_ranks_bitwise_equal_and_close():
-    outs = harness.run("train", 2, {"algorithm": "bytegrad", "steps": 10, "reference": True,
-                                    "kwargs": {"hierarchical": False}})
+def test_bytegrad_ranks_bitwise_equal_and_close(runs2):
+    outs = runs2["bytegrad"]
     _assert_ranks_equal(outs)
     # 8-bit quantised gradients: close to the exact run, not equal.
     assert torch.allclose(outs[0]["final"], outs[0]["reference"], atol=2e-3)
 
 
-def test_decentralized_all_matches_simulation():
-    outs = harness.run("train", 2, {"algorithm": "decentralized", "steps": 8,
-                                    "kwargs": {"hierarchical": False, "peer_selection_mode": "all"}})
+def test_decentralized_all_matches_simulation(runs2):
+    outs = runs2["decentralized"]
     # x_{t+1} = avg(x_t) - lr * g_r(x_t): simulate both ranks.
     import workers
     models = []
@@ -91,8 +120,11 @@ def test_decentralized_all_matches_simulation():
 
 
 def test_low_precision_decentralized_replica_invariant():
-    outs = harness.run("train", 3, {"algorithm": "low_precision_decentralized", "steps": 6,
-                                    "kwargs": {"hierarchical": False}})
+    outs = harness.run("bundle", 3, {"items": {"lp": {"func": "train", "args": {
+        "algorithm": "low_precision_decentralized", "steps": 6,
+        "kwargs": {"hierarchical": False}}}, "comm": {"func": "comm_basic"}}})
+    comm_checks.check_collectives([o["comm"] for o in outs], 3)
+    outs = [o["lp"] for o in outs]
     n = 3
     for r in range(n):
         me = outs[r]["replicas"]["self"]
@@ -102,12 +134,10 @@ def test_low_precision_decentralized_replica_invariant():
         assert all(torch.isfinite(torch.tensor(outs[r]["losses"])))
 
 
-def test_qadam_warmup_equals_adam():
+def test_qadam_warmup_equals_adam(runs2):
     # While step < warmup_steps QAdam is Adam on the averaged gradient: 2 ranks == torch Adam
     # on the concatenated batch.
-    outs = harness.run("train", 2, {"algorithm": "qadam", "steps": 8, "lr": 1e-2,
-                                    "kwargs": {"opt": {"warmup_steps": 100},
-                                               "algo": {"hierarchical": False}}})
+    outs = runs2["qadam_warmup"]
     _assert_ranks_equal(outs)
     import workers
     model = workers.Net()
@@ -122,17 +152,14 @@ def test_qadam_warmup_equals_adam():
     assert torch.allclose(outs[0]["final"], workers.flat(model), rtol=1e-5, atol=1e-6)
 
 
-def test_qadam_compression_stage_runs():
-    outs = harness.run("train", 2, {"algorithm": "qadam", "steps": 12, "lr": 1e-2,
-                                    "kwargs": {"opt": {"warmup_steps": 4},
-                                               "algo": {"hierarchical": False}}})
+def test_qadam_compression_stage_runs(runs2):
+    outs = runs2["qadam_compressed"]
     _assert_ranks_equal(outs)
     assert torch.isfinite(outs[0]["final"]).all()
 
 
-def test_async_model_average_runs_and_aborts():
-    outs = harness.run("train", 2, {"algorithm": "async", "steps": 30,
-                                    "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}})
+def test_async_model_average_runs_and_aborts(runs2):
+    outs = runs2["async"]
     for o in outs:
         assert torch.isfinite(o["final"]).all()
         assert o["rounds"] >= 1

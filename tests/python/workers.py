@@ -180,6 +180,12 @@ def reference(init, world, steps, lr, algorithm):
     return flat(model)
 
 
+@worker
+def bundle(a):
+    """Several scenarios in one process group (one launch: torch's import dominates)."""
+    return {name: WORKERS[item["func"]](item.get("args", {})) for name, item in a["items"].items()}
+
+
 def main():
     func, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     result = WORKERS[func](args)

@@ -115,6 +115,10 @@ def _check_init():
 
 
 def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
+    return _init(store, rank, world_size, -1, local_world_size)
+
+
+def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1):
     """Initialises the default process group from env:// (MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), as Bagua's does; arguments >= 0 override the
     environment. ``store`` (a torch.distributed store) is not used: the core has its own.
@@ -132,6 +136,7 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
             hierarchical=True,
             rank=rank,
             world_size=world_size,
+            local_rank=local_rank,
             local_world_size=local_world_size,
         )
         nccl = None
@@ -139,7 +144,7 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
             dev = host.local_rank % torch.cuda.device_count()
             torch.cuda.set_device(dev)
             nccl = host.new_group(
-                list(range(host.size)), "nccl", backend="nccl", hierarchical=False, cuda_device=dev
+                list(range(host.size)), "nccl", backend="nccl", hierarchical=True, cuda_device=dev
             )
         _default_pg = BaguaProcessGroup(host, nccl, range(host.size), "default")
         return _default_pg

@@ -6,9 +6,14 @@ has them, the AccumulateGrad node's hook otherwise), queues an end-of-backward c
 waits for the buckets, patches ``optimizer.step`` to run the post-step hook, and runs the
 forward-pre hook from a module forward-pre hook (training mode with grad enabled only).
 
-CUDA models: ``DeviceReducer`` (gradient_allreduce over NCCL, see device_reducer.py), because
-the C++ reducer flattens buckets in host memory only.
+CUDA models: the same C++ reducer on the NCCL group (device buckets; gradient copies ordered
+after torch's current stream with CUDA events). ``CUDA_REDUCER = "python"`` selects
+``DeviceReducer`` instead (gradient_allreduce only, in Python over the NCCL communicator; kept
+as a comparison point for the benchmark).
 """
+
+#: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
+CUDA_REDUCER = "core"
 
 import contextlib
 import weakref
@@ -109,7 +114,7 @@ class BaguaDistributedDataParallel:
                 p.grad = p.grad.contiguous()
         _broadcast_optimizer_state(self.optimizers, self.process_group)
 
-        if self.is_cuda:
+        if self.is_cuda and CUDA_REDUCER == "python":
             from .device_reducer import DeviceReducer
 
             self._reducer = DeviceReducer(
@@ -130,15 +135,25 @@ class BaguaDistributedDataParallel:
             # (read only: the core writes gradients only in finish_backward, when every
             # pointer is a real gradient).
             most = max([p.numel() * p.element_size() for p in self._params] + [8])
-            self._zero_grad = torch.zeros(most, dtype=torch.uint8)
+            dev = self._params[0].device if self._params else torch.device("cpu")
+            self._zero_grad = torch.zeros(most, dtype=torch.uint8, device=dev)
+            group = self.process_group._host
+            stream = 0
+            if self.is_cuda:
+                if self.process_group._nccl is None:
+                    raise RuntimeError("bagua: CUDA model but no NCCL communicator (extension "
+                                       "built without NCCL, or no GPU at init_process_group)")
+                group = self.process_group._nccl
+                stream = torch.cuda.current_stream(dev).cuda_stream
             params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
             buffers = [_spec(n, b) for n, b in self._named_buffers if b.is_contiguous()]
             ext_algo = algorithm._make_ext()
             self._reducer = ext.Reducer(
-                self.process_group._host, params, buffers, ext_algo,
+                group, params, buffers, ext_algo,
                 qadam._ext if qadam is not None else None,
                 float(bucket_cap_mb), bool(find_unused_parameters), bool(broadcast_buffers),
-                True, sorted(ignore), int(first_bucket_bytes))
+                True, sorted(ignore), int(first_bucket_bytes), int(stream))
+        self._python_device = self.is_cuda and CUDA_REDUCER == "python"
         self._communicated = set(self._reducer.communicated())
         self._register_hooks()
         self._patch_optimizers()
@@ -178,7 +193,7 @@ class BaguaDistributedDataParallel:
     def _pre_forward(self):
         if self._closed or not (self.module.training and torch.is_grad_enabled()):
             return
-        if not self.is_cuda:
+        if not self._python_device:
             for i, p in enumerate(self._params):
                 self._reducer.set_grad(i, self._grad_ptr(p))
         self._reducer.prepare_forward()

@@ -1,0 +1,103 @@
+"""Lightning's ``BaguaStrategy`` on bagua.torch_api, registered as ``"bagua"``.
+
+    import bagua.lightning  # registers the strategy
+    trainer = Trainer(strategy="bagua", accelerator="gpu", devices=2)
+    trainer = Trainer(strategy=BaguaStrategy(algorithm="bytegrad"), ...)
+
+Lightning removed its own BaguaStrategy (it needed the unmaintained bagua package); this one
+follows the old one's arguments: ``algorithm`` (a registry name or an Algorithm), ``flatten``,
+and the algorithm's keyword arguments. torch.distributed is still initialised by DDPStrategy
+(Lightning's barrier/broadcast/reduce use it); bagua's own group rendezvouses on MASTER_PORT+1.
+Works with ``lightning.pytorch`` (2.x) or ``pytorch_lightning``.
+"""
+
+import os
+
+try:
+    from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+    from lightning.pytorch.trainer.states import TrainerFn
+except ImportError:  # pragma: no cover - the older package name
+    from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
+    from pytorch_lightning.trainer.states import TrainerFn
+
+import bagua.torch_api as bagua
+from bagua.torch_api import communication as _comm
+from bagua.torch_api.algorithms import Algorithm
+from bagua.torch_api.data_parallel import DistributedDataParallel
+
+
+class BaguaStrategy(DDPStrategy):
+    strategy_name = "bagua"
+
+    def __init__(self, algorithm="gradient_allreduce", flatten=True, accelerator=None,
+                 parallel_devices=None, cluster_environment=None, checkpoint_io=None,
+                 precision_plugin=None, **bagua_kwargs):
+        kwargs = {}
+        if precision_plugin is not None:
+            kwargs["precision_plugin"] = precision_plugin
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         **kwargs)
+        self._bagua_algorithm = algorithm
+        self._bagua_flatten = flatten
+        self._bagua_kwargs = bagua_kwargs
+
+    def setup_distributed(self):
+        super().setup_distributed()
+        port = os.environ.get("MASTER_PORT")
+        if port is not None:
+            os.environ["MASTER_PORT"] = str(int(port) + 1)
+        try:
+            _comm._init(rank=self.global_rank, world_size=self.world_size,
+                        local_rank=self.local_rank, local_world_size=self.num_processes)
+        finally:
+            if port is not None:
+                os.environ["MASTER_PORT"] = port
+
+    def _make_algorithm(self):
+        a = self._bagua_algorithm
+        if isinstance(a, Algorithm):
+            return a
+        kwargs = dict(self._bagua_kwargs)
+        if a == "qadam":
+            kwargs.setdefault("q_adam_optimizer", self.optimizers[0])
+        return Algorithm.init(a, **kwargs)
+
+    def setup(self, trainer):
+        if trainer.state.fn != TrainerFn.FITTING:
+            return super().setup(trainer)
+        self.accelerator.setup(trainer)
+        self.model_to_device()
+        self.setup_precision_plugin()
+        self.setup_optimizers(trainer)  # before wrapping: the wrap patches optimizer.step
+        algorithm = self._make_algorithm()
+        self.model = DistributedDataParallel(
+            self.model, optimizers=self.optimizers, algorithm=algorithm,
+            gradient_as_bucket_view=self._bagua_flatten)
+        if algorithm.name == "async":
+            algorithm.resume(self.model)
+
+    def teardown(self):
+        model = self.model
+        if isinstance(model, DistributedDataParallel):
+            algo = model.bagua_algorithm
+            if algo.name == "async":
+                algo.abort(model)
+            model.close()
+            self.model = model.module
+        super().teardown()
+
+    def barrier(self, *args, **kwargs):
+        if bagua.is_initialized():
+            bagua.barrier()
+        else:
+            super().barrier(*args, **kwargs)
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        strategy_registry.register(cls.strategy_name, cls,
+                                   description="Bagua's algorithms on the bagua C++ core")
+
+
+if "bagua" not in StrategyRegistry:
+    BaguaStrategy.register_strategies(StrategyRegistry)

@@ -1,0 +1,169 @@
+"""Bagua's generic fused optimizer for any torch optimizer (contrib.fuse_optimizer).
+
+``fuse_optimizer(opt)`` flattens each param group's parameters (and gradients) of one
+(dtype, device) into one contiguous storage; ``opt.fuse_step()`` then steps every run of
+byte-adjacent parameters as ONE tensor (one kernel per operation instead of one per
+parameter) by running the optimizer's own ``step`` on a fused view, with the optimizer state
+laid out the same way (per-parameter states become views into the fused state, so ``step()``
+and ``fuse_step()`` can alternate freely and give bitwise the same result for element-wise
+optimizers). Runs that cannot be fused (gradients missing, state keys or scalar states that
+differ) are stepped per parameter.
+
+This is pure torch on purpose: the C++ optimizer/ library owns its parameter memory and keeps
+its own state per rule, while Bagua's API fuses *the user's* torch optimizer and its state.
+"""
+
+import types
+import warnings
+
+import torch
+
+
+def is_fused_optimizer(optimizer):
+    return bool(getattr(optimizer, "_bagua_fused", False))
+
+
+def _adjacent(tensors):
+    for a, b in zip(tensors, tensors[1:]):
+        if b.data_ptr() != a.data_ptr() + a.numel() * a.element_size():
+            return False
+    return all(t.is_contiguous() for t in tensors)
+
+
+def _span(tensors):
+    """One 1-D tensor over byte-adjacent tensors (aliasing), or a concatenated copy."""
+    total = sum(t.numel() for t in tensors)
+    if _adjacent(tensors):
+        return tensors[0].detach().as_strided((total,), (1,)), True
+    return torch.cat([t.detach().reshape(-1) for t in tensors]), False
+
+
+def fuse_optimizer(optimizer, do_flatten=True, check_flatten=True):
+    """Makes ``optimizer`` fusable and returns it (Bagua's API). Raises if already fused."""
+    if is_fused_optimizer(optimizer):
+        raise RuntimeError("bagua: this optimizer is already fused")
+    optimizer._bagua_fused = True
+    optimizer._bagua_fused_count = 0
+    optimizer._bagua_check_flatten = check_flatten
+    optimizer.fuse_step = types.MethodType(fuse_step, optimizer)
+    if do_flatten:
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for part in _partitions(group["params"]):
+                    _flatten(part)
+    return optimizer
+
+
+def _partitions(params):
+    parts = {}
+    for p in params:
+        parts.setdefault((p.dtype, p.device), []).append(p)
+    return list(parts.values())
+
+
+def _flatten(params):
+    total = sum(p.numel() for p in params)
+    dev, dt = params[0].device, params[0].dtype
+    flat = torch.empty(total, dtype=dt, device=dev)
+    gflat = torch.zeros(total, dtype=dt, device=dev)
+    off = 0
+    for p in params:
+        n = p.numel()
+        flat[off:off + n].copy_(p.data.reshape(-1))
+        if p.grad is not None:
+            gflat[off:off + n].copy_(p.grad.reshape(-1))
+        p.data = flat[off:off + n].view_as(p)
+        p.grad = gflat[off:off + n].view_as(p)
+        off += n
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    return a == b
+
+
+def _fusable(params, state):
+    """(per-element keys, scalar values) when ``params`` can be stepped as one, else None."""
+    keys = None
+    for p in params:
+        k = tuple(sorted(state.get(p, {}).keys()))
+        if keys is None:
+            keys = k
+        elif k != keys:
+            return None
+    elem, scalars = [], {}
+    for k in keys:
+        vals = [state[p][k] for p in params]
+        if all(isinstance(v, torch.Tensor) and v.shape == p.shape for v, p in zip(vals, params)):
+            elem.append(k)
+        elif all(_same(v, vals[0]) for v in vals):
+            scalars[k] = vals[0]
+        else:
+            return None
+    return elem, scalars
+
+
+def fuse_step(optimizer, closure=None):
+    """One optimizer step with byte-adjacent parameters updated as one tensor."""
+    if not is_fused_optimizer(optimizer):
+        raise RuntimeError("bagua: call fuse_optimizer(optimizer) before fuse_step")
+    state = optimizer.state
+    saved = []
+    restores = []
+    fused_groups = 0
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            params = group["params"]
+            new_params = []
+            any_run = False
+            for part in _partitions([p for p in params if p.grad is not None]):
+                info = _fusable(part, state) if len(part) >= 2 else None
+                if info is None or not _adjacent([p.data for p in part]):
+                    if len(part) >= 2 and optimizer._bagua_check_flatten and info is not None:
+                        warnings.warn("bagua fuse_step: parameters are no longer contiguous "
+                                      "(were they re-allocated?); stepping them one by one")
+                    new_params.extend(part)
+                    continue
+                elem, scalars = info
+                fp, _ = _span([p.data for p in part])
+                fg, _ = _span([p.grad for p in part])
+                fp.grad = fg
+                st = dict(scalars)
+                for k in elem:
+                    st[k], _ = _span([state[p][k] for p in part])
+                for k, v in scalars.items():
+                    if isinstance(v, torch.Tensor):
+                        st[k] = v.clone()
+                state[fp] = st
+                new_params.append(fp)
+                restores.append((fp, part, elem))
+                any_run = True
+            new_params.extend(p for p in params if p.grad is None)
+            saved.append((group, params))
+            group["params"] = new_params
+            fused_groups += int(any_run)
+    try:
+        loss = optimizer.step(closure) if closure is not None else optimizer.step()
+    finally:
+        with torch.no_grad():
+            for group, params in saved:
+                group["params"] = params
+            for fp, part, elem in restores:
+                st = state.pop(fp)
+                off = 0
+                for p in part:
+                    n = p.numel()
+                    ps = state.setdefault(p, {})
+                    for k, v in st.items():
+                        if k in elem or (isinstance(v, torch.Tensor) and v.shape == fp.shape):
+                            ps[k] = v[off:off + n].view_as(p)
+                        elif isinstance(v, torch.Tensor):
+                            ps[k] = v.clone()
+                        else:
+                            ps[k] = v
+                    off += n
+    optimizer._bagua_fused_count += fused_groups
+    return loss
