@@ -502,6 +502,50 @@ TEST(Autotuner, AlgorithmsWithoutBucketsAreSkipped) {
   EXPECT_EQ(skipped, (std::vector<int>{1, 1}));
 }
 
+TEST(Autotuner, ARankThatNeverReportsIsADeadlineNotAHang) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::string rank0Error;
+  auto res = bagua::testing::runRanks(
+      2,
+      [&](int r) -> std::string {
+        auto pg = core::ProcessGroup::create(store, groupOptions(r, 2));
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Model m("", 4);
+        auto algo = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto ddp = core::withBagua(m.params, m.buffers, {}, algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        AutotuneOptions o = fastOptions(3);
+        o.checkInterval = 1;
+        o.waitTimeout = 500ms;
+        auto tuner = Autotuner::create(**ddp, *algo, o);
+        if (!tuner.isOk()) {
+          return tuner.status().toString();
+        }
+        std::string e = trainStep(**ddp, m, r, 2);
+        if (!e.empty()) {
+          return e;
+        }
+        if (r == 1) {
+          return "";  // never reports
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        Status s = (*tuner)->onIterationEnd();
+        if (std::chrono::steady_clock::now() - t0 > 10s) {
+          return "the wait was not bounded";
+        }
+        rank0Error = s.toString();
+        return s.code() == StatusCode::kDeadlineExceeded ? ""
+                                                         : "expected a deadline: " + rank0Error;
+      },
+      60s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  EXPECT_NE(rank0Error.find("throughput reports"), std::string::npos) << rank0Error;
+}
+
 TEST(Autotuner, DisabledTunerDoesNothing) {
   std::vector<RankLog> logs;
   ASSERT_EQ(twoRankRun(

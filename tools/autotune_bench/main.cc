@@ -374,6 +374,10 @@ int main(int argc, char** argv) {
       rep.tuneIters / rep.tuneWallS, rep.tuneOverheadS,
       static_cast<unsigned long long>(rep.tuned.bucketBytes >> 10), rep.tuned.buckets.size());
   std::printf("final (median of %d alternating rounds of %d iterations):\n", a.rounds, a.iters);
+  for (int r = 0; r < a.rounds; ++r) {
+    std::printf("  round %d: default %.2f, grid best %.2f, autotuned %.2f it/s\n", r,
+                rep.finalDefault[r], rep.finalGrid[r], rep.finalTuned[r]);
+  }
   std::printf("  default %.0f KiB : %.2f it/s\n", a.defaultKib, dm);
   std::printf("  grid best        : %.2f it/s\n", gm);
   std::printf("  autotuned        : %.2f it/s\n", tm);
