@@ -1,0 +1,180 @@
+// The fused optimizer's CUDA Adam on one GPU: step time of the fused step (flattened: one launch
+// per (group, dtype) buffer) and of the per-tensor step (one launch per tensor) on a parameter
+// set, and the copy bandwidth (cudaMemcpy device to device; read + written bytes per second)
+// measured in the same run. bench/gpu/optimizer_torch.py runs torch.optim.Adam(fused=True) and
+// (foreach=True) on the same parameter set for the comparison.
+//
+// usage: optimizer_gpu_bench [--set small10k|bert] [--iters N]
+// Prints one CSV line per case: label,set,tensors,elems,ms_per_step,GBps,bound
+// (GBps = 28 bytes per element / step time; bound = GBps / copy GBps).
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bagua/optimizer/elementwise.h"
+
+namespace {
+
+using bagua::optim::Adam;
+using bagua::optim::AdamRule;
+
+// The parameter sets, defined identically in bench/gpu/optimizer_torch.py.
+std::vector<size_t> parameterSet(const std::string& name) {
+  std::vector<size_t> s;
+  if (name == "small10k") {
+    for (size_t i = 0; i < 10000; ++i) {
+      s.push_back(((i * 37) % 8 + 1) * 64);
+    }
+  } else {  // "bert": BERT-base's parameter shapes (110M elements, 199 tensors)
+    const size_t h = 768, f = 3072;
+    s = {30522 * h, 512 * h, 2 * h, h, h};
+    for (int l = 0; l < 12; ++l) {
+      for (int k = 0; k < 4; ++k) {  // q, k, v, attention output
+        s.push_back(h * h);
+        s.push_back(h);
+      }
+      s.push_back(h);  // attention LayerNorm
+      s.push_back(h);
+      s.push_back(h * f);
+      s.push_back(f);
+      s.push_back(f * h);
+      s.push_back(h);
+      s.push_back(h);  // output LayerNorm
+      s.push_back(h);
+    }
+    s.push_back(h * h);  // pooler
+    s.push_back(h);
+  }
+  return s;
+}
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+double copyGBps(size_t bytes, int iters) {
+  void* a = nullptr;
+  void* b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int w = 0; w < 3; ++w) {
+    CHECK_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  }
+  cudaEventRecord(e0);
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  }
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(bytes) * iters / (ms / 1e3) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string set = "small10k";
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--set") == 0) {
+      set = argv[i + 1];
+    } else if (std::strcmp(argv[i], "--iters") == 0) {
+      iters = std::atoi(argv[i + 1]);
+    }
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const auto sizes = parameterSet(set);
+  size_t elems = 0;
+  for (size_t s : sizes) {
+    elems += s;
+  }
+  const double bytes = 28.0 * static_cast<double>(elems);
+  // Copy the same number of bytes as one Adam update moves (read + written).
+  const double copy = copyGBps(static_cast<size_t>(bytes / 2), iters);
+  std::printf("label,set,tensors,elems,ms_per_step,GBps,bound\n");
+  std::printf("copy,%s,%zu,%zu,%.4f,%.1f,1.000\n", set.c_str(), sizes.size(), elems,
+              bytes / (copy * 1e9) * 1e3, copy);
+  for (bool fused : {true, false}) {
+    std::vector<bagua::core::Parameter> params;
+    std::vector<void*> allocs;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      void* d = nullptr;
+      void* g = nullptr;
+      CHECK_CUDA(cudaMalloc(&d, sizes[t] * 4));
+      CHECK_CUDA(cudaMalloc(&g, sizes[t] * 4));
+      CHECK_CUDA(cudaMemset(d, 0, sizes[t] * 4));
+      CHECK_CUDA(cudaMemset(g, 0, sizes[t] * 4));
+      allocs.push_back(d);
+      allocs.push_back(g);
+      bagua::core::Parameter p;
+      p.name = "t" + std::to_string(t);
+      p.data = d;
+      p.grad = g;
+      p.numel = sizes[t];
+      p.device = bagua::core::Device{bagua::core::DeviceType::kCuda, 0};
+      params.push_back(std::move(p));
+    }
+    AdamRule::Hyper h;
+    h.weightDecay = 0.01;
+    auto opt = Adam::create(params, h);
+    if (!opt.isOk()) {
+      std::printf("error: %s\n", opt.status().toString().c_str());
+      return 1;
+    }
+    if (fused) {
+      bagua::Status s = (*opt)->fuse();
+      if (!s.isOk()) {
+        std::printf("error: %s\n", s.toString().c_str());
+        return 1;
+      }
+      // fuse() moved data and gradients into flat buffers: the originals are free to go.
+      for (void* a : allocs) {
+        cudaFree(a);
+      }
+      allocs.clear();
+    }
+    for (int w = 0; w < 3; ++w) {
+      (void)(fused ? (*opt)->fuseStep() : (*opt)->plainStep());
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+      bagua::Status s = fused ? (*opt)->fuseStep() : (*opt)->plainStep();
+      if (!s.isOk()) {
+        std::printf("error: %s\n", s.toString().c_str());
+        return 1;
+      }
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const double sec =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    const double gbps = bytes / sec / 1e9;
+    std::printf("%s,%s,%zu,%zu,%.4f,%.1f,%.3f\n", fused ? "bagua_fused" : "bagua_per_tensor",
+                set.c_str(), sizes.size(), elems, sec * 1e3, gbps, gbps / copy);
+    opt->reset();
+    for (void* a : allocs) {
+      cudaFree(a);
+    }
+  }
+  return 0;
+}
