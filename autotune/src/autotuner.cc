@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
