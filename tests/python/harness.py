@@ -17,13 +17,41 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+COMMON_ENV = {
+    "BAGUA_RENDEZVOUS_TIMEOUT_MS": "30000",
+    "BAGUA_COLLECTIVE_TIMEOUT_MS": "30000",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def _run_baguarun(func, world, args, timeout, env):
+    exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
+    if not exe or not os.access(exe, os.X_OK):
+        import pytest
+
+        pytest.skip("BAGUA_TEST_BAGUARUN does not name the baguarun launcher ({!r})".format(exe))
+    with tempfile.TemporaryDirectory(prefix="bagua_py_") as out:
+        e = dict(os.environ, **COMMON_ENV)
+        e.update(env or {})
+        p = subprocess.run(
+            [exe, "--nproc_per_node", str(world), "--master_port", "0", "--", sys.executable,
+             os.path.join(HERE, "workers.py"), func, out, json.dumps(args or {})],
+            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        o = p.stdout.decode(errors="replace")
+        assert p.returncode == 0, "baguarun exited with {}\n{}".format(p.returncode, o[-6000:])
+        return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(world)]
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run(func, world, args=None, timeout=90, env=None, local_world=None):
+def run(func, world, args=None, timeout=90, env=None, local_world=None, launcher=None):
+    """``launcher="baguarun"``: one baguarun process starts the ranks (BAGUA_TEST_BAGUARUN)."""
+    if launcher == "baguarun":
+        return _run_baguarun(func, world, args, timeout, env)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bagua_py_") as out:
         procs = []
@@ -36,9 +64,7 @@ def run(func, world, args=None, timeout=90, env=None, local_world=None):
                 "WORLD_SIZE": str(world),
                 "LOCAL_RANK": str(r % (local_world or world)),
                 "LOCAL_WORLD_SIZE": str(local_world or world),
-                "BAGUA_RENDEZVOUS_TIMEOUT_MS": "30000",
-                "BAGUA_COLLECTIVE_TIMEOUT_MS": "30000",
-                "OMP_NUM_THREADS": "1",
+                **COMMON_ENV,
             })
             e.update(env or {})
             procs.append(subprocess.Popen(

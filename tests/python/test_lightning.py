@@ -43,7 +43,7 @@ print("NORM", trainer.global_rank, float(w.norm()))
 '''
 
 
-@pytest.mark.parametrize("algo", ["default", "bytegrad", "decentralized"])
+@pytest.mark.parametrize("algo", ["default", "bytegrad"])
 def test_lightning_strategy(tmp_path, algo):
     accel = os.environ.get("BAGUA_TEST_ACCELERATOR", "cpu")
     script = tmp_path / "fit.py"

@@ -48,7 +48,7 @@ def data(rank, step, batch=4):
 
 
 def flat(model):
-    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    return torch.cat([p.detach().reshape(-1).cpu().clone() for p in model.parameters()])
 
 
 def make_algorithm(name, kwargs, model, lr):
@@ -120,8 +120,13 @@ def train(a):
     single-process reference on the concatenated batches when asked)."""
     bagua.init_process_group()
     r, n = bagua.get_rank(), bagua.get_world_size()
+    dev = torch.device(a.get("device", "cpu"))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())
+        from bagua.torch_api.data_parallel import bagua_distributed
+        bagua_distributed.CUDA_REDUCER = a.get("cuda_reducer", "core")
     torch.manual_seed(r)  # different initial weights per rank: the wrap must broadcast rank 0's
-    model = Net()
+    model = Net().to(dev)
     init = None
     lr = a.get("lr", 0.05)
     algo, opt = make_algorithm(a["algorithm"], a.get("kwargs", {}), model, lr)
@@ -139,6 +144,7 @@ def train(a):
         opt.zero_grad()
         for micro in range(accum):
             x, y = data(r * accum + micro, step)
+            x, y = x.to(dev), y.to(dev)
             if micro < accum - 1:
                 with ctx():
                     loss = torch.nn.functional.mse_loss(wrapped(x), y)
@@ -154,7 +160,7 @@ def train(a):
         algo.abort(model)  # a second abort is a no-op
         out["rounds"] = algo.rounds()
         out["final"] = flat(model)
-    if a["algorithm"] == "low_precision_decentralized":
+    if a["algorithm"] == "low_precision_decentralized" and dev.type == "cpu":
         reps = algo.replicas()
         out["replicas"] = {k: torch.tensor(v) for k, v in reps.items()}
     if a.get("reference") and r == 0:
