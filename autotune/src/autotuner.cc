@@ -265,6 +265,7 @@ Status Autotuner::init() {
   }
   windowStart_ = Clock::now();
   startedAt_ = windowStart_;
+  subStart_ = windowStart_;
   windowStartStep_ = ddp_.trainStep();
 
   if (!r.enabled && r.loadFile.empty()) {
@@ -462,7 +463,7 @@ void Autotuner::logTrial(const Trial& t) {
   out << strPrintf(",%.6f,%.4f\n", t.score, t.windowS);
 }
 
-Status Autotuner::decide(int64_t step, const std::vector<std::pair<int64_t, double>>& reports,
+Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
                          std::string* decision) {
   *decision = "keep\n";
   if (state_ == State::kWarmup) {
@@ -476,11 +477,11 @@ Status Autotuner::decide(int64_t step, const std::vector<std::pair<int64_t, doub
     return Status::ok();
   }
   double score = 0;
-  for (const auto& [iters, secs] : reports) {
-    if (iters < 1 || secs <= 0 || secs < r_->confidenceS) {
+  for (const WindowReport& w : reports) {
+    if (w.iters < 1 || w.secs <= 0 || w.secs < r_->confidenceS) {
       return Status::ok();  // this window is not long enough yet
     }
-    score += static_cast<double>(iters) / secs;
+    score += w.medianRate > 0 ? w.medianRate : static_cast<double>(w.iters) / w.secs;
   }
   score /= static_cast<double>(reports.size());
   Trial t;
@@ -489,7 +490,7 @@ Status Autotuner::decide(int64_t step, const std::vector<std::pair<int64_t, doub
   t.setting = current_;
   t.setting.score = score;
   t.score = score;
-  t.windowS = reports[0].second;
+  t.windowS = reports[0].secs;
   t.bucketCount = static_cast<int>(current_.buckets.size());
   trials_.push_back(t);
   logTrial(t);
@@ -542,6 +543,9 @@ Status Autotuner::applyDecision(const std::string& decision) {
     state_ = State::kMeasuring;
     windowStart_ = Clock::now();
     windowIters_ = 0;
+    subRates_.clear();
+    subStart_ = windowStart_;
+    subStartIters_ = 0;
     return Status::ok();
   }
   if (kind != "switch" && kind != "final") {
@@ -557,13 +561,31 @@ Status Autotuner::check() {
   core::Store& store = *ddp_.group().store();
   const int64_t c = checks_++;
   const int64_t step = ddp_.trainStep();
-  const double secs = pendingSwitch_ >= 0 ? 0.0 : secondsSince(windowStart_);
-  const std::string mine = strPrintf("%lld %.9f", static_cast<long long>(windowIters_), secs);
+  const auto now = Clock::now();
+  double secs = 0;
+  double rate = 0;
+  if (pendingSwitch_ < 0) {
+    secs = std::chrono::duration<double>(now - windowStart_).count();
+    const double subSecs = std::chrono::duration<double>(now - subStart_).count();
+    if (windowIters_ > subStartIters_ && subSecs > 0) {
+      subRates_.push_back(static_cast<double>(windowIters_ - subStartIters_) / subSecs);
+    }
+    if (!subRates_.empty()) {
+      std::vector<double> sorted = subRates_;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t n = sorted.size();
+      rate = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    }
+  }
+  subStart_ = now;
+  subStartIters_ = windowIters_;
+  const std::string mine =
+      strPrintf("%lld %.9f %.9f", static_cast<long long>(windowIters_), secs, rate);
   const std::string prefix = strPrintf("c%lld/", static_cast<long long>(c));
   std::string decision;
   if (rank_ == 0) {
-    std::vector<std::pair<int64_t, double>> reports(world_);
-    reports[0] = {windowIters_, secs};
+    std::vector<WindowReport> reports(world_);
+    reports[0] = {windowIters_, secs, rate};
     std::vector<std::string> keys;
     for (int r = 1; r < world_; ++r) {
       keys.push_back(key(prefix + "rep" + std::to_string(r)));
@@ -581,10 +603,11 @@ Status Autotuner::check() {
       BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(keys[r - 1], r_->wait));
       long long it = 0;
       double sec = 0;
-      if (std::sscanf(core::toString(b).c_str(), "%lld %lf", &it, &sec) != 2) {
+      double med = 0;
+      if (std::sscanf(core::toString(b).c_str(), "%lld %lf %lf", &it, &sec, &med) != 3) {
         return BAGUA_ERROR(kInternal, "autotune: rank %d sent a malformed report", r);
       }
-      reports[r] = {it, sec};
+      reports[r] = {it, sec, med};
     }
     BAGUA_RETURN_IF_ERROR(decide(step, reports, &decision));
     BAGUA_RETURN_IF_ERROR(store.set(key(prefix + "dec"), core::toBytes(decision)));
@@ -629,6 +652,9 @@ Status Autotuner::onIterationEnd() {
     windowStart_ = t0;
     windowStartStep_ = step;
     windowIters_ = 0;
+    subRates_.clear();
+    subStart_ = t0;
+    subStartIters_ = 0;
   } else {
     ++windowIters_;
   }

@@ -184,8 +184,15 @@ class Autotuner {
   Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm, AutotuneOptions options);
   Status init();
   Status check();
-  Status decide(int64_t step, const std::vector<std::pair<int64_t, double>>& reports,
-                std::string* decision);
+  // One rank's window: iterations, seconds, and the median iteration rate of its sub-windows
+  // (one per check; Horovod's median of sub-samples, so a short burst of load on the machine
+  // does not decide a trial).
+  struct WindowReport {
+    int64_t iters = 0;
+    double secs = 0;
+    double medianRate = 0;
+  };
+  Status decide(int64_t step, const std::vector<WindowReport>& reports, std::string* decision);
   Status applyDecision(const std::string& decision);
   Result<Setting> makeSetting(const Point& point);
   Status schedule(const Setting& s);
@@ -206,6 +213,9 @@ class Autotuner {
   int64_t windowStartStep_ = 0;
   std::chrono::steady_clock::time_point windowStart_;
   int64_t windowIters_ = 0;
+  std::vector<double> subRates_;  // iteration rate between consecutive checks in the window
+  int64_t subStartIters_ = 0;
+  std::chrono::steady_clock::time_point subStart_;
   int64_t pendingSwitch_ = -1;  // iteration the scheduled layout takes effect
   Setting current_;
   Point currentPoint_;
