@@ -87,6 +87,14 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
   }
   std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel(
       params, buffers, std::move(optimizers), std::move(algorithm), group, options));
+  // Device tensors need the NCCL backend (and a build with it): say so before touching them.
+  for (const auto* list : {&params, &buffers}) {
+    for (const Parameter& p : *list) {
+      if (p.device.type != DeviceType::kCpu && !ddp->isIgnored(p.name)) {
+        BAGUA_RETURN_IF_ERROR(ddp->checkDeviceTensor({p.name, -1, p.numel, p.dtype, p.device}));
+      }
+    }
+  }
   if (ddp->timeout_.count() <= 0) {
     BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
     ddp->timeout_ = std::chrono::milliseconds(t);

@@ -5,7 +5,8 @@
 // one node with hierarchical=true: Bagua #380); the shift_one schedule; low-precision
 // decentralized against a simulation and its exact replica invariant; QAdam equal to Adam
 // during warm-up and finite, rank-identical weights after it; async model average (averaging,
-// abort/resume sequences, bounded shutdown without abort); the factory.
+// abort/resume sequences, bounded shutdown without abort); gradient all-reduce's SUM + divide
+// fallback against native AVG; CUDA tensors refused on the host backend; the factory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1006,6 +1007,103 @@ TEST(BaguaCases, ModelSwitch) {
       },
       90s);
   EXPECT_EQ(testing::joinFailures(res), "");
+}
+
+// ---- Gradient AllReduce: native AVG against Bagua's SUM + divide fallback ----------------------
+
+struct AllReduceCase {
+  int world;
+  int localWorld;
+};
+
+class GradientAllReduceModes : public ::testing::TestWithParam<AllReduceCase> {};
+
+// The fallback for NCCL without ncclAvg (Bagua #363) must give the mean as the native AVG does:
+// within float rounding of the double-precision mean, bitwise the same on every rank.
+TEST_P(GradientAllReduceModes, SumThenDivideEqualsNativeAverage) {
+  const AllReduceCase tc = GetParam();
+  const bool hierarchical = tc.localWorld < tc.world;
+  const size_t numel = 777;
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<std::vector<float>> in(tc.world);
+  for (int r = 0; r < tc.world; ++r) {
+    for (size_t i = 0; i < numel; ++i) {
+      in[r].push_back(input(r, i));
+    }
+  }
+  std::vector<std::vector<float>> native(tc.world), fallback(tc.world);
+  auto res = testing::runRanks(
+      tc.world,
+      [&](int r) -> std::string {
+        auto pg = makeGroup(store, r, tc.world, tc.localWorld, hierarchical);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        for (AverageMode mode : {AverageMode::kNative, AverageMode::kSumThenDivide}) {
+          GradientAllReduce algo(hierarchical, true, mode);
+          auto impl = algo.reify(**pg);
+          if (!impl.isOk()) {
+            return impl.status().toString();
+          }
+          auto& out = mode == AverageMode::kNative ? native[r] : fallback[r];
+          out = in[r];
+          core::Bucket b;
+          b.numel = numel;
+          b.flat = out.data();
+          RETURN_IF_FAILED((*impl)->initOperations(b));
+          RETURN_IF_FAILED((*impl)->runBucket(b, **pg));
+        }
+        return "";
+      },
+      60s);
+  ASSERT_EQ(testing::joinFailures(res), "");
+  for (size_t i = 0; i < numel; ++i) {
+    double acc = 0;
+    for (int r = 0; r < tc.world; ++r) {
+      acc += in[r][i];
+    }
+    const double want = acc / tc.world;
+    const double tol = 1e-5 * (1.0 + std::fabs(want));
+    ASSERT_NEAR(fallback[0][i], want, tol) << "element " << i;
+    ASSERT_NEAR(native[0][i], want, tol) << "element " << i;
+  }
+  for (int r = 1; r < tc.world; ++r) {
+    EXPECT_EQ(std::memcmp(fallback[r].data(), fallback[0].data(), numel * 4), 0) << "rank " << r;
+    EXPECT_EQ(std::memcmp(native[r].data(), native[0].data(), numel * 4), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GradientAllReduceModes,
+                         ::testing::Values(AllReduceCase{1, 1}, AllReduceCase{2, 2},
+                                           AllReduceCase{3, 3}, AllReduceCase{5, 5},
+                                           AllReduceCase{8, 8}, AllReduceCase{4, 2},
+                                           AllReduceCase{8, 4}));
+
+// CUDA tensors on the host backend: refused up front with an error naming the tensor and what
+// to do (NCCL backend, or a build with it), in builds with and without CUDA.
+TEST(DeviceTensors, RefusedOnTheHostBackendWithAClearError) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  auto pg = makeGroup(store, 0, 1, 1, false);
+  ASSERT_TRUE(pg.isOk()) << pg.status().toString();
+  float fake[4] = {};
+  std::vector<Parameter> params(1);
+  params[0].name = "fc.weight";
+  params[0].data = fake;  // never dereferenced: the check comes first
+  params[0].grad = fake;
+  params[0].numel = 4;
+  params[0].device = {core::DeviceType::kCuda, 0};
+  std::vector<Parameter> buffers;
+  core::Sgd sgd(params, 0.1f);
+  for (const char* name : {"gradient_allreduce", "bytegrad", "decentralized"}) {
+    auto algo = createAlgorithm(name, {{"hierarchical", "false"}});
+    ASSERT_TRUE(algo.isOk());
+    auto ddp = core::withBagua(params, buffers, {&sgd}, *algo, **pg);
+    ASSERT_FALSE(ddp.isOk()) << name;
+    const std::string msg = ddp.status().toString();
+    EXPECT_NE(msg.find("fc.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("NCCL"), std::string::npos) << msg;
+  }
 }
 
 // ---- Factory -----------------------------------------------------------------------------------
