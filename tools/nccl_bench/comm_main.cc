@@ -1,0 +1,212 @@
+// bagua-nccl-comm-bench: our NCCL communicator (bagua::core, Backend::kNccl) against NCCL called
+// directly, same processes, same GPUs, same sizes, alternating, every result checked. Launch with
+// baguarun, one process per GPU:
+//
+//   baguarun --nproc_per_node 2 --master_port 0 bagua-nccl-comm-bench [--sizes 1M,64M,256M]
+//            [--iters N] [--reps R]
+//
+// Both sides run in-place f32 sum all-reduces on a device buffer. Two patterns: "sync" waits for
+// each call before the next (ours: Work::wait; raw: cudaStreamSynchronize), "batch" issues all
+// calls and waits for the last. time = the slowest rank's mean per call (nccl-tests' -a 2 would
+// average; we report the max); algbw = bytes / time; busbw = algbw * 2(n-1)/n.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "bagua/core/process_group.h"
+
+namespace {
+
+using namespace bagua;
+using namespace bagua::core;
+using Clock = std::chrono::steady_clock;
+
+#define BENCH_CHECK(cond, ...)                                     \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      std::fprintf(stderr, "bagua-nccl-comm-bench: " __VA_ARGS__); \
+      std::fprintf(stderr, "\n");                                  \
+      return 1;                                                    \
+    }                                                              \
+  } while (0)
+
+struct Args {
+  std::vector<size_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};
+  int iters = 20;
+  int reps = 3;
+};
+
+bool parseSizes(const std::string& text, std::vector<size_t>* out) {
+  out->clear();
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    Result<uint64_t> b =
+        parseBytes(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (!b.isOk() || *b < 4) {
+      return false;
+    }
+    out->push_back(*b);
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+std::string sizeText(size_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) {
+    return strPrintf("%zuM", b >> 20);
+  }
+  return strPrintf("%zuK", b >> 10);
+}
+
+int run(const Args& a) {
+  ProcessGroupOptions po;
+  po.hierarchical = false;
+  po.backend = Backend::kNccl;
+  po.name = "nccl_comm_bench";
+  auto pgr = ProcessGroup::initFromEnv(po);
+  BENCH_CHECK(pgr.isOk(), "%s", pgr.status().toString().c_str());
+  ProcessGroup& pg = **pgr;
+  const int rank = pg.rank();
+  const int world = pg.size();
+  Communicator& ours = pg.global();
+  BENCH_CHECK(cudaSetDevice(pg.localRank()) == cudaSuccess, "cudaSetDevice(%d)", pg.localRank());
+
+  // NCCL called directly: its own communicator, unique id through the same store.
+  ncclUniqueId id;
+  std::shared_ptr<Store> store = pg.store();
+  if (rank == 0) {
+    BENCH_CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+    Bytes b(sizeof(id));
+    std::memcpy(b.data(), &id, sizeof(id));
+    BENCH_CHECK(store->set("raw_nccl_id", b).isOk(), "store set");
+  }
+  {
+    Result<Bytes> b = store->get("raw_nccl_id", std::chrono::seconds(60));
+    BENCH_CHECK(b.isOk() && b->size() == sizeof(id), "store get");
+    std::memcpy(&id, b->data(), sizeof(id));
+  }
+  ncclComm_t raw;
+  BENCH_CHECK(ncclCommInitRank(&raw, world, id, rank) == ncclSuccess, "ncclCommInitRank");
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess,
+              "cudaStreamCreate");
+
+  const size_t maxBytes = *std::max_element(a.sizes.begin(), a.sizes.end());
+  float* dev = nullptr;
+  BENCH_CHECK(cudaMalloc(&dev, maxBytes) == cudaSuccess, "cudaMalloc(%zu)", maxBytes);
+  std::vector<float> host(maxBytes / 4);
+  const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  if (rank == 0) {
+    std::printf("bagua-nccl-comm-bench: %d ranks (GPUs), f32 sum in place; NCCL %d.%d.%d\n", world,
+                NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    std::printf("%8s %7s | %10s %10s | %10s %10s | %7s\n", "size", "pattern", "bagua us",
+                "busbw GB/s", "nccl us", "busbw GB/s", "ratio");
+  }
+  for (size_t bytes : a.sizes) {
+    const size_t count = bytes / 4;
+    for (int batch = 0; batch < 2; ++batch) {
+      double best[2] = {1e30, 1e30};
+      for (int rep = 0; rep < a.reps; ++rep) {
+        for (int who = 0; who < 2; ++who) {
+          // Fill with rank + 1 and check one all-reduce: every element = n(n+1)/2.
+          for (size_t i = 0; i < count; ++i) {
+            host[i] = static_cast<float>(rank + 1);
+          }
+          BENCH_CHECK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess,
+                      "cudaMemcpy");
+          auto once = [&](bool wait) -> bool {
+            if (who == 0) {
+              WorkPtr w = ours.allReduce(dev, dev, count, DataType::kF32, ReduceOp::kSum);
+              return !wait || w->wait(std::chrono::seconds(120)).isOk();
+            }
+            if (ncclAllReduce(dev, dev, count, ncclFloat, ncclSum, raw, stream) != ncclSuccess) {
+              return false;
+            }
+            return !wait || cudaStreamSynchronize(stream) == cudaSuccess;
+          };
+          BENCH_CHECK(once(true), "warm-up all-reduce failed");
+          BENCH_CHECK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess,
+                      "cudaMemcpy");
+          const float want = static_cast<float>(world * (world + 1) / 2);
+          for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 4096)) {
+            BENCH_CHECK(host[i] == want, "%s: element %zu is %g, expected %g",
+                        who == 0 ? "bagua" : "nccl", i, host[i], want);
+          }
+          BENCH_CHECK(ours.barrier()->wait(std::chrono::seconds(60)).isOk(), "barrier");
+          auto t0 = Clock::now();
+          for (int i = 0; i < a.iters; ++i) {
+            BENCH_CHECK(once(batch == 0 || i + 1 == a.iters), "all-reduce failed");
+          }
+          if (who == 0 && batch == 1) {
+            BENCH_CHECK(ours.barrier()->wait(std::chrono::seconds(60)).isOk(), "barrier");
+          }
+          double us =
+              std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.iters;
+          // Slowest rank (host-side max through our communicator on a device scalar would need a
+          // copy; a tiny host round trip through the store is simpler and outside the timing).
+          double* d = nullptr;
+          BENCH_CHECK(cudaMalloc(&d, sizeof(double)) == cudaSuccess, "cudaMalloc");
+          BENCH_CHECK(cudaMemcpy(d, &us, sizeof(us), cudaMemcpyHostToDevice) == cudaSuccess, "cp");
+          BENCH_CHECK(ours.allReduce(d, d, 1, DataType::kF64, ReduceOp::kMax)
+                          ->wait(std::chrono::seconds(60))
+                          .isOk(),
+                      "max");
+          BENCH_CHECK(cudaMemcpy(&us, d, sizeof(us), cudaMemcpyDeviceToHost) == cudaSuccess, "cp");
+          cudaFree(d);
+          best[who] = std::min(best[who], us);
+        }
+      }
+      if (rank == 0) {
+        const double b0 = static_cast<double>(bytes) / (best[0] * 1e-6) / 1e9 * busFactor;
+        const double b1 = static_cast<double>(bytes) / (best[1] * 1e-6) / 1e9 * busFactor;
+        std::printf("%8s %7s | %10.1f %10.2f | %10.1f %10.2f | %6.3fx\n", sizeText(bytes).c_str(),
+                    batch == 0 ? "sync" : "batch", best[0], b0, best[1], b1, b0 / b1);
+        std::fflush(stdout);
+      }
+    }
+  }
+  cudaFree(dev);
+  ncclCommDestroy(raw);
+  cudaStreamDestroy(stream);
+  return ours.barrier()->wait(std::chrono::seconds(60)).isOk() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--sizes" && i + 1 < argc) {
+      if (!parseSizes(argv[++i], &a.sizes)) {
+        std::fprintf(stderr, "bagua-nccl-comm-bench: bad --sizes\n");
+        return 2;
+      }
+    } else if ((k == "--iters" || k == "--reps") && i + 1 < argc) {
+      Result<int64_t> v = parseInt(argv[++i]);
+      if (!v.isOk() || *v < 1 || *v > 100000) {
+        std::fprintf(stderr, "bagua-nccl-comm-bench: %s wants a positive integer\n", k.c_str());
+        return 2;
+      }
+      (k == "--iters" ? a.iters : a.reps) = static_cast<int>(*v);
+    } else {
+      std::fprintf(stderr,
+                   "usage: baguarun --nproc_per_node 2 bagua-nccl-comm-bench [--sizes 1M,64M] "
+                   "[--iters N] [--reps R]\n");
+      return k == "--help" || k == "-h" ? 0 : 2;
+    }
+  }
+  return run(a);
+}
