@@ -300,8 +300,9 @@ TEST(GpuAlgorithms, ByteGradBitIdenticalToHostAndAcrossRanks) {
 TEST(GpuAlgorithms, ByteGradHierarchicalOnOneNodeMatchesHost) {
   REQUIRE_TWO_GPUS();
   // One node of 2 ranks: intra-node reduce (NCCL's own AVG), the exchange among 1 leader,
-  // broadcast: tolerance for the reduce.
-  hostVsDevice("bytegrad", {}, 1e-5);
+  // broadcast. For 2 ranks the average is exact on both sides; should NCCL's differ by an ulp,
+  // a value could move by one quantisation step (range / 255), hence the loose bound.
+  hostVsDevice("bytegrad", {}, 1e-2);
 }
 
 TEST(GpuAlgorithms, DecentralizedMatchesHost) {
