@@ -22,7 +22,9 @@ RedisOptions optionsFor(const std::vector<int>& ports) {
   for (int p : ports) {
     o.hosts.push_back({"127.0.0.1", p});
   }
-  o.timeout = 500ms;
+  // Generous: a loaded CI machine (sanitizer builds, tests in parallel) can stall a healthy local
+  // server past half a second. The fault tests kill servers, which fails commands at once.
+  o.timeout = 5s;
   o.retryInterval = 50ms;
   return o;
 }
