@@ -29,6 +29,11 @@ Status cudaElementwise(int /*ruleId*/, const void* /*scalars*/, const KernelArgs
                        int /*device*/) {
   return absent();
 }
+Status cudaTrustRatio(int /*ruleId*/, const void* /*scalars*/, const KernelArgs& /*args*/,
+                      const size_t* /*segments*/, size_t /*numSegments*/, TrustFn /*trust*/,
+                      int /*device*/) {
+  return absent();
+}
 Status cudaNonFinite(const KernelArgs& /*args*/, int /*device*/, bool* /*found*/) {
   return absent();
 }

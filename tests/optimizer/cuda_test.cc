@@ -1,4 +1,5 @@
-// CUDA kernels against the CPU ones: every built-in rule with a CUDA kernel, f32/f64/f16/bf16
+// CUDA kernels against the CPU ones: every built-in rule (LAMB's per-tensor norms included),
+// f32/f64/f16/bf16
 // parameters (f16/bf16 with master weights), fused over a flat buffer on the GPU and stepped on
 // the CPU from the same start: parameters and states equal bit for bit (both sides round every
 // operation the same way: no FMA contraction, IEEE division and square root). Also the GPU
@@ -125,6 +126,9 @@ TEST(Cuda, KernelsEqualCpuBitForBit) {
   rms.momentum = 0.5;
   expectCudaEqualsCpu<Rmsprop>(rms);
   expectCudaEqualsCpu<Adadelta>(AdadeltaRule::Hyper{});
+  LambRule::Hyper lamb;
+  lamb.lr = 0.01;
+  expectCudaEqualsCpu<Lamb>(lamb);
 }
 
 TEST(Cuda, InfGradientSkipsTheStepOnTheGpu) {

@@ -519,12 +519,16 @@ TEST(Errors, BadInputIsRejectedWithAClearMessage) {
   EXPECT_EQ((*plain)->step().code(), StatusCode::kFailedPrecondition);
 }
 
-TEST(Errors, CudaParametersWithoutCudaKernels) {
+TEST(Errors, CudaParametersNeedACudaKernel) {
+  // A user rule without a CUDA kernel (kCudaId -1) over CUDA parameters: a clear error whether or
+  // not bagua was built with CUDA.
   Model a({{10, DataType::kF32}});
   a.params()[0].device = core::Device{core::DeviceType::kCuda, 0};
-  auto lamb = Lamb::create(a.params(), LambRule::Hyper{}, smallChunks());
-  ASSERT_FALSE(lamb.isOk());
-  EXPECT_EQ(lamb.status().code(), StatusCode::kInvalidArgument);
+  auto opt =
+      ElementwiseOptimizer<SignSgdRule>::create(a.params(), SignSgdRule::Hyper{}, smallChunks());
+  ASSERT_FALSE(opt.isOk());
+  EXPECT_EQ(opt.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(opt.status().message().find("cuda:0"), std::string::npos) << opt.status().toString();
 }
 
 }  // namespace

@@ -108,6 +108,144 @@ int launchRule(const void* scalars, const KernelArgs& a) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
+// ---- Trust-ratio rules (LAMB) -------------------------------------------------------------------
+
+template <class P, class T, bool kMaster>
+__device__ __forceinline__ T weightAt(const KernelArgs& a, size_t i) {
+  if (kMaster) {
+    return static_cast<T>(a.master[i]);
+  }
+  return load<T>(static_cast<const P*>(a.param)[i]);
+}
+
+template <class Rule, class P, class T, bool kMaster, unsigned Mask>
+__global__ void __launch_bounds__(kThreads)
+    trustUpdateKernel(const typename Rule::template Scalars<T> c, const KernelArgs a, T* u) {
+  const P* __restrict__ grad = static_cast<const P*>(a.grad);
+  T* __restrict__ s0 = static_cast<T*>(a.states[0]);
+  T* __restrict__ s1 = static_cast<T*>(a.states[1]);
+  T* __restrict__ s2 = static_cast<T*>(a.states[2]);
+  const T inv = static_cast<T>(a.invScale);
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.numel;
+       i += stride) {
+    T s[kMaxStates] = {T(0), T(0), T(0)};
+    if (Mask & 1u) {
+      s[0] = s0[i];
+    }
+    if (Mask & 2u) {
+      s[1] = s1[i];
+    }
+    if (Mask & 4u) {
+      s[2] = s2[i];
+    }
+    const T w = weightAt<P, T, kMaster>(a, i);
+    u[i] = Rule::update(c, w, load<T>(grad[i]) * inv, s);
+    if (Mask & 1u) {
+      s0[i] = s[0];
+    }
+    if (Mask & 2u) {
+      s1[i] = s[1];
+    }
+    if (Mask & 4u) {
+      s2[i] = s[2];
+    }
+  }
+}
+
+// One thread per norm block, summing in element order like the CPU kernel.
+template <class P, class T, bool kMaster>
+__global__ void trustNormsKernel(const KernelArgs a, const T* u, const NormBlock* blocks,
+                                 size_t numBlocks, double* partials) {
+  const size_t b = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= numBlocks) {
+    return;
+  }
+  double pw = 0.0, uu = 0.0;
+  for (size_t i = blocks[b].begin; i < blocks[b].end; ++i) {
+    const double w = static_cast<double>(weightAt<P, T, kMaster>(a, i));
+    const double v = static_cast<double>(u[i]);
+    pw += w * w;
+    uu += v * v;
+  }
+  partials[2 * b] = pw;
+  partials[2 * b + 1] = uu;
+}
+
+// One CUDA block per norm block.
+template <class Rule, class P, class T, bool kMaster>
+__global__ void __launch_bounds__(kThreads)
+    trustApplyKernel(const typename Rule::template Scalars<T> c, const KernelArgs a, const T* u,
+                     const NormBlock* blocks, const double* trust) {
+  const NormBlock blk = blocks[blockIdx.x];
+  const T t = static_cast<T>(trust[blockIdx.x]);
+  P* param = static_cast<P*>(a.param);
+  for (size_t i = blk.begin + threadIdx.x; i < blk.end; i += blockDim.x) {
+    T w = weightAt<P, T, kMaster>(a, i);
+    Rule::applyTrust(c, w, u[i], t);
+    if (kMaster) {
+      a.master[i] = static_cast<float>(w);
+    }
+    store(param[i], w);
+  }
+}
+
+template <class Rule, class P, class T, bool kMaster>
+int trustUpdateStorage(const void* scalars, const KernelArgs& a, void* u) {
+  const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
+  size_t blocks = (a.numel + kThreads - 1) / kThreads;
+  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
+  const unsigned g = static_cast<unsigned>(blocks);
+  T* ut = static_cast<T*>(u);
+  switch (a.mask & 7u) {
+  case 0:
+    trustUpdateKernel<Rule, P, T, kMaster, 0><<<g, kThreads>>>(c, a, ut);
+    break;
+  case 1:
+    trustUpdateKernel<Rule, P, T, kMaster, 1><<<g, kThreads>>>(c, a, ut);
+    break;
+  case 2:
+    trustUpdateKernel<Rule, P, T, kMaster, 2><<<g, kThreads>>>(c, a, ut);
+    break;
+  default:
+    trustUpdateKernel<Rule, P, T, kMaster, 3><<<g, kThreads>>>(c, a, ut);
+    break;
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <class P, class T, bool kMaster>
+int trustNormsStorage(const KernelArgs& a, const void* u, const NormBlock* blocks, size_t n,
+                      double* partials) {
+  const unsigned g = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  trustNormsKernel<P, T, kMaster>
+      <<<g, kThreads>>>(a, static_cast<const T*>(u), blocks, n, partials);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <class Rule, class P, class T, bool kMaster>
+int trustApplyStorage(const void* scalars, const KernelArgs& a, const void* u,
+                      const NormBlock* blocks, const double* trust, size_t n) {
+  const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
+  trustApplyKernel<Rule, P, T, kMaster>
+      <<<static_cast<unsigned>(n), kThreads>>>(c, a, static_cast<const T*>(u), blocks, trust);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Calls F<P, T, kMaster>::run(args...) for the range's storage type.
+#define BAGUA_OPTIM_BY_STORAGE(a, CALL)                                                        \
+  switch ((a).storage) {                                                                       \
+  case StorageType::kF32:                                                                      \
+    return CALL(float, float, false);                                                          \
+  case StorageType::kF64:                                                                      \
+    return CALL(double, double, false);                                                        \
+  case StorageType::kF16:                                                                      \
+    return (a).master != nullptr ? CALL(Half, float, true) : CALL(Half, float, false);         \
+  case StorageType::kBF16:                                                                     \
+    return (a).master != nullptr ? CALL(BFloat16, float, true) : CALL(BFloat16, float, false); \
+  }                                                                                            \
+  return static_cast<int>(cudaErrorInvalidValue)
+
 template <class P, class T>
 __global__ void nonFiniteKernel(const KernelArgs a, int* flag) {
   const P* grad = static_cast<const P*>(a.grad);
@@ -154,6 +292,33 @@ int elementwise(int ruleId, const void* scalars, const KernelArgs& a) {
     return err;
   }
   return static_cast<int>(cudaStreamSynchronize(nullptr));
+}
+
+int trustUpdate(int ruleId, const void* scalars, const KernelArgs& a, void* u) {
+  if (ruleId != LambRule::kCudaId) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+#define BAGUA_CALL(P, T, M) trustUpdateStorage<LambRule, P, T, M>(scalars, a, u)
+  BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL);
+#undef BAGUA_CALL
+}
+
+int trustNorms(const KernelArgs& a, const void* u, const NormBlock* blocks, size_t numBlocks,
+               double* partials) {
+#define BAGUA_CALL(P, T, M) trustNormsStorage<P, T, M>(a, u, blocks, numBlocks, partials)
+  BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL);
+#undef BAGUA_CALL
+}
+
+int trustApply(int ruleId, const void* scalars, const KernelArgs& a, const void* u,
+               const NormBlock* blocks, const double* trust, size_t numBlocks) {
+  if (ruleId != LambRule::kCudaId) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+#define BAGUA_CALL(P, T, M) \
+  trustApplyStorage<LambRule, P, T, M>(scalars, a, u, blocks, trust, numBlocks)
+  BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL);
+#undef BAGUA_CALL
 }
 
 int nonFinite(const KernelArgs& a, int* flag, bool* found) {

@@ -7,6 +7,19 @@
 namespace bagua::optim::cudakernels {
 
 int elementwise(int ruleId, const void* scalars, const KernelArgs& args);
+// Norm blocks of a trust-ratio range: [begin, end) element ranges, each inside one tensor.
+struct NormBlock {
+  size_t begin;
+  size_t end;
+};
+// Pass 1: states and u (T = float, or double for f64 storage) for every element.
+int trustUpdate(int ruleId, const void* scalars, const KernelArgs& args, void* u);
+// Per block: partials[2b] = sum of w^2, partials[2b+1] = sum of u^2, in double, in element order.
+int trustNorms(const KernelArgs& args, const void* u, const NormBlock* blocks, size_t numBlocks,
+               double* partials);
+// Pass 2: p = applyTrust(p, u, trust[block]) for every block.
+int trustApply(int ruleId, const void* scalars, const KernelArgs& args, const void* u,
+               const NormBlock* blocks, const double* trust, size_t numBlocks);
 int nonFinite(const KernelArgs& args, int* deviceFlag, bool* found);
 const char* errorString(int error);
 

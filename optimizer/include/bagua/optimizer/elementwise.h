@@ -188,11 +188,9 @@ class ElementwiseOptimizer final : public FusedOptimizer {
         return BAGUA_ERROR(kInvalidArgument, "%s has no CUDA kernel", Rule::kName);
       } else {
         if (r.args.storage == StorageType::kF64) {
-          const auto c = Rule::template prepare<double>(h, r.step);
-          return cudaElementwise(Rule::kCudaId, &c, r.args, r.device.index);
+          return runCuda<double>(r, h);
         }
-        const auto c = Rule::template prepare<float>(h, r.step);
-        return cudaElementwise(Rule::kCudaId, &c, r.args, r.device.index);
+        return runCuda<float>(r, h);
       }
     }
     switch (r.args.storage) {
@@ -232,6 +230,21 @@ class ElementwiseOptimizer final : public FusedOptimizer {
     } else {
       static constexpr Fn table[] = {&detail::elementwiseKernel<Rule, P, T, kMaster, M>...};
       return table[mask];
+    }
+  }
+
+  template <class T>
+  Status runCuda(const Range& r, const Hyper& h) {
+    const auto c = Rule::template prepare<T>(h, r.step);
+    if constexpr (detail::TrustRatioRule<Rule>) {
+      const TrustFn trust = [](const void* sc, double pn, double un) {
+        return static_cast<double>(
+            Rule::template trust<T>(*static_cast<const detail::ScalarsOf<Rule, T>*>(sc), pn, un));
+      };
+      return cudaTrustRatio(Rule::kCudaId, &c, r.args, r.segments, r.numSegments, trust,
+                            r.device.index);
+    } else {
+      return cudaElementwise(Rule::kCudaId, &c, r.args, r.device.index);
     }
   }
 

@@ -526,7 +526,7 @@ struct AdadeltaRule {
 struct LambRule {
   static constexpr const char* kName = "lamb";
   static constexpr int kStates = 2;
-  static constexpr int kCudaId = -1;
+  static constexpr int kCudaId = 5;
   static constexpr bool kTrustRatio = true;
   struct Hyper {
     double lr = 1e-3;
