@@ -100,7 +100,8 @@ struct RankResult {
 // Returns per-rank failure texts; fills results.
 std::string train(bool device,
                   const std::function<Result<std::shared_ptr<core::Algorithm>>()>& make,
-                  std::vector<RankResult>& results, bool viewGrads = false) {
+                  std::vector<RankResult>& results, bool viewGrads = false,
+                  bool hierarchicalGroup = false) {
   auto store = std::make_shared<core::InMemoryStore>();
   results.assign(kWorld, {});
   auto res = bagua::testing::runRanks(
@@ -110,7 +111,7 @@ std::string train(bool device,
         o.rank = r;
         o.worldSize = kWorld;
         o.backend = device ? core::Backend::kNccl : core::Backend::kHost;
-        o.hierarchical = true;
+        o.hierarchical = hierarchicalGroup;  // sub-groups (more NCCL communicators) only if needed
         o.cudaDevice = device ? r : -1;
         o.rendezvousTimeout = 60000ms;
         o.collectiveTimeout = 60000ms;
@@ -248,9 +249,11 @@ std::string compare(const std::vector<std::vector<float>>& a,
 void hostVsDevice(const std::string& name, const AlgorithmArgs& args, double tol,
                   bool viewGrads = false) {
   auto make = [&]() { return createAlgorithm(name, args); };
+  auto it = args.find("hierarchical");
+  const bool hier = it == args.end() ? name != "gradient_allreduce" : it->second == "true";
   std::vector<RankResult> host, dev;
-  ASSERT_EQ(train(false, make, host), "");
-  ASSERT_EQ(train(true, make, dev, viewGrads), "");
+  ASSERT_EQ(train(false, make, host, false, hier), "");
+  ASSERT_EQ(train(true, make, dev, viewGrads, hier), "");
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(compare(dev[r].weights, host[r].weights, tol, "weights (device vs host)"), "")
         << name << " rank " << r;
