@@ -184,6 +184,7 @@ struct Autotuner::Resolved {
   std::string saveFile;
   std::string loadFile;
   std::chrono::milliseconds wait{300000};
+  bool paired = true;
 };
 
 Autotuner::Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm,
@@ -241,6 +242,7 @@ Status Autotuner::init() {
     BAGUA_ASSIGN_OR_RETURN(double w, AutotuneParams::serverWaitTimeS().get());
     r.wait = std::chrono::milliseconds(static_cast<int64_t>(w * 1000.0));
   }
+  r.paired = o.pairedReference;
   if (r.maxSamples < 1 || r.checkInterval < 1 || r.warmupS < 0 || r.confidenceS < 0) {
     return BAGUA_ERROR(kInvalidArgument,
                        "autotune: max samples (%d) and check interval (%d) must be >= 1, times "
@@ -484,17 +486,39 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
     score += w.medianRate > 0 ? w.medianRate : static_cast<double>(w.iters) / w.secs;
   }
   score /= static_cast<double>(reports.size());
+  Setting measured = current_;
+  double windowS = reports[0].secs;
+  if (r_->paired && !trials_.empty()) {
+    if (!inReference_) {
+      // The candidate's window is done: measure the reference (the best setting so far) right
+      // after it, so that load drift shared by both windows cancels in their ratio.
+      candidateRate_ = score;
+      candidateWindowS_ = windowS;
+      candidate_ = current_;
+      inReference_ = true;
+      *decision = "switch\n" + encode(reference_);
+      return Status::ok();
+    }
+    inReference_ = false;
+    measured = candidate_;
+    windowS = candidateWindowS_;
+    score = candidateRate_ / score * referenceScore_;
+  }
   Trial t;
   t.index = static_cast<int>(trials_.size());
   t.trainStep = step;
-  t.setting = current_;
+  t.setting = measured;
   t.setting.score = score;
   t.score = score;
-  t.windowS = reports[0].secs;
-  t.bucketCount = static_cast<int>(current_.buckets.size());
+  t.windowS = windowS;
+  t.bucketCount = static_cast<int>(measured.buckets.size());
   trials_.push_back(t);
   logTrial(t);
   BAGUA_RETURN_IF_ERROR(bo_->tell(currentPoint_, score));
+  if (trials_.size() == 1 || score > referenceScore_) {
+    reference_ = measured;
+    referenceScore_ = score;
+  }
   if (static_cast<int>(trials_.size()) >= r_->maxSamples) {
     // The best setting: highest posterior mean among the sampled points, as a fresh layout in the
     // learned order; the measured trial with the same point supplies the score for the file.

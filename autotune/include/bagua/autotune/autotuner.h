@@ -138,6 +138,11 @@ struct AutotuneOptions {
   uint64_t maxBucketBytes = 0;
   // Extra knobs, identical (names, ranges) on every rank.
   std::vector<Knob> knobs;
+  // Measure every candidate next to the best setting so far (one window each, back to back) and
+  // score it as (candidate rate / reference rate) x the reference's score, so load drift that
+  // spans both windows cancels. Costs twice the windows per trial. The first trial (the starting
+  // layout) is measured alone.
+  bool pairedReference = true;
 };
 
 // One measured setting (rank 0's record; other ranks see only decisions).
@@ -227,6 +232,13 @@ class Autotuner {
   std::vector<double> readySumNs_;
   int64_t readySamples_ = 0;
   std::vector<Trial> trials_;
+  // Paired measurement (rank 0).
+  bool inReference_ = false;
+  double candidateRate_ = 0;
+  double candidateWindowS_ = 0;
+  Setting candidate_;
+  Setting reference_;
+  double referenceScore_ = 0;
 };
 
 // Gradient all-reduce whose hierarchical mode (intra-node reduce, inter-node all-reduce,
