@@ -115,14 +115,14 @@ def _check_init():
 
 
 def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
-    return _init(store, rank, world_size, -1, local_world_size)
-
-
-def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1):
     """Initialises the default process group from env:// (MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), as Bagua's does; arguments >= 0 override the
     environment. ``store`` (a torch.distributed store) is not used: the core has its own.
     Selects the CUDA device LOCAL_RANK when CUDA is available."""
+    return _init(store, rank, world_size, -1, local_world_size)
+
+
+def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1):
     global _default_pg
     if store is not None:
         import warnings
