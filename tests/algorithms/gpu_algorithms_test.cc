@@ -3,7 +3,8 @@
 // low-precision decentralized must match it bit for bit (the CUDA kernels do the CPU's float
 // operations in the same order and the exchanges are point to point); all-reduce based ones
 // within a stated tolerance (NCCL's reduction order and AVG are its own). Skipped, with the
-// reason, without two GPUs; the lead runs it on the GPU machine.
+// reason, without two GPUs; the lead runs it on the GPU machine. The host half (the reference
+// runs) is checked everywhere.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -260,6 +261,25 @@ void hostVsDevice(const std::string& name, const AlgorithmArgs& args, double tol
     EXPECT_EQ(compare(dev[r].grads, host[r].grads, tol, "gradients (device vs host)"), "")
         << name << " rank " << r;
   }
+}
+
+// The harness itself, on the host backend (runs everywhere): the reference runs the GPU tests
+// compare with are deterministic, and ByteGrad's ranks agree bit for bit.
+TEST(GpuAlgorithmsHarness, HostReferenceIsDeterministic) {
+  for (const char* name : {"bytegrad", "low_precision_decentralized"}) {
+    auto make = [&] { return createAlgorithm(name, {{"hierarchical", "false"}}); };
+    std::vector<RankResult> a, b;
+    ASSERT_EQ(train(false, make, a), "") << name;
+    ASSERT_EQ(train(false, make, b), "") << name;
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(compare(a[r].weights, b[r].weights, 0.0, "run 1 vs run 2"), "") << name;
+      EXPECT_NE(a[r].weights[0][0], initialWeight(0, 0, 0)) << name << ": weights never moved";
+    }
+  }
+  auto make = [] { return createAlgorithm("bytegrad", {{"hierarchical", "false"}}); };
+  std::vector<RankResult> a;
+  ASSERT_EQ(train(false, make, a), "");
+  EXPECT_EQ(compare(a[0].grads, a[1].grads, 0.0, "rank 0 vs rank 1"), "");
 }
 
 TEST(GpuAlgorithms, GradientAllReduceMatchesHost) {
