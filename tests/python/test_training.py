@@ -33,6 +33,8 @@ SCENARIOS_2 = {
 def runs2():
     items = {k: {"func": "train", "args": v} for k, v in SCENARIOS_2.items()}
     items["comm"] = {"func": "comm_basic"}
+    items["features2"] = {"func": "features2"}
+    items["features"] = {"func": "features"}  # last: it aborts the group on purpose
     # Launched by baguarun (the launcher is part of what is tested); the world-3 run below is
     # spawned directly with torchrun's variables, as torchrun would.
     outs = harness.run("bundle", 2, {"items": items}, timeout=240, launcher="baguarun")
@@ -165,3 +167,23 @@ def test_async_model_average_runs_and_aborts(runs2):
     for o in outs:
         assert torch.isfinite(o["final"]).all()
         assert o["rounds"] >= 1
+
+
+def test_find_unused_parameters(runs2):
+    a, b = runs2["features"]
+    assert a["unused_unchanged"] and b["unused_unchanged"]
+    assert torch.equal(a["unused_final"], b["unused_final"])
+    for o in (a, b):
+        assert "did not receive a gradient" in o["unused_error"] and "unused.weight" in o["unused_error"]
+
+
+def test_params_to_ignore(runs2):
+    a, b = runs2["features2"]
+    assert not torch.equal(a["ignored_fc1"], b["ignored_fc1"])  # own init, own gradients
+    assert torch.equal(a["ignored_rest"], b["ignored_rest"])
+
+
+def test_algorithm_switch(runs2):
+    a, b = runs2["features2"]
+    assert torch.isfinite(a["switch_final"]).all()
+    assert torch.equal(a["switch_final"], b["switch_final"])

@@ -171,6 +171,82 @@ def train(a):
     return out
 
 
+class NetWithUnused(Net):
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Linear(4, 4)
+
+
+def _steps(model, opt, r, n, offset=0):
+    for step in range(n):
+        opt.zero_grad()
+        x, y = data(r, step + offset)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+@worker
+def features(a):
+    """find_unused_parameters, _bagua_params_and_buffers_to_ignore, algorithm switch."""
+    bagua.init_process_group()
+    r = bagua.get_rank()
+    out = {}
+    # An unused layer: with find_unused_parameters it gets a zero gradient; without, the
+    # backward fails with the parameter's name.
+    torch.manual_seed(r)
+    m = NetWithUnused()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    w = DistributedDataParallel(m, optimizers=[opt], algorithm=GradientAllReduceAlgorithm(),
+                                find_unused_parameters=True)
+    before = m.unused.weight.detach().clone()
+    _steps(w, opt, r, 3)
+    out["unused_unchanged"] = torch.equal(before, m.unused.weight)
+    out["unused_final"] = flat(m)
+    w.close()
+    torch.manual_seed(r)
+    m = NetWithUnused()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    w = DistributedDataParallel(m, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
+    try:
+        _steps(w, opt, r, 1)
+        out["unused_error"] = ""
+    except RuntimeError as e:
+        out["unused_error"] = str(e)
+    # The failure aborted the group (so no rank hangs): start a fresh one.
+    bagua.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 7)
+    return out
+
+
+@worker
+def features2(a):
+    bagua.init_process_group()
+    r = bagua.get_rank()
+    out = {}
+    # Ignored parameter: neither broadcast nor averaged.
+    torch.manual_seed(r)
+    m = Net()
+    m._bagua_params_and_buffers_to_ignore = ["fc1.weight"]
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    m.with_bagua([opt], GradientAllReduceAlgorithm())
+    _steps(m, opt, r, 3)
+    out["ignored_fc1"] = m.fc1.weight.detach().clone()
+    out["ignored_rest"] = torch.cat([p.detach().reshape(-1) for n, p in m.named_parameters()
+                                     if n != "fc1.weight"])
+    # Algorithm switch on one model (Bagua's test_model_switch).
+    torch.manual_seed(r)
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    for k, algo in enumerate([ByteGradAlgorithm(hierarchical=False),
+                              DecentralizedAlgorithm(hierarchical=False),
+                              LowPrecisionDecentralizedAlgorithm(hierarchical=False),
+                              GradientAllReduceAlgorithm()]):
+        m.with_bagua([opt], algo)
+        _steps(m, opt, r, 3, offset=10 * k)
+    out["switch_final"] = flat(m)
+    return out
+
+
 def reference(init, world, steps, lr, algorithm):
     """Single process on the concatenated batch (the mean of the per-rank mean losses)."""
     model = Net()

@@ -33,7 +33,7 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         self.module = module
         algorithm = algorithm if algorithm is not None else GradientAllReduceAlgorithm()
-        self.__dict__["bagua_ddp"] = BaguaDistributedDataParallel(
+        self.__dict__["_bagua_ddp"] = BaguaDistributedDataParallel(
             module, list(optimizers), algorithm, process_group=process_group,
             bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters,
             gradient_as_bucket_view=gradient_as_bucket_view,
@@ -43,20 +43,20 @@ class DistributedDataParallel(torch.nn.Module):
 
     @property
     def bagua_algorithm(self):
-        return self.bagua_ddp.bagua_algorithm
+        return self.__dict__["_bagua_ddp"].bagua_algorithm
 
     @property
     def bagua_optimizers(self):
-        return self.bagua_ddp.optimizers
+        return self.__dict__["_bagua_ddp"].optimizers
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
 
     def no_sync(self):
-        return self.bagua_ddp.no_sync()
+        return self.__dict__["_bagua_ddp"].no_sync()
 
     def close(self):
-        self.bagua_ddp.close()
+        self.__dict__["_bagua_ddp"].close()
 
 
 __all__ = ["DistributedDataParallel", "BaguaDistributedDataParallel"]
