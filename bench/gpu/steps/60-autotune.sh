@@ -7,6 +7,6 @@ set -uo pipefail
 BENCH="$BUILD/tools/autotune_bench/bagua-autotune-bench"
 [ -x "$BENCH" ] || { echo "bagua-autotune-bench not built"; exit 1; }
 timeout 170 "$BENCH" --numel=2048 --bwd_us=200 --iters=40 --rounds=5 --samples=14 \
-  --window_s=1.5 --warmup_s=1 > "$OUT/autotune.log" 2>&1
+  --window_s=1.0 --warmup_s=1 > "$OUT/autotune.log" 2>&1
 echo "rc=$?"
 grep -E '^(model|grid \(|autotune:|  default|  grid best|  autotuned|ratios)' "$OUT/autotune.log"
