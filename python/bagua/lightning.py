@@ -66,14 +66,18 @@ class BaguaStrategy(DDPStrategy):
     def setup(self, trainer):
         if trainer.state.fn != TrainerFn.FITTING:
             return super().setup(trainer)
+        # DDPStrategy.setup's order, except that the optimizers exist before the wrap (it
+        # broadcasts their state and patches optimizer.step for the post-step hook).
         self.accelerator.setup(trainer)
+        if hasattr(self.precision_plugin, "convert_module"):
+            self.precision_plugin.convert_module(self.model)
         self.model_to_device()
-        self.setup_precision_plugin()
-        self.setup_optimizers(trainer)  # before wrapping: the wrap patches optimizer.step
+        self.setup_optimizers(trainer)
         algorithm = self._make_algorithm()
         self.model = DistributedDataParallel(
             self.model, optimizers=self.optimizers, algorithm=algorithm,
             gradient_as_bucket_view=self._bagua_flatten)
+        self.setup_precision_plugin()
         if algorithm.name == "async":
             algorithm.resume(self.model)
 
