@@ -48,7 +48,10 @@ ls "$NCCL_HOME_DIR"/lib "$NCCL_HOME_DIR"/include 2>/dev/null | head
 log "configure + build ($BUILD)"
 STANDALONE=0
 if [ ! -f "$BUILD/build.ninja" ]; then
+  VENV_PY=/opt/torch/.venv/bin/python  # the Python front end is built for torch's interpreter
+  [ -x "$VENV_PY" ] || VENV_PY=""
   if ! meson setup "$BUILD" "$ROOT" -Dbuildtype=release ${NCCL_HOME_DIR:+-Dnccl_home=$NCCL_HOME_DIR} \
+      ${VENV_PY:+-Dpython=$VENV_PY} \
       > "$OUT/configure.log" 2>&1; then
     grep -E 'ERROR|Dependency|not found' "$OUT/configure.log" | tail -15
     echo "full configure failed: building the plugin and the benches alone"
