@@ -515,9 +515,13 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
   trials_.push_back(t);
   logTrial(t);
   BAGUA_RETURN_IF_ERROR(bo_->tell(currentPoint_, score));
-  if (trials_.size() == 1 || score > referenceScore_) {
-    reference_ = measured;
-    referenceScore_ = score;
+  // The reference for the next candidate: the best estimate so far (highest posterior mean) at
+  // its posterior mean, not the luckiest window, so one noisy ratio does not inflate every later
+  // score through the chain. Observation i is trial i.
+  if (std::optional<BayesianOptimizer::Best> b = bo_->bestEstimate();
+      b && b->index < trials_.size()) {
+    reference_ = trials_[b->index].setting;
+    referenceScore_ = b->mean;
   }
   if (static_cast<int>(trials_.size()) >= r_->maxSamples) {
     // The best setting: highest posterior mean among the sampled points, as a fresh layout in the

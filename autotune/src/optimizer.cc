@@ -602,7 +602,7 @@ std::optional<Observation> BayesianOptimizer::bestObserved() const {
   return out;
 }
 
-std::optional<Point> BayesianOptimizer::best() const {
+std::optional<BayesianOptimizer::Best> BayesianOptimizer::bestEstimate() const {
   if (obs_.empty()) {
     return std::nullopt;
   }
@@ -615,19 +615,31 @@ std::optional<Point> BayesianOptimizer::best() const {
     }
     Result<GaussianProcess> gp = GaussianProcess::fit(xs, ys);
     if (gp.isOk()) {
-      size_t bi = 0;
-      double bm = -INFINITY;
+      Best b{0, -INFINITY};
       for (size_t i = 0; i < xs.size(); ++i) {
         const double m = gp->predict(xs[i]).mean;
-        if (m > bm) {
-          bm = m;
-          bi = i;
+        if (m > b.mean) {
+          b = {i, m};
         }
       }
-      return obs_[bi].point;
+      return b;
     }
   }
-  return bestObserved()->point;
+  Best b{0, obs_[0].score};
+  for (size_t i = 1; i < obs_.size(); ++i) {
+    if (obs_[i].score > b.mean) {
+      b = {i, obs_[i].score};
+    }
+  }
+  return b;
+}
+
+std::optional<Point> BayesianOptimizer::best() const {
+  std::optional<Best> b = bestEstimate();
+  if (!b) {
+    return std::nullopt;
+  }
+  return obs_[b->index].point;
 }
 
 }  // namespace bagua::autotune

@@ -167,6 +167,13 @@ class BayesianOptimizer {
   // The best setting so far: highest posterior mean among the sampled points once the GP can be
   // fitted, else the highest observed score. nullopt before any tell().
   std::optional<Point> best() const;
+  // best() with its index in observations() and its posterior mean (the observed score while the
+  // GP cannot be fitted yet).
+  struct Best {
+    size_t index = 0;
+    double mean = 0;
+  };
+  std::optional<Best> bestEstimate() const;
   // The sampled point with the highest single observed score.
   std::optional<Observation> bestObserved() const;
   int initialSamples() const { return initial_; }
