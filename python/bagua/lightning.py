@@ -45,6 +45,8 @@ class BaguaStrategy(DDPStrategy):
     def setup_distributed(self):
         super().setup_distributed()
         port = os.environ.get("MASTER_PORT")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            port = None  # under torchrun bagua finds its own port through the agent's store
         if port is not None:
             os.environ["MASTER_PORT"] = str(int(port) + 1)
         try:

@@ -86,7 +86,9 @@ def main():
     # env:// (under torchrun this reuses the agent's store on MASTER_PORT).
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method="env://",
                             rank=rank, world_size=world)
-    os.environ["MASTER_PORT"] = str(port + 1)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        os.environ["MASTER_PORT"] = str(port + 1)  # torch's store is on MASTER_PORT
+    # (under torchrun bagua finds its own port through the agent's store)
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms import Algorithm
     from bagua.torch_api.data_parallel import bagua_distributed

@@ -10,6 +10,7 @@ and the call returns once that stream finished it).
 
 import enum
 import io
+import os
 import pickle
 import threading
 
@@ -131,14 +132,15 @@ def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1
     with _lock:
         if _default_pg is not None:
             return _default_pg
-        host = ext.init_from_env(
-            backend="host",
-            hierarchical=True,
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-        )
+        port = _torchrun_port(rank)
+        saved = os.environ.get("MASTER_PORT")
+        if port is not None:
+            os.environ["MASTER_PORT"] = str(port)  # read once by the core's catalogue
+        try:
+            host = _init_host(rank, world_size, local_rank, local_world_size)
+        finally:
+            if port is not None:
+                os.environ["MASTER_PORT"] = saved
         nccl = None
         if ext.HAVE_NCCL and torch.cuda.is_available():
             dev = host.local_rank % torch.cuda.device_count()
@@ -148,6 +150,40 @@ def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1
             )
         _default_pg = BaguaProcessGroup(host, nccl, range(host.size), "default")
         return _default_pg
+
+
+def _torchrun_port(rank):
+    """Under torchrun the elastic agent's store already listens on MASTER_PORT: rank 0 picks a
+    free port for bagua's own store and publishes it through the agent's store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    r = rank if rank >= 0 else env.get_rank()
+    store = TCPStore(env.get_master_addr(), int(os.environ["MASTER_PORT"]), is_master=False,
+                     timeout=datetime.timedelta(seconds=60))
+    key = "bagua/master_port/{}".format(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if r == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        store.set(key, str(port))
+        return port
+    return int(store.get(key))
+
+
+def _init_host(rank, world_size, local_rank, local_world_size):
+    return ext.init_from_env(
+        backend="host",
+        hierarchical=True,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+    )
 
 
 def destroy_process_group():
