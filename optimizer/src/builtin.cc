@@ -10,6 +10,7 @@ template class ElementwiseOptimizer<AdamWRule>;
 template class ElementwiseOptimizer<AdagradRule>;
 template class ElementwiseOptimizer<RmspropRule>;
 template class ElementwiseOptimizer<AdadeltaRule>;
+template class ElementwiseOptimizer<AdamaxRule>;
 template class ElementwiseOptimizer<LambRule>;
 
 }  // namespace bagua::optim

@@ -126,6 +126,7 @@ TEST(Cuda, KernelsEqualCpuBitForBit) {
   rms.momentum = 0.5;
   expectCudaEqualsCpu<Rmsprop>(rms);
   expectCudaEqualsCpu<Adadelta>(AdadeltaRule::Hyper{});
+  expectCudaEqualsCpu<Adamax>(AdamaxRule::Hyper{});
   LambRule::Hyper lamb;
   lamb.lr = 0.01;
   expectCudaEqualsCpu<Lamb>(lamb);

@@ -199,6 +199,12 @@ TEST(FusedEqualsPlain, Adadelta) {
   expectFusedEqualsPlain<Adadelta>(a, b);
 }
 
+TEST(FusedEqualsPlain, Adamax) {
+  AdamaxRule::Hyper a, b;
+  b.weightDecay = 0.5;
+  expectFusedEqualsPlain<Adamax>(a, b);
+}
+
 TEST(FusedEqualsPlain, LambWithPerTensorNorms) {
   LambRule::Hyper a, b;
   b.weightDecay = 0.0;

@@ -196,6 +196,26 @@ TEST(Reference, Adadelta) {
       6);
 }
 
+TEST(Reference, Adamax) {
+  AdamaxRule::Hyper h;
+  h.lr = 0.01;
+  h.weightDecay = 0.01;
+  compareWithReference<Adamax>(
+      h,
+      [h](std::vector<double>& p, const std::vector<double>& g, RefState& s) {
+        sized(s.a, p.size());
+        sized(s.b, p.size());
+        const double clr = h.lr / (1 - std::pow(h.beta1, static_cast<double>(s.step)));
+        for (size_t i = 0; i < p.size(); ++i) {
+          const double gi = g[i] + h.weightDecay * p[i];
+          s.a[i] = h.beta1 * s.a[i] + (1 - h.beta1) * gi;
+          s.b[i] = std::max(h.beta2 * s.b[i], std::fabs(gi) + h.eps);
+          p[i] -= clr * s.a[i] / s.b[i];
+        }
+      },
+      6);
+}
+
 TEST(Reference, LambTrustRatioPerTensor) {
   LambRule::Hyper h;
   h.lr = 0.01;

@@ -5,8 +5,8 @@
 // per-tensor step bit for bit.
 //
 // Built-in instances (compiled once in the library): Sgd, Adam, AdamW, Adagrad, Rmsprop, Adadelta,
-// Lamb. A user rule only needs this header; its CUDA kernel needs a kCudaId the library knows
-// (otherwise creating it over CUDA parameters fails with InvalidArgument).
+// Adamax, Lamb. A user rule only needs this header; its CUDA kernel needs a kCudaId the library
+// knows (otherwise creating it over CUDA parameters fails with InvalidArgument).
 #pragma once
 
 #include <cmath>
@@ -335,6 +335,7 @@ using AdamW = ElementwiseOptimizer<AdamWRule>;
 using Adagrad = ElementwiseOptimizer<AdagradRule>;
 using Rmsprop = ElementwiseOptimizer<RmspropRule>;
 using Adadelta = ElementwiseOptimizer<AdadeltaRule>;
+using Adamax = ElementwiseOptimizer<AdamaxRule>;
 using Lamb = ElementwiseOptimizer<LambRule>;
 
 extern template class ElementwiseOptimizer<SgdRule>;
@@ -343,6 +344,7 @@ extern template class ElementwiseOptimizer<AdamWRule>;
 extern template class ElementwiseOptimizer<AdagradRule>;
 extern template class ElementwiseOptimizer<RmspropRule>;
 extern template class ElementwiseOptimizer<AdadeltaRule>;
+extern template class ElementwiseOptimizer<AdamaxRule>;
 extern template class ElementwiseOptimizer<LambRule>;
 
 }  // namespace bagua::optim

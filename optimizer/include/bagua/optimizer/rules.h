@@ -519,6 +519,65 @@ struct AdadeltaRule {
   }
 };
 
+// ---- Adamax: torch.optim.Adamax
+// ------------------------------------------------------------------ g (+ wd * p); m = lerp(m, g, 1
+// - beta1); u = max(beta2 * u, |g| + eps); p = p - (lr / (1 - beta1^t)) * m / u.
+struct AdamaxRule {
+  static constexpr const char* kName = "adamax";
+  static constexpr int kStates = 2;
+  static constexpr int kCudaId = 6;
+  struct Hyper {
+    double lr = 2e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weightDecay = 0.0;
+    bool maximize = false;
+  };
+  static const char* validate(const Hyper& h) {
+    if (!(h.lr >= 0.0) || !(h.eps >= 0.0) || !(h.weightDecay >= 0.0)) {
+      return "lr, eps and weight_decay must be >= 0";
+    }
+    if (!(h.beta1 >= 0.0 && h.beta1 < 1.0) || !(h.beta2 >= 0.0 && h.beta2 < 1.0)) {
+      return "betas must be in [0, 1)";
+    }
+    return nullptr;
+  }
+  static unsigned stateMask(const Hyper& /*h*/) { return 3u; }
+  static const char* stateName(int k) { return k == 0 ? "exp_avg" : "exp_inf"; }
+  static double initialState(const Hyper& /*h*/, int /*k*/) { return 0.0; }
+  template <class T>
+  struct Scalars {
+    T oneMinusBeta1, beta1, beta2, eps, weightDecay, clr;
+    bool decay, maximize, lerpSmall;
+  };
+  template <class T>
+  static Scalars<T> prepare(const Hyper& h, int64_t step) {
+    const double bc = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    return {static_cast<T>(1.0 - h.beta1), static_cast<T>(h.beta1),
+            static_cast<T>(h.beta2),       static_cast<T>(h.eps),
+            static_cast<T>(h.weightDecay), static_cast<T>(h.lr / bc),
+            h.weightDecay != 0.0,          h.maximize,
+            (1.0 - h.beta1) < 0.5};
+  }
+  template <class T>
+  BAGUA_OPTIM_HD static void apply(const Scalars<T>& c, T& p, T g, T* s) {
+    if (c.maximize) {
+      g = -g;
+    }
+    if (c.decay) {
+      g = g + c.weightDecay * p;
+    }
+    const T m = lerpT(s[0], g, c.oneMinusBeta1, c.beta1, c.lerpSmall);
+    const T a = (g < T(0) ? -g : g) + c.eps;
+    const T b = c.beta2 * s[1];
+    const T u = b > a ? b : a;
+    s[0] = m;
+    s[1] = u;
+    p = p - c.clr * (m / u);
+  }
+};
+
 // ---- LAMB (You et al. 2019, as NVIDIA Apex FusedLAMB with bias correction, no grad clipping)
 // ----- m = lerp(m, g, 1 - beta1); v = beta2 * v + (1 - beta2) * g * g; u = (m / (1 - beta1^t)) /
 // (sqrt(v / (1 - beta2^t)) + eps) + wd * p; trust = |p| > 0 and |u| > 0 ? |p| / |u| : 1 (norms per
