@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -513,11 +514,21 @@ Result<Point> BayesianOptimizer::askByExpectedImprovement() {
   }
   const double xi = options_.xi * (sd > 0 ? sd : 1.0);
 
+  // A setting measured twice already is not proposed again: with a large fitted noise EI can
+  // otherwise keep returning one boundary point (seen on a loaded machine: nine trials in a row
+  // at the largest bucket). Its measurements still inform the GP.
+  std::map<Point, int> measured;
+  for (const Observation& o : obs_) {
+    ++measured[o.point];
+  }
   std::set<Point> seen;
   Point bestPoint;
   double bestEi = -1.0;
   auto score = [&](const Point& p) {
     if (!seen.insert(p).second) {
+      return;
+    }
+    if (auto it = measured.find(p); it != measured.end() && it->second >= 2) {
       return;
     }
     const auto pr = gp.predict(space_.normalise(p));
