@@ -142,8 +142,19 @@ def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1
             if port is not None:
                 os.environ["MASTER_PORT"] = saved
         nccl = None
-        if ext.HAVE_NCCL and torch.cuda.is_available():
-            dev = host.local_rank % torch.cuda.device_count()
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if ext.HAVE_NCCL and 0 < ngpu < host.local_size:
+            # NCCL needs one GPU per rank of a node: CUDA collectives stay off, CPU ones work.
+            import warnings
+
+            warnings.warn(
+                "bagua: {} ranks on this node but {} GPU(s): no NCCL group, CUDA tensors "
+                "cannot be communicated (CPU tensors use the host backend)".format(
+                    host.local_size, ngpu
+                )
+            )
+        elif ext.HAVE_NCCL and ngpu > 0:
+            dev = host.local_rank % ngpu
             torch.cuda.set_device(dev)
             nccl = host.new_group(
                 list(range(host.size)), "nccl", backend="nccl", hierarchical=True, cuda_device=dev
