@@ -285,6 +285,9 @@ int elementwise(int ruleId, const void* scalars, const KernelArgs& a) {
   case AdadeltaRule::kCudaId:
     err = launchRule<AdadeltaRule>(scalars, a);
     break;
+  case AdamaxRule::kCudaId:
+    err = launchRule<AdamaxRule>(scalars, a);
+    break;
   default:
     return static_cast<int>(cudaErrorInvalidValue);
   }
