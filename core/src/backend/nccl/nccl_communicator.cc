@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -345,16 +346,27 @@ bool NcclWork::test() {
 }
 
 Status NcclWork::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  // Poll the completion event: yield-spin for the first 100 us (a 1 MiB all-reduce finishes in
+  // ~30 us on NVLink; a fixed 200 us sleep made it 8x slower than NCCL called directly), then
+  // sleep with a growing interval up to 0.5 ms so long collectives cost no CPU.
+  auto nap = std::chrono::microseconds(10);
   while (!test()) {
-    if (Clock::now() >= deadline) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
       if (timeout >= comm_->timeout()) {
         comm_->abort(name_ + " exceeded the collective timeout");
       }
       return BAGUA_ERROR(kDeadlineExceeded, "%s still running after %lld ms", name_.c_str(),
                          static_cast<long long>(timeout.count()));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (now - start < std::chrono::microseconds(100)) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(500));
   }
   std::lock_guard<std::mutex> lock(mu_);
   return status_;
