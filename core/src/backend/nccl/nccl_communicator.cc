@@ -107,8 +107,25 @@ class NcclCommunicator final : public Communicator {
       if (aborted_.load(std::memory_order_acquire)) {
         ncclCommAbort(comm_);
       } else {
-        ncclCommFinalize(comm_);
-        ncclCommDestroy(comm_);
+        // The communicator is non-blocking: Finalize may return ncclInProgress and must be
+        // polled to completion before Destroy (destroying it mid-finalize crashed processes at
+        // exit on the H200 host). Bounded by the collective timeout; abort if it stalls.
+        ncclResult_t r = ncclCommFinalize(comm_);
+        const auto deadline = Clock::now() + timeout_;
+        ncclResult_t state = r;
+        while (state == ncclInProgress && Clock::now() < deadline) {
+          std::this_thread::yield();
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) {
+            state = ncclInternalError;
+          }
+        }
+        if (state == ncclSuccess) {
+          ncclCommDestroy(comm_);
+        } else {
+          BAGUA_LOG_WARN(kCore, "rank %d: NCCL finalize did not complete (%s); aborting", rank_,
+                         ncclGetErrorString(state));
+          ncclCommAbort(comm_);
+        }
       }
     }
     if (scratch_ != nullptr) {
