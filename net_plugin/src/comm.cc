@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -27,6 +28,71 @@ inline void cpuRelax() {
 
 }  // namespace
 
+// ---- live settings -----------------------------------------------------------------------------
+
+Status LiveSettings::validate() const {
+  if (activeStreams < 0 || activeStreams > kMaxStreams) {
+    return BAGUA_ERROR(kInvalidArgument, "live active streams %d outside 0..%d (0: all)",
+                       activeStreams, kMaxStreams);
+  }
+  for (uint64_t v : {minChunkBytes, maxChunkBytes}) {
+    if (v > wire::kMaxChunkWire) {
+      return BAGUA_ERROR(kInvalidArgument, "live chunk bound %llu above 1 GiB",
+                         static_cast<unsigned long long>(v));
+    }
+  }
+  if (minChunkBytes > 0 && maxChunkBytes > 0 && maxChunkBytes < minChunkBytes) {
+    return BAGUA_ERROR(kInvalidArgument, "live chunk bounds: min %llu above max %llu",
+                       static_cast<unsigned long long>(minChunkBytes),
+                       static_cast<unsigned long long>(maxChunkBytes));
+  }
+  return Status::ok();
+}
+
+void LiveCell::store(const LiveSettings& settings) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t s = seq_.load(std::memory_order_relaxed);
+  seq_.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  active_.store(settings.activeStreams, std::memory_order_relaxed);
+  minChunk_.store(settings.minChunkBytes, std::memory_order_relaxed);
+  maxChunk_.store(settings.maxChunkBytes, std::memory_order_relaxed);
+  seq_.store(s + 2, std::memory_order_release);
+}
+
+LiveSettings LiveCell::load() const {
+  for (;;) {
+    const uint64_t before = seq_.load(std::memory_order_acquire);
+    if ((before & 1) != 0) {
+      cpuRelax();
+      continue;
+    }
+    LiveSettings r;
+    r.activeStreams = active_.load(std::memory_order_relaxed);
+    r.minChunkBytes = minChunk_.load(std::memory_order_relaxed);
+    r.maxChunkBytes = maxChunk_.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (seq_.load(std::memory_order_relaxed) == before) {
+      return r;
+    }
+  }
+}
+
+LiveCell& processLiveCell() {
+  static LiveCell cell;
+  return cell;
+}
+
+Status setProcessLiveSettings(const LiveSettings& settings) {
+  BAGUA_RETURN_IF_ERROR(settings.validate());
+  processLiveCell().store(settings);
+  return Status::ok();
+}
+
+LiveSettings processLiveSettings() {
+  return processLiveCell().load();
+}
+
 Status Request::test(bool* done, size_t* size) {
   auto* slot = static_cast<Slot*>(this);
   return slot->owner->testSlot(slot, done, size);
@@ -40,7 +106,8 @@ CommCore::CommCore(Fd control, std::vector<Fd> data, const EngineOptions& option
       peer_(peer),
       sender_(sender),
       control_(std::move(control)),
-      data_(std::move(data)) {
+      data_(std::move(data)),
+      dataParks_(std::make_unique<Park[]>(data_.size() + 1)) {
   for (Slot& s : slots_) {
     s.owner = this;
   }
@@ -65,7 +132,7 @@ void CommCore::stopThreads() {
     }
   }
   park_.wakeAll();
-  dataPark_.wakeAll();
+  wakeDataParks();
   for (std::jthread& t : threads_) {
     if (t.joinable()) {
       t.join();
@@ -158,15 +225,6 @@ void Park::wakeAll() {
   }
 }
 
-void Park::wakeSome(uint64_t n) {
-  // Measured on a 32-core host: waking a subset with repeated notify_one left messages with fewer
-  // chunks than parked threads at ~0.5 ms round trips, notify_all at ~0.1 ms; so wake them all
-  // (surplus threads find nothing to claim and park again).
-  if (n > 0) {
-    wakeAll();
-  }
-}
-
 template <typename Pred>
 bool CommCore::waitUntil(Pred pred, Park& park) {
   if (pred()) {
@@ -194,7 +252,13 @@ bool CommCore::waitUntil(Pred pred, Park& park) {
 
 void CommCore::wake() {
   park_.wakeAll();
-  dataPark_.wakeAll();
+  wakeDataParks();
+}
+
+void CommCore::wakeDataParks() {
+  for (size_t i = 0; i < data_.size(); ++i) {
+    dataParks_[i].wakeAll();
+  }
 }
 
 Status CommCore::testSlot(Slot* slot, bool* done, size_t* size) {
@@ -272,11 +336,15 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   slot->seq = seq;
   bool isInline = size <= options_.inlineBytes;
   bool roundRobin = options_.schedule == Schedule::kRoundRobin;
+  // One snapshot of the live settings per message (see LiveSettings).
+  const LiveSettings live = resolveLive();
+  const int active = roundRobin ? nStreams() : live.activeStreams;
   // Round-robin splits evenly with no upper clamp (the NCCL Socket / Bagua-Net rule).
-  slot->chunk =
-      isInline ? 0
-               : wire::chunkBytesFor(size, nStreams(), options_.minChunkBytes,
-                                     roundRobin ? wire::kMaxChunkWire : options_.maxChunkBytes);
+  slot->chunk = isInline
+                    ? 0
+                    : wire::chunkBytesFor(size, active, live.minChunkBytes,
+                                          roundRobin ? wire::kMaxChunkWire : live.maxChunkBytes);
+  slot->active.store(active, std::memory_order_relaxed);
   slot->done.store(false, std::memory_order_relaxed);
   slot->nChunks = isInline ? 0 : wire::chunkCount(size, slot->chunk);
   slot->rrBase = rrCursor_;
@@ -302,10 +370,10 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   // Fast path: write the control record (and an inline payload) from the caller's thread when
   // the control stream is idle; whatever the socket does not take now, the control thread sends.
   callerProgress();
-  if (roundRobin) {
-    dataPark_.wakeAll();  // every stream walks every message
-  } else if (!isInline) {
-    dataPark_.wakeSome(slot->nChunks);
+  if (!isInline || roundRobin) {
+    // Every active stream, not just nChunks of them: a busy stream must not hold a chunk that an
+    // idle one could take (dynamic schedule); round-robin: every stream walks every message.
+    wakeData(active);
   }
   if (ctrlDone_.load(std::memory_order_acquire) <= seq) {
     park_.wakeAll();  // the caller could not write the record: the control thread will
@@ -386,7 +454,41 @@ void SendComm::Impl::controlLoop() {
   }
 }
 
-bool SendComm::Impl::claim(Slot** slot, uint64_t* offset, uint32_t* length) {
+void SendComm::Impl::wakeData(int streams) {
+  for (int i = 0; i < streams; ++i) {
+    dataParks_[i].wakeAll();
+  }
+}
+
+LiveSettings SendComm::Impl::resolveLive() const {
+  const LiveSettings mine = live_.load();
+  const LiveSettings all = processLiveCell().load();
+  auto pick = [](auto a, auto b, auto fallback) { return a > 0 ? a : b > 0 ? b : fallback; };
+  LiveSettings r;
+  r.activeStreams =
+      std::clamp(pick(mine.activeStreams, all.activeStreams, nStreams()), 1, nStreams());
+  r.minChunkBytes = pick(mine.minChunkBytes, all.minChunkBytes, options_.minChunkBytes);
+  r.maxChunkBytes = pick(mine.maxChunkBytes, all.maxChunkBytes, options_.maxChunkBytes);
+  r.maxChunkBytes = std::max(r.maxChunkBytes, r.minChunkBytes);
+  return r;
+}
+
+Status SendComm::Impl::setLive(const LiveSettings& settings) {
+  BAGUA_RETURN_IF_ERROR(settings.validate());
+  live_.store(settings);
+  return Status::ok();
+}
+
+bool SendComm::Impl::claimable(int stream) const {
+  const uint64_t seq = claimSeq_.load(std::memory_order_acquire);
+  if (posted_.load(std::memory_order_acquire) <= seq) {
+    return false;
+  }
+  // A hint only (the slot may be recycled meanwhile): claim() decides under claimMu_.
+  return slots_[seq % kSlots].active.load(std::memory_order_relaxed) > stream;
+}
+
+bool SendComm::Impl::claim(int stream, Slot** slot, uint64_t* offset, uint32_t* length) {
   std::lock_guard<std::mutex> lock(claimMu_);
   uint64_t posted = posted_.load(std::memory_order_acquire);
   uint64_t seq = claimSeq_.load(std::memory_order_relaxed);
@@ -398,6 +500,9 @@ bool SendComm::Impl::claim(Slot** slot, uint64_t* offset, uint32_t* length) {
       claimSeq_.store(seq, std::memory_order_relaxed);
       contribute(s, -1);  // the inline message's "claim passed" token
       continue;
+    }
+    if (s->active.load(std::memory_order_relaxed) <= stream) {
+      break;  // a message cut for fewer streams than this one: leave it to the active ones
     }
     uint64_t len = std::min(s->chunk, s->size - claimOffset_);
     *slot = s;
@@ -433,7 +538,8 @@ void SendComm::Impl::roundRobinLoop(int stream) {
   uint64_t n = static_cast<uint64_t>(nStreams());
   uint64_t mine = static_cast<uint64_t>(stream);
   for (uint64_t seq = 0;; ++seq) {
-    if (!waitUntil([&] { return posted_.load(std::memory_order_acquire) > seq; }, dataPark_)) {
+    if (!waitUntil([&] { return posted_.load(std::memory_order_acquire) > seq; },
+                   dataParks_[stream])) {
       return;
     }
     Slot* slot = &slots_[seq % kSlots];
@@ -463,13 +569,8 @@ void SendComm::Impl::dataLoop(int stream) {
     Slot* slot = nullptr;
     uint64_t offset = 0;
     uint32_t length = 0;
-    if (!claim(&slot, &offset, &length)) {
-      if (!waitUntil(
-              [&] {
-                return posted_.load(std::memory_order_acquire) >
-                       claimSeq_.load(std::memory_order_relaxed);
-              },
-              dataPark_)) {
+    if (!claim(stream, &slot, &offset, &length)) {
+      if (!waitUntil([&] { return claimable(stream); }, dataParks_[stream])) {
         return;
       }
       continue;
@@ -739,6 +840,12 @@ void SendComm::setNotifier(Notifier* notifier) {
 }
 std::vector<uint64_t> SendComm::bytesPerStream() const {
   return impl_->bytesPerStream();
+}
+Status SendComm::setLiveSettings(const LiveSettings& settings) {
+  return impl_->setLive(settings);
+}
+LiveSettings SendComm::effectiveLiveSettings() const {
+  return impl_->resolveLive();
 }
 void SendComm::abort(const std::string& why) {
   impl_->abortNow(BAGUA_ERROR(kAborted, "send comm aborted: %s", why.c_str()));

@@ -14,11 +14,18 @@
 // Completion: each slot has an atomic byte/token count; whichever thread makes it reach zero
 // marks the slot done (release); test() observes it (acquire) and recycles the slot.
 // Idle threads spin for spinUs, then park (Park: condition variable, bounded 20 ms re-check).
+// Live settings (LiveSettings): isend takes one snapshot (LiveCell, a seqlock over atomics) of
+// the comm's and the process's settings and records the active stream count and chunk size in
+// the slot; a send data thread only claims chunks of a message whose active count exceeds its
+// stream index (claims stay in message order, so a stream beyond the count waits until the
+// cursor reaches a message it may serve). Each send data thread parks on its own Park, so isend
+// wakes only the streams [0, active) of the new message.
 // isend wakes the send data threads only for messages with chunks, and the control thread only
 // when the caller could not write the control record itself (small messages go out from the
 // caller's thread and, on the receiver, are read by test(): no helper-thread hop).
 // Locks: ctrlMu_ (control stream state; the caller only try_locks it), claimMu_ (send data
-// threads), Park::mu (parking), errorMu_ (first error). Never nested. Teardown: stop flag,
+// threads), Park::mu (parking), errorMu_ (first error), LiveCell::mu_ (writers of live settings
+// only). Never nested. Teardown: stop flag,
 // shutdown(2) on every socket (wakes blocked I/O), notify, join.
 #pragma once
 
@@ -41,6 +48,29 @@ static_assert(kSlots >= kMinRequestsInFlight);
 
 class CommCore;
 
+// Live settings readable without a lock: a sequence lock over atomic fields. Writers (rare: the
+// tuner between iterations) serialise on mu_; readers (every isend) retry while a write is in
+// progress. Not copyable.
+class LiveCell {
+ public:
+  LiveCell() = default;
+  LiveCell(const LiveCell&) = delete;
+  LiveCell& operator=(const LiveCell&) = delete;
+
+  void store(const LiveSettings& settings);
+  LiveSettings load() const;
+
+ private:
+  std::mutex mu_;
+  std::atomic<uint64_t> seq_{0};  // odd while a write is in progress
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> minChunk_{0};
+  std::atomic<uint64_t> maxChunk_{0};
+};
+
+// The process-wide cell (setProcessLiveSettings).
+LiveCell& processLiveCell();
+
 // Where idle helper threads park: a condition variable with a sleeper count, so that wakers skip
 // the lock when nobody sleeps.
 struct Park {
@@ -49,8 +79,6 @@ struct Park {
   std::atomic<int> sleepers{0};
 
   void wakeAll();
-  // Wakes sleepers for n new work items (currently all of them; see comm.cc).
-  void wakeSome(uint64_t n);
 };
 
 // One request slot; a Request handed to the caller.
@@ -63,6 +91,9 @@ struct Slot : Request {
   uint64_t chunk = 0;    // send: chunk size (0 when inline)
   uint64_t nChunks = 0;  // send: chunks of the message
   uint64_t rrBase = 0;   // send, round-robin schedule: global index of the first chunk
+  // send, dynamic schedule: streams [0, active) may claim its chunks. Atomic because idle data
+  // threads peek at it (unlocked) in their wake-up predicate while the caller may reuse the slot.
+  std::atomic<int> active{0};
   std::atomic<int64_t> remaining{0};
   std::atomic<uint64_t> stamp{0};  // seq + 1 while posted, 0 when free
   std::atomic<bool> done{false};
@@ -123,9 +154,12 @@ class CommCore {
   std::atomic<bool> failed_{false};
   std::atomic<int> closedStreams_{0};  // receive side: streams that ended cleanly
   std::mutex errorMu_;
-  Status error_;   // guarded by errorMu_
-  Park park_;      // control thread; receive threads waiting for an irecv
-  Park dataPark_;  // send data threads waiting for chunks
+  Status error_;  // guarded by errorMu_
+  Park park_;     // control thread; receive threads waiting for an irecv
+  // Send data threads waiting for chunks, one Park per stream (so that isend wakes only the
+  // active ones); stop and failure wake them all.
+  std::unique_ptr<Park[]> dataParks_;
+  void wakeDataParks();
   std::vector<std::jthread> threads_;
   std::atomic<Notifier*> notifier_{nullptr};
 };
@@ -139,14 +173,21 @@ struct SendComm::Impl : public CommCore {
 
   Result<Request*> isend(const void* data, size_t size);
   std::vector<uint64_t> bytesPerStream() const;
+  Status setLive(const LiveSettings& settings);
+  // The comm's, else the process's, else the options' values; activeStreams in [1, nStreams()].
+  LiveSettings resolveLive() const;
 
  private:
   void controlLoop();
   void dataLoop(int stream);
   void roundRobinLoop(int stream);
   Status sendChunk(int fd, Slot* slot, uint64_t offset, uint32_t length);
-  // Claims the next chunk; false when none is available now.
-  bool claim(Slot** slot, uint64_t* offset, uint32_t* length);
+  // Claims the next chunk for `stream`; false when none is available to it now (no message, or
+  // the message at the cursor has fewer active streams than stream + 1).
+  bool claim(int stream, Slot** slot, uint64_t* offset, uint32_t* length);
+  // Unlocked hint for a parked data thread: the cursor's message has a chunk `stream` may claim.
+  bool claimable(int stream) const;
+  void wakeData(int streams);
 
   // Sends what it can of the pending control records; requires ctrlMu_. Non-blocking unless
   // `blocking`.
@@ -163,6 +204,7 @@ struct SendComm::Impl : public CommCore {
   uint64_t claimOffset_ = 0;           // guarded by claimMu_
   uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin)
   std::atomic<uint64_t> streamBytes_[kMaxStreams] = {};  // payload per data stream (stats)
+  LiveCell live_;                                        // this comm's override
 };
 
 struct RecvComm::Impl : public CommCore {

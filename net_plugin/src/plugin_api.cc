@@ -432,3 +432,49 @@ ncclResult_t toNcclResult(const Status& status) {
 }
 
 }  // namespace bagua::net::plugin
+
+// ---- live settings entry (exported C, version 1; see engine.h "kLiveSetSymbol")
+// ------------------
+
+extern "C" {
+
+__attribute__((visibility("default"))) int baguaNetSetLive_v1(int activeStreams,
+                                                              uint64_t minChunkBytes,
+                                                              uint64_t maxChunkBytes) {
+  try {
+    bagua::net::LiveSettings live;
+    live.activeStreams = activeStreams;
+    live.minChunkBytes = minChunkBytes;
+    live.maxChunkBytes = maxChunkBytes;
+    bagua::Status s = bagua::net::setProcessLiveSettings(live);
+    if (!s.isOk()) {
+      BAGUA_LOG_WARN(kNet, "baguaNetSetLive_v1 refused: %s", s.toString().c_str());
+      return bagua::net::plugin::toNcclResult(s);
+    }
+    BAGUA_LOG_INFO(kNet, "live settings: active streams %d, chunk %llu..%llu (0: default)",
+                   activeStreams, static_cast<unsigned long long>(minChunkBytes),
+                   static_cast<unsigned long long>(maxChunkBytes));
+    return ncclSuccess;
+  } catch (...) {
+    return ncclInternalError;
+  }
+}
+
+__attribute__((visibility("default"))) int baguaNetGetLive_v1(int* activeStreams,
+                                                              uint64_t* minChunkBytes,
+                                                              uint64_t* maxChunkBytes) {
+  try {
+    if (activeStreams == nullptr || minChunkBytes == nullptr || maxChunkBytes == nullptr) {
+      return ncclInvalidUsage;
+    }
+    const bagua::net::LiveSettings live = bagua::net::processLiveSettings();
+    *activeStreams = live.activeStreams;
+    *minChunkBytes = live.minChunkBytes;
+    *maxChunkBytes = live.maxChunkBytes;
+    return ncclSuccess;
+  } catch (...) {
+    return ncclInternalError;
+  }
+}
+
+}  // extern "C"

@@ -60,3 +60,10 @@ Status closeListen(void* listenComm);
 ncclResult_t toNcclResult(const Status& status);
 
 }  // namespace bagua::net::plugin
+
+// The live-settings entry exported next to the plugin tables (contract in bagua/net/engine.h,
+// kLiveSetSymbol): sets / reads this module's process-wide engine LiveSettings.
+extern "C" {
+int baguaNetSetLive_v1(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
+int baguaNetGetLive_v1(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
+}

@@ -160,6 +160,48 @@ class Request;
 class SendComm;
 class RecvComm;
 
+// Sender-side settings that may change while comms are in use (the autotuner switches them
+// between training iterations). A send comm reads them once per isend (an atomic snapshot), so a
+// change applies from the next message on; messages already posted keep the settings they were
+// cut with. The receiver needs no agreement: every chunk header carries the message sequence,
+// offset and length, and the receiver writes each chunk at its offset whatever its size or
+// stream. A field at 0 means "not set here": a SendComm's own setting beats the process-wide
+// one, which beats the comm's EngineOptions.
+//   activeStreams  data streams that take chunks of new messages, clamped to [1, established
+//                  streams] (connections still establish EngineOptions::nStreams streams). Streams
+//                  beyond it are not woken for new messages but finish the chunks of messages
+//                  posted before the change. Dynamic schedule only: under kRoundRobin the count
+//                  stays the established one (every stream walks every message there).
+//   min/maxChunkBytes  chunk size bounds for new messages (both schedules; round-robin has no
+//                  upper clamp). When the resolved max is below the resolved min, min wins.
+struct LiveSettings {
+  int activeStreams = 0;
+  uint64_t minChunkBytes = 0;
+  uint64_t maxChunkBytes = 0;
+
+  // Ranges: activeStreams 0..kMaxStreams; chunk bounds 0 or 1 B..1 GiB; min <= max when both set.
+  Status validate() const;
+  bool operator==(const LiveSettings&) const = default;
+};
+
+// The process-wide live settings every SendComm of this process reads (one copy per loaded copy
+// of the engine: the NCCL plugin has its own, reached through baguaNetSetLive_v1). Thread-safe.
+[[nodiscard]] Status setProcessLiveSettings(const LiveSettings& settings);
+LiveSettings processLiveSettings();
+
+// The NCCL plugin (libnccl-net.so, loaded by NCCL with its own copy of the engine) exports C
+// entries that reach its process-wide live settings; the caller finds the already loaded module
+// and looks them up (never load it yourself: that would be another copy). Version 1:
+//   int baguaNetSetLive_v1(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
+//   int baguaNetGetLive_v1(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
+// Both return an ncclResult_t value: 0 success, 5 (ncclInvalidUsage) for a value outside
+// LiveSettings::validate() or a null pointer, 3 (ncclInternalError) otherwise. Fields as in
+// LiveSettings (0: not set).
+inline constexpr const char* kLiveSetSymbol = "baguaNetSetLive_v1";
+inline constexpr const char* kLiveGetSymbol = "baguaNetGetLive_v1";
+using LiveSetFn = int (*)(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
+using LiveGetFn = int (*)(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
+
 // A completion signal that several comms may share, so that a caller waiting on many requests
 // can sleep instead of spinning on test(). A comm given a Notifier (setNotifier, before its first
 // request) bumps it from its helper threads whenever one of its requests completes, the comm
@@ -247,6 +289,11 @@ class SendComm {
   const SocketAddress& peer() const;
   // Payload bytes each data stream has sent so far (how the schedule spread the chunks).
   std::vector<uint64_t> bytesPerStream() const;
+  // This comm's own live settings (beat the process-wide ones; all zero clears the override).
+  // Any thread; applies from the next isend.
+  [[nodiscard]] Status setLiveSettings(const LiveSettings& settings);
+  // What the next isend will use, resolved (activeStreams >= 1, chunk bounds non-zero).
+  LiveSettings effectiveLiveSettings() const;
 
   struct Impl;
   explicit SendComm(std::unique_ptr<Impl> impl);
