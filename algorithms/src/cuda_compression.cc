@@ -2,6 +2,8 @@
 // in cuda/minmax_kernels.cu, compiled by nvcc).
 #include "bagua/algorithms/cuda_compression.h"
 
+#include <cstdint>
+
 #include "bagua/algorithms/compression.h"
 #include "cuda/minmax_kernels.h"
 
@@ -20,6 +22,14 @@ Status check(size_t numel, size_t chunks, size_t bytes, int targetChunk, const c
   if (bytes < minMaxCompressedBytes(numel, chunks)) {
     return BAGUA_ERROR(kInvalidArgument, "%s: compressed buffer of %zu bytes, need %zu", what,
                        bytes, minMaxCompressedBytes(numel, chunks));
+  }
+  return Status::ok();
+}
+
+// The header floats and the payload's 4-byte words are accessed in place.
+Status checkAligned(const void* p, const char* name, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) {
+    return BAGUA_ERROR(kInvalidArgument, "%s: %s %p is not 4-byte aligned", what, name, p);
   }
   return Status::ok();
 }
@@ -49,6 +59,9 @@ Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t
                           size_t dstBytes, void* workspace, size_t workspaceBytes, int targetChunk,
                           void* stream) {
   BAGUA_RETURN_IF_ERROR(check(numel, chunks, dstBytes, targetChunk, "minMaxCompressCuda"));
+  BAGUA_RETURN_IF_ERROR(checkAligned(src, "source", "minMaxCompressCuda"));
+  BAGUA_RETURN_IF_ERROR(checkAligned(dst, "compressed buffer", "minMaxCompressCuda"));
+  BAGUA_RETURN_IF_ERROR(checkAligned(workspace, "workspace", "minMaxCompressCuda"));
   if (workspaceBytes < minMaxCudaWorkspaceBytes(numel, chunks)) {
     return BAGUA_ERROR(kInvalidArgument, "minMaxCompressCuda: workspace of %zu bytes, need %zu",
                        workspaceBytes, minMaxCudaWorkspaceBytes(numel, chunks));
@@ -61,6 +74,8 @@ Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t
 Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel, size_t chunks,
                             float* dst, int targetChunk, void* stream) {
   BAGUA_RETURN_IF_ERROR(check(numel, chunks, srcBytes, targetChunk, "minMaxDecompressCuda"));
+  BAGUA_RETURN_IF_ERROR(checkAligned(src, "compressed buffer", "minMaxDecompressCuda"));
+  BAGUA_RETURN_IF_ERROR(checkAligned(dst, "destination", "minMaxDecompressCuda"));
   return cudaStatus(cudakernels::decompress(src, numel, chunks, dst, targetChunk, stream),
                     "minMaxDecompressCuda");
 }

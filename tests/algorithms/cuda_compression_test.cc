@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bagua/algorithms/compression.h"
@@ -31,37 +32,54 @@ class CudaCompression : public ::testing::Test {
   }
 
   // Compresses and decompresses x on both sides and compares every byte and every float.
-  void compare(const std::vector<float>& x, size_t chunks, int target = -1) {
+  // srcOffset (floats) and dstOffset (bytes, a multiple of 4) shift the device buffers off their
+  // 256-byte cudaMalloc alignment, so the kernels' scalar paths run.
+  void compare(const std::vector<float>& x, size_t chunks, int target = -1, size_t srcOffset = 0,
+               size_t dstOffset = 0) {
     const size_t n = x.size();
     const size_t bytes = minMaxCompressedBytes(n, chunks);
     std::vector<uint8_t> cpu(bytes, 0x5A), gpu(bytes, 0x5A);
     ASSERT_TRUE(minMaxCompress(x.data(), n, chunks, cpu.data(), bytes, target).isOk());
-    float* dx = nullptr;
-    uint8_t* dc = nullptr;
-    float* dy = nullptr;
+    float* dxBase = nullptr;
+    uint8_t* dcBase = nullptr;
+    float* dyBase = nullptr;
     void* ws = nullptr;
     const size_t wsBytes = minMaxCudaWorkspaceBytes(n, chunks);
-    ASSERT_EQ(cudaMalloc(&dx, std::max<size_t>(n, 1) * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dc, bytes), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&dy, std::max<size_t>(n, 1) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dxBase, (n + srcOffset + 1) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dcBase, bytes + dstOffset + 1), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dyBase, (n + srcOffset + 1) * 4), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>(wsBytes, 16)), cudaSuccess);
+    float* dx = dxBase + srcOffset;
+    uint8_t* dc = dcBase + dstOffset;
+    float* dy = dyBase + srcOffset;
     ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(dc, gpu.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_TRUE(minMaxCompressCuda(dx, n, chunks, dc, bytes, ws, wsBytes, target).isOk());
+    const Status cs = minMaxCompressCuda(dx, n, chunks, dc, bytes, ws, wsBytes, target);
+    ASSERT_TRUE(cs.isOk()) << cs.toString();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(gpu.data(), dc, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
     for (size_t b = 0; b < bytes; ++b) {
       ASSERT_EQ(gpu[b], cpu[b]) << "byte " << b << " of " << bytes << ", " << n << " elements, "
-                                << chunks << " chunks, target " << target;
+                                << chunks << " chunks, target " << target << ", offsets "
+                                << srcOffset << "/" << dstOffset;
     }
     std::vector<float> ycpu(n, 3.0f), ygpu(n, 3.0f);
     ASSERT_EQ(cudaMemcpy(dy, ygpu.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_TRUE(minMaxDecompress(cpu.data(), bytes, n, chunks, ycpu.data(), target).isOk());
-    ASSERT_TRUE(minMaxDecompressCuda(dc, bytes, n, chunks, dy, target).isOk());
+    const Status ds = minMaxDecompressCuda(dc, bytes, n, chunks, dy, target);
+    ASSERT_TRUE(ds.isOk()) << ds.toString();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(ygpu.data(), dy, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(std::memcmp(ycpu.data(), ygpu.data(), n * 4), 0) << n << " elements";
-    cudaFree(dx);
-    cudaFree(dc);
-    cudaFree(dy);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t a = 0, b = 0;
+      std::memcpy(&a, &ycpu[i], 4);
+      std::memcpy(&b, &ygpu[i], 4);
+      ASSERT_EQ(a, b) << "element " << i << " of " << n << ", " << chunks << " chunks, target "
+                      << target << ", offsets " << srcOffset << "/" << dstOffset;
+    }
+    cudaFree(dxBase);
+    cudaFree(dcBase);
+    cudaFree(dyBase);
     cudaFree(ws);
   }
 };
@@ -77,17 +95,59 @@ std::vector<float> data(size_t n, uint32_t seed, float spread) {
 }
 
 TEST_F(CudaCompression, BitIdenticalToCpu) {
-  for (size_t n : {1u, 31u, 32u, 33u, 1000u, 4097u, 100003u, 3000000u}) {
+  for (size_t n : {1u, 31u, 32u, 33u, 1000u, 4097u, 100003u, 3000000u, (1u << 22) + 8u}) {
     for (size_t chunks : {1u, 2u, 3u, 8u}) {
       compare(data(n, static_cast<uint32_t>(n + chunks), 2.0f), chunks);
     }
   }
 }
 
+// Sizes that are not multiples of 4 put chunk starts off the 16-byte boundary (the scalar
+// head/tail of pass 1, the scalar loads of quantise and stores of decompress); 1 << 20 + 3 with
+// several chunks spans many tiles per chunk.
+TEST_F(CudaCompression, AlignmentPaths) {
+  for (size_t n : {1u, 3u, 5u, 4097u, (1u << 20) + 3u}) {
+    for (size_t chunks = 1; chunks <= 8; ++chunks) {
+      compare(data(n, static_cast<uint32_t>(7 * n + chunks), 3.0f), chunks);
+    }
+  }
+}
+
+// Device buffers off their allocation alignment: source and destination by one float, the
+// compressed buffer by 4 bytes.
+TEST_F(CudaCompression, UnalignedBuffers) {
+  for (size_t n : {5u, 4096u, 65536u, 100003u}) {
+    for (size_t chunks : {1u, 3u, 4u}) {
+      const auto x = data(n, static_cast<uint32_t>(n + 11 * chunks), 1.5f);
+      compare(x, chunks, -1, 1, 0);
+      compare(x, chunks, -1, 0, 4);
+      compare(x, chunks, -1, 3, 12);
+    }
+  }
+}
+
+TEST_F(CudaCompression, RejectsMisalignedPointers) {
+  uint8_t* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 4096), cudaSuccess);
+  const size_t bytes = minMaxCompressedBytes(16, 1);
+  const Status s = minMaxCompressCuda(reinterpret_cast<const float*>(buf), 16, 1, buf + 2049, bytes,
+                                      buf + 3072, 1024);
+  EXPECT_FALSE(s.isOk());
+  EXPECT_NE(s.toString().find("aligned"), std::string::npos) << s.toString();
+  const Status d =
+      minMaxDecompressCuda(buf + 1, bytes, 16, 1, reinterpret_cast<float*>(buf + 2048));
+  EXPECT_FALSE(d.isOk());
+  cudaFree(buf);
+}
+
 TEST_F(CudaCompression, TargetChunks) {
   const auto x = data(50000, 5, 1.0f);
   for (int t = 0; t < 4; ++t) {
     compare(x, 4, t);
+  }
+  const auto y = data(4097, 6, 1.0f);  // chunks of 586 elements: unaligned starts
+  for (int t = 0; t < 7; ++t) {
+    compare(y, 7, t);
   }
 }
 
@@ -103,6 +163,18 @@ TEST_F(CudaCompression, EdgeCases) {
   compare(x, 4);  // NaN policy on chunks 1 and 2
   compare({-3e38f, 3e38f, 0.0f}, 1);
   compare({1.0f, 2.0f, 3.0f}, 5);  // empty tail chunks
+  // Non-finite values in the scalar head and tail of an unaligned chunk, and in a vector tile.
+  auto y = data(4097, 10, 1.0f);
+  y[586] = -std::numeric_limits<float>::infinity();   // first element of chunk 1 (of 7)
+  y[4096] = std::numeric_limits<float>::quiet_NaN();  // last element of the last chunk
+  y[2000] = std::numeric_limits<float>::quiet_NaN();  // inside chunk 3
+  compare(y, 7);
+  // Extremes only in the scalar head/tail: min at a chunk's first element, max at its last.
+  auto z = data(4097, 12, 1.0f);
+  z[586] = -100.0f;
+  z[1171] = 100.0f;
+  z[1757] = 50.0f;  // last element of chunk 2, in its scalar tail
+  compare(z, 7);
 }
 
 }  // namespace

@@ -1,7 +1,26 @@
-// CUDA MinMaxUInt8 kernels. Every float operation mirrors src/compression.cc in the same order
-// (compiled with -fmad=false so nothing is contracted into an FMA; IEEE division and rintf),
-// so the bytes equal the CPU ones.
+// CUDA MinMaxUInt8 kernels. Every float operation per element mirrors src/compression.cc in the
+// same order (compiled with -fmad=false so nothing is contracted into an FMA; IEEE division and
+// rintf), so the bytes equal the CPU ones. Only the visiting order of the min/max reduction
+// differs, which cannot change the result: NaN never wins a comparison, a non-finite chunk is
+// replaced by the NaN header anyway, and -0/+0 is canonicalised to +0 as on the CPU.
+//
+// Shape, for bandwidth (the data is read twice by compress, once by decompress):
+//   pass 1 partialMinMax  grid (parts, chunks): each block strides over 4096-element tiles of its
+//                         chunk with 16-byte loads (scalar head/tail up to the first 16-byte
+//                         boundary), warp-shuffle reduction, one partial per block;
+//   pass 2 writeHeaders   one block per chunk folds the partials into the 32-byte header;
+//   pass 3 quantise       grid (tiles, chunks): the block's chunk constants (scale, upper, lower)
+//                         computed once per thread from the header, 4 elements per thread step
+//                         (float4 load when the chunk is 16-byte aligned, else 4 scalar loads),
+//                         one uchar4 store; tiles visited last-to-first so that the tail pass 1
+//                         read last is still in L2.
+//   decompress            grid (tiles, chunks): uchar4 loads, float4 stores where aligned.
+// Grids are sized from the SM count (queried once per device) and stride, so no 65535 cap
+// applies to the element count.
 #include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
 
 #include "minmax_kernels.h"
 
@@ -11,169 +30,383 @@ namespace {
 
 constexpr float kEps = 1e-7f;
 constexpr unsigned kNanBits = 0x7fc00000u;  // std::numeric_limits<float>::quiet_NaN()
+constexpr unsigned kPosInfBits = 0x7f800000u;
+constexpr unsigned kNegInfBits = 0xff800000u;
+constexpr int kUnroll = 4;                                 // quads in flight per thread
+constexpr size_t kTileQuads = size_t{kThreads} * kUnroll;  // 4096 elements per block step
+constexpr int kWarps = kThreads / 32;
+constexpr int kBlocksPerSm = 2048 / kThreads;
+constexpr unsigned kMaxGridY = 65535;
+constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ inline bool nonFinite(float v) {
+static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block size");
+
+__device__ __forceinline__ bool nonFinite(float v) {
   return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
 }
 
-// Pass 1: per (chunk, partial) block, min / max / non-finite flag over a slice of the chunk.
-__global__ void partialMinMax(const float* src, size_t numel, size_t c, size_t firstChunk,
-                              size_t parts, float* partials) {
-  const size_t chunk = firstChunk + blockIdx.x / parts;
-  const size_t part = blockIdx.x % parts;
-  const size_t begin = chunk * c < numel ? chunk * c : numel;
-  const size_t end = begin + c < numel ? begin + c : numel;
-  const size_t n = end - begin;
-  const size_t per = (n + parts - 1) / parts;
-  const size_t lo = begin + (part * per < n ? part * per : n);
-  const size_t hi = begin + ((part + 1) * per < n ? (part + 1) * per : n);
-  __shared__ float smin[kThreads];
-  __shared__ float smax[kThreads];
-  __shared__ int sbad[kThreads];
-  __shared__ int shas[kThreads];
-  float mn = 0.0f, mx = 0.0f;
-  int bad = 0, has = 0;
-  for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const float v = src[i];
-    if (!has) {
-      mn = v;
-      mx = v;
-      has = 1;
-    } else {
-      mn = v < mn ? v : mn;
-      mx = v > mx ? v : mx;
-    }
-    bad |= nonFinite(v) ? 1 : 0;
+struct Range {
+  size_t begin;
+  size_t n;
+};
+
+// Elements of chunk `chunk`: [min(chunk * c, numel), min(begin + c, numel)).
+__device__ __forceinline__ Range chunkRange(size_t chunk, size_t numel, size_t c) {
+  const size_t b = chunk * c < numel ? chunk * c : numel;
+  const size_t e = b + c < numel ? b + c : numel;
+  return {b, e - b};
+}
+
+struct MinMax {
+  float mn;
+  float mx;
+  unsigned bad;
+};
+
+__device__ __forceinline__ MinMax identity() {
+  return {__uint_as_float(kPosInfBits), __uint_as_float(kNegInfBits), 0u};
+}
+
+// NaN never wins a comparison (the flag records it), so the identity and any visiting order give
+// the chunk's min and max whenever the chunk is finite.
+__device__ __forceinline__ void fold(MinMax& m, float v) {
+  m.mn = v < m.mn ? v : m.mn;
+  m.mx = v > m.mx ? v : m.mx;
+  m.bad |= nonFinite(v) ? 1u : 0u;
+}
+
+__device__ __forceinline__ void merge(MinMax& m, float mn, float mx, unsigned bad) {
+  m.mn = mn < m.mn ? mn : m.mn;
+  m.mx = mx > m.mx ? mx : m.mx;
+  m.bad |= bad;
+}
+
+__device__ __forceinline__ void warpReduce(MinMax& m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float mn = __shfl_xor_sync(kFullMask, m.mn, o);
+    const float mx = __shfl_xor_sync(kFullMask, m.mx, o);
+    const unsigned bad = __shfl_xor_sync(kFullMask, m.bad, o);
+    merge(m, mn, mx, bad);
   }
-  smin[threadIdx.x] = mn;
-  smax[threadIdx.x] = mx;
-  sbad[threadIdx.x] = bad;
-  shas[threadIdx.x] = has;
+}
+
+// Every thread of the block calls it; the result is valid in thread 0. Ends with a barrier so
+// the block may call it again (the next chunk of a grid-stride loop).
+__device__ MinMax blockReduce(MinMax m) {
+  __shared__ float smn[kWarps];
+  __shared__ float smx[kWarps];
+  __shared__ unsigned sbad[kWarps];
+  warpReduce(m);
+  const unsigned warp = threadIdx.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  if (lane == 0) {
+    smn[warp] = m.mn;
+    smx[warp] = m.mx;
+    sbad[warp] = m.bad;
+  }
   __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const unsigned o = threadIdx.x + s;
-      if (shas[o]) {
-        if (!shas[threadIdx.x]) {
-          smin[threadIdx.x] = smin[o];
-          smax[threadIdx.x] = smax[o];
-          shas[threadIdx.x] = 1;
-        } else {
-          smin[threadIdx.x] = smin[o] < smin[threadIdx.x] ? smin[o] : smin[threadIdx.x];
-          smax[threadIdx.x] = smax[o] > smax[threadIdx.x] ? smax[o] : smax[threadIdx.x];
+  if (warp == 0) {
+    m = identity();
+    if (lane < kWarps) {
+      merge(m, smn[lane], smx[lane], sbad[lane]);
+    }
+    warpReduce(m);
+  }
+  __syncthreads();
+  return m;
+}
+
+// Pass 1: block (x, y) folds tiles x, x + gridDim.x, ... of chunk firstChunk + y into partial
+// y * gridDim.x + x: {min, max, non-finite flag, unused}.
+__global__ void __launch_bounds__(kThreads)
+    partialMinMax(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
+                  size_t count, float* __restrict__ partials) {
+  const size_t parts = gridDim.x;
+  for (size_t k = blockIdx.y; k < count; k += gridDim.y) {
+    const Range r = chunkRange(firstChunk + k, numel, c);
+    const float* p = src + r.begin;
+    // Elements before the first 16-byte boundary (p is 4-byte aligned as a float pointer).
+    size_t head = ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) / 4;
+    head = head < r.n ? head : r.n;
+    const size_t quads = (r.n - head) / 4;
+    const size_t tailStart = head + 4 * quads;
+    const float4* q4 = reinterpret_cast<const float4*>(p + head);
+    MinMax m = identity();
+    if (blockIdx.x == 0) {
+      if (threadIdx.x < head) {
+        fold(m, p[threadIdx.x]);
+      }
+      if (threadIdx.x < r.n - tailStart) {
+        fold(m, p[tailStart + threadIdx.x]);
+      }
+    }
+    for (size_t t = blockIdx.x * kTileQuads; t < quads; t += parts * kTileQuads) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t i = t + threadIdx.x + static_cast<size_t>(u) * kThreads;
+        // Past the end: quad 0 again (already folded, so it changes nothing).
+        v[u] = __ldg(q4 + (i < quads ? i : 0));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        fold(m, v[u].x);
+        fold(m, v[u].y);
+        fold(m, v[u].z);
+        fold(m, v[u].w);
+      }
+    }
+    m = blockReduce(m);
+    if (threadIdx.x == 0) {
+      float* o = partials + 4 * (k * parts + blockIdx.x);
+      o[0] = m.mn;
+      o[1] = m.mx;
+      o[2] = m.bad != 0u ? 1.0f : 0.0f;
+      o[3] = 0.0f;
+    }
+  }
+}
+
+// Pass 2: block k folds chunk firstChunk + k's `parts` partials and writes its 32-byte header.
+__global__ void __launch_bounds__(kThreads)
+    writeHeaders(const float* __restrict__ partials, size_t numel, size_t c, size_t firstChunk,
+                 size_t count, size_t parts, size_t stride, uint8_t* dst) {
+  for (size_t k = blockIdx.x; k < count; k += gridDim.x) {
+    MinMax m = identity();
+    for (size_t i = threadIdx.x; i < parts; i += blockDim.x) {
+      const float* q = partials + 4 * (k * parts + i);
+      merge(m, q[0], q[1], q[2] != 0.0f ? 1u : 0u);
+    }
+    m = blockReduce(m);
+    if (threadIdx.x == 0) {
+      const Range r = chunkRange(firstChunk + k, numel, c);
+      float mn = 0.0f;
+      float mx = 0.0f;
+      if (r.n > 0) {
+        // +0.0f: -0 becomes +0, as on the CPU.
+        mn = m.mn + 0.0f;
+        mx = m.mx + 0.0f;
+        const float range = mx - mn + kEps;
+        if (m.bad != 0u || nonFinite(range)) {
+          mn = __uint_as_float(kNanBits);
+          mx = __uint_as_float(kNanBits);
         }
       }
-      sbad[threadIdx.x] |= sbad[o];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    float* p = partials + 4 * blockIdx.x;
-    p[0] = smin[0];
-    p[1] = smax[0];
-    p[2] = sbad[0] ? 1.0f : 0.0f;
-    p[3] = shas[0] ? 1.0f : 0.0f;
-  }
-}
-
-// Pass 2: one thread per chunk folds its partials and writes the 32-byte header.
-__global__ void writeHeaders(const float* partials, size_t numel, size_t c, size_t firstChunk,
-                             size_t count, size_t parts, size_t stride, uint8_t* dst) {
-  const size_t k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= count) {
-    return;
-  }
-  const size_t chunk = firstChunk + k;
-  const size_t begin = chunk * c < numel ? chunk * c : numel;
-  const size_t end = begin + c < numel ? begin + c : numel;
-  float mn = 0.0f, mx = 0.0f;
-  bool bad = false, has = false;
-  for (size_t p = 0; p < parts; ++p) {
-    const float* q = partials + 4 * (k * parts + p);
-    if (q[3] != 0.0f) {
-      if (!has) {
-        mn = q[0];
-        mx = q[1];
-        has = true;
-      } else {
-        mn = q[0] < mn ? q[0] : mn;
-        mx = q[1] > mx ? q[1] : mx;
+      float* h = reinterpret_cast<float*>(dst + (firstChunk + k) * stride);
+      h[0] = mn;
+      h[1] = mx;
+#pragma unroll
+      for (int i = 2; i < 8; ++i) {
+        h[i] = 0.0f;
       }
     }
-    bad = bad || q[2] != 0.0f;
-  }
-  mn = mn + 0.0f;
-  mx = mx + 0.0f;
-  if (end > begin) {
-    const float range = mx - mn + kEps;
-    if (bad || nonFinite(range)) {
-      mn = __uint_as_float(kNanBits);
-      mx = __uint_as_float(kNanBits);
-    }
-  } else {
-    mn = 0.0f;
-    mx = 0.0f;
-  }
-  uint8_t* seg = dst + chunk * stride;
-  const float h[8] = {mn, mx, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = 0; i < 8; ++i) {
-    reinterpret_cast<float*>(seg)[i] = h[i];
   }
 }
 
-// Pass 3: quantise; one thread per payload byte (padding bytes written as zero).
-__global__ void quantise(const float* src, size_t numel, size_t c, size_t firstChunk, size_t count,
-                         size_t payload, size_t stride, uint8_t* dst) {
-  const size_t total = count * payload;
-  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t chunk = firstChunk + e / payload;
-    const size_t i = e % payload;
-    const size_t begin = chunk * c < numel ? chunk * c : numel;
-    const size_t end = begin + c < numel ? begin + c : numel;
+__device__ __forceinline__ uint8_t quantiseOne(float x, bool valid, float scale, float upper,
+                                               float lower) {
+  if (!valid) {
+    return 0;
+  }
+  const float r = rintf(x * scale);
+  float v = (r < upper ? r : upper) - lower;
+  v = v < 0.0f ? 0.0f : v;
+  v = v > 255.0f ? 255.0f : v;
+  return static_cast<uint8_t>(static_cast<int>(v));
+}
+
+// Pass 3: every payload byte of the chunks (padding and non-finite chunks as zero). Chunks and
+// tiles are visited in reverse so the first tiles read are the ones pass 1 read last.
+__global__ void __launch_bounds__(kThreads)
+    quantise(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk, size_t count,
+             size_t stride, uint8_t* dst) {
+  const size_t payloadQuads = (stride - 32) / 4;
+  const size_t tiles = (payloadQuads + kTileQuads - 1) / kTileQuads;
+  for (size_t ky = blockIdx.y; ky < count; ky += gridDim.y) {
+    const size_t chunk = firstChunk + (count - 1 - ky);
+    const Range r = chunkRange(chunk, numel, c);
     uint8_t* seg = dst + chunk * stride;
-    uint8_t out = 0;
     const float mn = reinterpret_cast<const float*>(seg)[0];
     const float mx = reinterpret_cast<const float*>(seg)[1];
-    if (begin + i < end && !(mn != mn)) {
-      const float scale = 255.0f / (mx - mn + kEps);
-      const float upper = rintf(mx * scale);
-      const float lower = upper - 255.0f;
-      const float r = rintf(src[begin + i] * scale);
-      float v = (r < upper ? r : upper) - lower;
-      v = v < 0.0f ? 0.0f : v;
-      v = v > 255.0f ? 255.0f : v;
-      out = static_cast<uint8_t>(static_cast<int>(v));
+    const bool skip = r.n == 0 || mn != mn;
+    float scale = 0.0f;
+    float upper = 0.0f;
+    float lower = 0.0f;
+    if (!skip) {
+      scale = 255.0f / (mx - mn + kEps);
+      upper = rintf(mx * scale);
+      lower = upper - 255.0f;
     }
-    seg[32 + i] = out;
+    const float* p = src + r.begin;
+    const bool vec = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+    uchar4* out = reinterpret_cast<uchar4*>(seg + 32);
+    for (size_t tx = blockIdx.x; tx < tiles; tx += gridDim.x) {
+      const size_t t = (tiles - 1 - tx) * kTileQuads;
+      if (!skip && vec && 4 * (t + kTileQuads) <= r.n) {
+        // Whole tile inside the chunk, 16-byte aligned: no bounds checks.
+        const float4* p4 = reinterpret_cast<const float4*>(p);
+        float4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          v[u] = __ldg(p4 + t + threadIdx.x + u * kThreads);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          uchar4 o;
+          o.x = quantiseOne(v[u].x, true, scale, upper, lower);
+          o.y = quantiseOne(v[u].y, true, scale, upper, lower);
+          o.z = quantiseOne(v[u].z, true, scale, upper, lower);
+          o.w = quantiseOne(v[u].w, true, scale, upper, lower);
+          out[t + threadIdx.x + u * kThreads] = o;
+        }
+        continue;
+      }
+      // Chunk edge, unaligned chunk, padding or a non-finite chunk.
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t q = t + threadIdx.x + static_cast<size_t>(u) * kThreads;
+        if (q >= payloadQuads) {
+          continue;
+        }
+        const size_t e = 4 * q;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (!skip) {
+          if (vec && e + 4 <= r.n) {
+            v = __ldg(reinterpret_cast<const float4*>(p + e));
+          } else {
+            v.x = e < r.n ? __ldg(p + e) : 0.0f;
+            v.y = e + 1 < r.n ? __ldg(p + e + 1) : 0.0f;
+            v.z = e + 2 < r.n ? __ldg(p + e + 2) : 0.0f;
+            v.w = e + 3 < r.n ? __ldg(p + e + 3) : 0.0f;
+          }
+        }
+        uchar4 o;
+        o.x = quantiseOne(v.x, !skip && e < r.n, scale, upper, lower);
+        o.y = quantiseOne(v.y, !skip && e + 1 < r.n, scale, upper, lower);
+        o.z = quantiseOne(v.z, !skip && e + 2 < r.n, scale, upper, lower);
+        o.w = quantiseOne(v.w, !skip && e + 3 < r.n, scale, upper, lower);
+        out[q] = o;
+      }
+    }
   }
 }
 
-__global__ void dequantise(const uint8_t* src, size_t numel, size_t c, size_t lo, size_t hi,
-                           size_t stride, float* dst) {
-  for (size_t e = lo + blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < hi;
-       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t chunk = e / c;
+__global__ void __launch_bounds__(kThreads)
+    dequantise(const uint8_t* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
+               size_t count, size_t stride, float* __restrict__ dst) {
+  for (size_t k = blockIdx.y; k < count; k += gridDim.y) {
+    const size_t chunk = firstChunk + k;
+    const Range r = chunkRange(chunk, numel, c);
     const uint8_t* seg = src + chunk * stride;
-    const float mn = reinterpret_cast<const float*>(seg)[0];
-    const float mx = reinterpret_cast<const float*>(seg)[1];
+    const float mn = __ldg(reinterpret_cast<const float*>(seg));
+    const float mx = __ldg(reinterpret_cast<const float*>(seg) + 1);
     // A NaN header marks a non-finite chunk. Write the CPU's quiet NaN explicitly: arithmetic
     // on a NaN yields the GPU's canonical 0x7fffffff, not the header's bits.
-    if (isnan(mn) || isnan(mx)) {
-      dst[e] = __uint_as_float(kNanBits);
-      continue;
+    const bool nan = isnan(mn) || isnan(mx);
+    float scale = 1.0f;
+    float lower = 0.0f;
+    if (!nan) {
+      scale = 255.0f / (mx - mn + kEps);
+      lower = rintf(mx * scale) - 255.0f;
     }
-    const float scale = 255.0f / (mx - mn + kEps);
-    const float lower = rintf(mx * scale) - 255.0f;
-    dst[e] = (static_cast<float>(seg[32 + (e - chunk * c)]) + lower) / scale;
+    const uchar4* in = reinterpret_cast<const uchar4*>(seg + 32);
+    float* p = dst + r.begin;
+    const bool vec = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+    const size_t quads = (r.n + 3) / 4;  // within the padded payload
+    for (size_t t = blockIdx.x * kTileQuads; t < quads; t += gridDim.x * kTileQuads) {
+      if (!nan && vec && 4 * (t + kTileQuads) <= r.n) {
+        // Whole tile inside the chunk, 16-byte aligned: no bounds checks.
+        float4* p4 = reinterpret_cast<float4*>(p);
+        uchar4 b[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          b[u] = __ldg(in + t + threadIdx.x + u * kThreads);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          float4 o;
+          o.x = (static_cast<float>(b[u].x) + lower) / scale;
+          o.y = (static_cast<float>(b[u].y) + lower) / scale;
+          o.z = (static_cast<float>(b[u].z) + lower) / scale;
+          o.w = (static_cast<float>(b[u].w) + lower) / scale;
+          p4[t + threadIdx.x + u * kThreads] = o;
+        }
+        continue;
+      }
+      // Chunk edge, unaligned destination or a non-finite chunk.
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t q = t + threadIdx.x + static_cast<size_t>(u) * kThreads;
+        if (q >= quads) {
+          continue;
+        }
+        float4 o;
+        if (nan) {
+          o.x = o.y = o.z = o.w = __uint_as_float(kNanBits);
+        } else {
+          const uchar4 b = __ldg(in + q);
+          o.x = (static_cast<float>(b.x) + lower) / scale;
+          o.y = (static_cast<float>(b.y) + lower) / scale;
+          o.z = (static_cast<float>(b.z) + lower) / scale;
+          o.w = (static_cast<float>(b.w) + lower) / scale;
+        }
+        const size_t e = 4 * q;
+        if (vec && e + 4 <= r.n) {
+          *reinterpret_cast<float4*>(p + e) = o;
+        } else {
+          p[e] = o.x;  // e < r.n since q < quads
+          if (e + 1 < r.n) {
+            p[e + 1] = o.y;
+          }
+          if (e + 2 < r.n) {
+            p[e + 2] = o.z;
+          }
+          if (e + 3 < r.n) {
+            p[e + 3] = o.w;
+          }
+        }
+      }
+    }
   }
-  (void)numel;
 }
 
-unsigned gridFor(size_t work) {
-  size_t g = (work + kThreads - 1) / kThreads;
-  g = g == 0 ? 1 : g;
-  return static_cast<unsigned>(g > 65535 ? 65535 : g);
+// Streaming multiprocessors of the current device, queried once per device.
+size_t smCount() {
+  constexpr int kCached = 64;
+  static std::atomic<int> cache[kCached] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  if (dev >= 0 && dev < kCached) {
+    const int known = cache[dev].load(std::memory_order_relaxed);
+    if (known > 0) {
+      return static_cast<size_t>(known);
+    }
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms <= 0) {
+    (void)cudaGetLastError();
+    sms = 132;
+  }
+  if (dev >= 0 && dev < kCached) {
+    cache[dev].store(sms, std::memory_order_relaxed);
+  }
+  return static_cast<size_t>(sms);
+}
+
+// Grid for `count` chunks of `tiles` tiles each: about kBlocksPerSm blocks per SM in all.
+dim3 tileGrid(size_t tiles, size_t count) {
+  const size_t target = smCount() * kBlocksPerSm;
+  size_t perChunk = (target + count - 1) / count;
+  perChunk = perChunk == 0 ? 1 : perChunk;
+  size_t x = tiles < perChunk ? tiles : perChunk;
+  x = x == 0 ? 1 : x;
+  const size_t y = count < kMaxGridY ? count : kMaxGridY;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y == 0 ? 1 : y), 1);
 }
 
 }  // namespace
@@ -187,13 +420,15 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
   const size_t parts = partialsPerChunk(c);
-  partialMinMax<<<static_cast<unsigned>(count * parts), kThreads, 0, s>>>(src, numel, c, first,
-                                                                          parts, partials);
-  writeHeaders<<<gridFor(count), kThreads, 0, s>>>(partials, numel, c, first, count, parts, stride,
-                                                   dst);
+  const size_t gy = count < kMaxGridY ? count : kMaxGridY;
+  partialMinMax<<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(gy), 1), kThreads, 0,
+                  s>>>(src, numel, c, first, count, partials);
+  const size_t hx = count < smCount() * kBlocksPerSm ? count : smCount() * kBlocksPerSm;
+  writeHeaders<<<static_cast<unsigned>(hx), kThreads, 0, s>>>(partials, numel, c, first, count,
+                                                              parts, stride, dst);
   if (payload > 0) {
-    quantise<<<gridFor(count * payload), kThreads, 0, s>>>(src, numel, c, first, count, payload,
-                                                           stride, dst);
+    const size_t tiles = (payload / 4 + kTileQuads - 1) / kTileQuads;
+    quantise<<<tileGrid(tiles, count), kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -206,15 +441,10 @@ int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int 
     return 0;
   }
   const size_t stride = (c + 31) / 32 * 32 + 32;
-  size_t lo = 0, hi = numel;
-  if (targetChunk >= 0) {
-    lo =
-        static_cast<size_t>(targetChunk) * c < numel ? static_cast<size_t>(targetChunk) * c : numel;
-    hi = lo + c < numel ? lo + c : numel;
-  }
-  if (hi > lo) {
-    dequantise<<<gridFor(hi - lo), kThreads, 0, s>>>(src, numel, c, lo, hi, stride, dst);
-  }
+  const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
+  const size_t count = targetChunk >= 0 ? 1 : chunks;
+  const size_t tiles = ((c + 3) / 4 + kTileQuads - 1) / kTileQuads;
+  dequantise<<<tileGrid(tiles, count), kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
   return static_cast<int>(cudaGetLastError());
 }
 

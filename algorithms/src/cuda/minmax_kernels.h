@@ -8,7 +8,8 @@
 namespace bagua::algo::cudakernels {
 
 constexpr int kThreads = 256;
-constexpr size_t kElemsPerPartial = 4096;
+// Pass 1 of compress: one block per kElemsPerPartial elements of a chunk, at most kMaxPartials.
+constexpr size_t kElemsPerPartial = 8192;
 constexpr size_t kMaxPartials = 1024;
 
 // Partial min/max blocks per chunk of c elements.
