@@ -31,25 +31,16 @@ std::chrono::milliseconds msUntil(Deadline d) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-class EngineTransport final : public Transport {
+class EngineTransport final : public TransportBase {
  public:
   EngineTransport(int rank, int size, size_t pieceBytes)
-      : rank_(rank), size_(size), piece_(pieceBytes), sends_(size), recvs_(size) {}
+      : TransportBase(rank, size), piece_(pieceBytes), sends_(size), recvs_(size) {}
   ~EngineTransport() override = default;
   EngineTransport(const EngineTransport&) = delete;
   EngineTransport& operator=(const EngineTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
-  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
-
   void abort(const std::string& why) override {
-    {
-      std::lock_guard<std::mutex> lock(abortMu_);
-      abortWhy_ = why;
-    }
-    aborted_.store(true, std::memory_order_release);
+    markAborted(why);
     for (auto& c : sends_) {
       if (c) {
         c->abort(why);
@@ -65,6 +56,29 @@ class EngineTransport final : public Transport {
 
   Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
                   Deadline deadline) override;
+
+  // Worker thread, between exchanges: both ends cut by piece_, and the communicator applies a
+  // change at the same point of the operation sequence on every rank.
+  void setPieceBytes(size_t bytes) override { piece_ = std::max<size_t>(bytes, 1); }
+  int establishedStreams() const override { return streams_; }
+  int activeStreams() const override { return active_.load(std::memory_order_relaxed); }
+  // Sender side only (the engine's receiver takes chunks from any stream), so no agreement is
+  // needed; set on every send comm of this rank.
+  Status setActiveStreams(int streams) override {
+    if (streams < 1 || streams > streams_) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "active streams %d outside 1..%d (the streams established per "
+                         "connection, BAGUA_HOST_NET_STREAMS)",
+                         streams, streams_);
+    }
+    for (auto& c : sends_) {
+      if (c) {
+        BAGUA_RETURN_IF_ERROR(c->setLiveSettings({streams, 0, 0}));
+      }
+    }
+    active_.store(streams, std::memory_order_relaxed);
+    return Status::ok();
+  }
 
   Status connect(Store& store, const EngineTransportOptions& options);
 
@@ -100,12 +114,8 @@ class EngineTransport final : public Transport {
   };
 
   size_t pieces(size_t len) const { return (len + piece_ - 1) / piece_; }
-  Status abortedStatus() {
-    std::lock_guard<std::mutex> lock(abortMu_);
-    return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
-  }
   Status peerError(const Status& s, const char* what, int peer) {
-    if (aborted_.load(std::memory_order_acquire)) {
+    if (aborted()) {
       return abortedStatus();
     }
     if (s.code() == StatusCode::kAborted) {
@@ -130,23 +140,20 @@ class EngineTransport final : public Transport {
     }
   }
 
-  int rank_;
-  int size_;
-  size_t piece_;
+  size_t piece_;     // worker thread only
+  int streams_ = 1;  // established per connection (set by connect)
+  std::atomic<int> active_{1};
   net::Notifier notifier_;                             // outlives the comms (declared before them)
   std::vector<std::unique_ptr<net::SendComm>> sends_;  // indexed by peer; null for self
   std::vector<std::unique_ptr<net::RecvComm>> recvs_;
-  std::atomic<uint64_t> sent_{0};
-  std::atomic<uint64_t> received_{0};
-  std::atomic<bool> aborted_{false};
-  std::mutex abortMu_;
-  std::string abortWhy_;  // guarded by abortMu_
 };
 
 Status EngineTransport::connect(Store& store, const EngineTransportOptions& options) {
   const Deadline deadline = Clock::now() + options.connectTimeout;
   BAGUA_ASSIGN_OR_RETURN(net::EngineOptions eo, net::EngineOptions::fromParams());
   eo.nStreams = std::clamp(options.streams, 1, net::kMaxStreams);
+  streams_ = eo.nStreams;
+  active_.store(eo.nStreams, std::memory_order_relaxed);
   eo.socketBufferBytes = options.socketBuffer;
   eo.timeoutMs = std::max<int64_t>(eo.timeoutMs, 1000);
   BAGUA_RETURN_IF_ERROR(eo.validate());
@@ -246,7 +253,7 @@ Status EngineTransport::connect(Store& store, const EngineTransportOptions& opti
 
 Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
                                  Deadline deadline) {
-  if (aborted_.load(std::memory_order_acquire)) {
+  if (aborted()) {
     return abortedStatus();
   }
   std::vector<SendState> ss;
@@ -412,7 +419,7 @@ Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     if (pending == 0) {
       break;
     }
-    if (aborted_.load(std::memory_order_acquire)) {
+    if (aborted()) {
       return abortedStatus();
     }
     if (progress) {

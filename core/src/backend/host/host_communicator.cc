@@ -7,6 +7,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
 #include "bagua/core/params.h"
+#include "bagua/core/process_group.h"
 
 namespace bagua::core {
 
@@ -104,6 +105,7 @@ class HostCommunicator::HostWork final : public Work {
 HostCommunicator::HostCommunicator(std::unique_ptr<Transport> transport, const HostOptions& options)
     : transport_(std::move(transport)), options_(options), reducer_(options.reduceThreads) {
   options_.segmentBytes = std::max<size_t>(options_.segmentBytes, 4096);
+  segmentNow_.store(options_.segmentBytes, std::memory_order_relaxed);
   worker_ = std::jthread([this](std::stop_token st) { workerLoop(st); });
 }
 
@@ -585,5 +587,166 @@ WorkPtr HostCommunicator::barrier() {
   });
 }
 
+// ---- Live tuning -------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kMinSegment = 4096;
+constexpr size_t kMaxSegment = size_t{1} << 30;
+
+// Every rank decides from the same exchanged values, so every rank reaches the same verdict.
+// Per rank: requested segment, requested streams, streams its transport established.
+Status judgeTuning(const std::vector<uint64_t>& all, int n) {
+  for (int r = 1; r < n; ++r) {
+    if (all[3 * r] != all[0] || all[3 * r + 1] != all[1]) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "setHostTuning: rank %d asked for segment %llu / streams %llu but rank 0 "
+                         "for %llu / %llu; every rank must pass the same values at the same point "
+                         "of the operation sequence (nothing applied)",
+                         r, static_cast<unsigned long long>(all[3 * r]),
+                         static_cast<unsigned long long>(all[3 * r + 1]),
+                         static_cast<unsigned long long>(all[0]),
+                         static_cast<unsigned long long>(all[1]));
+    }
+  }
+  const uint64_t seg = all[0];
+  if (seg != 0 && (seg < kMinSegment || seg > kMaxSegment)) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "setHostTuning: segment %llu bytes outside 4 KiB .. 1 GiB (nothing applied)",
+                       static_cast<unsigned long long>(seg));
+  }
+  const uint64_t streams = all[1];
+  if (streams != 0) {
+    for (int r = 0; r < n; ++r) {
+      const uint64_t est = all[3 * r + 2];
+      if (est == 0) {
+        return BAGUA_ERROR(kFailedPrecondition,
+                           "setHostTuning: rank %d does not use the engine transport, so its "
+                           "stream count cannot be set (BAGUA_HOST_TRANSPORT=engine; nothing "
+                           "applied)",
+                           r);
+      }
+      if (streams > est) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "setHostTuning: %llu active streams but rank %d established %llu per "
+                           "connection (BAGUA_HOST_NET_STREAMS; nothing applied)",
+                           static_cast<unsigned long long>(streams), r,
+                           static_cast<unsigned long long>(est));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+WorkPtr HostCommunicator::setTuning(const HostTuning& tuning, std::shared_ptr<Status> verdict) {
+  // Nothing is refused here: a bad value is judged after the exchange, by every rank alike, so
+  // that one rank's mistake cannot leave the others waiting in the exchange.
+  return enqueue(
+      strPrintf("setTuning(segment %zu, streams %d)", tuning.segmentBytes, tuning.engineStreams),
+      [=, this](Deadline dl) -> Status {
+        const int n = size();
+        constexpr size_t kRecord = 3 * sizeof(uint64_t);
+        std::vector<uint64_t> all(static_cast<size_t>(3 * n));
+        all[3 * rank()] = tuning.segmentBytes;
+        all[3 * rank() + 1] = static_cast<uint64_t>(static_cast<int64_t>(tuning.engineStreams));
+        all[3 * rank() + 2] = static_cast<uint64_t>(transport_->establishedStreams());
+        if (n > 1) {
+          std::vector<size_t> off(n), len(n, kRecord);
+          for (int i = 0; i < n; ++i) {
+            off[i] = i * kRecord;
+          }
+          BAGUA_RETURN_IF_ERROR(
+              ringAllGather(reinterpret_cast<uint8_t*>(all.data()), off, len, rank(), dl));
+        }
+        Status v = judgeTuning(all, n);
+        if (v.isOk() && all[1] != 0) {
+          v = transport_->setActiveStreams(static_cast<int>(all[1]));
+        }
+        if (v.isOk() && all[0] != 0) {
+          options_.segmentBytes = all[0];
+          transport_->setPieceBytes(all[0]);
+          segmentNow_.store(all[0], std::memory_order_relaxed);
+        }
+        if (v.isOk()) {
+          BAGUA_LOG_DEBUG(kCore, "rank %d: host tuning now segment %zu bytes, %d active streams",
+                          rank(), options_.segmentBytes, transport_->activeStreams());
+        }
+        *verdict = std::move(v);
+        return Status::ok();
+      });
+}
+
+HostTuningState HostCommunicator::tuning() const {
+  HostTuningState st;
+  st.segmentBytes = segmentNow_.load(std::memory_order_relaxed);
+  st.establishedStreams = transport_->establishedStreams();
+  st.activeStreams = transport_->activeStreams();
+  st.transport = st.establishedStreams > 0 ? "engine" : "socket";
+  return st;
+}
+
 }  // namespace host
+
+Status setHostTuning(Communicator& comm, const HostTuning& tuning,
+                     std::chrono::milliseconds timeout) {
+  auto* hc = dynamic_cast<host::HostCommunicator*>(&comm);
+  if (hc == nullptr) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "setHostTuning: the communicator uses the %s backend, not the host backend",
+                       comm.backendName().c_str());
+  }
+  auto verdict = std::make_shared<Status>();
+  WorkPtr w = hc->setTuning(tuning, verdict);
+  BAGUA_RETURN_IF_ERROR(w->wait(timeout));
+  return *verdict;
+}
+
+Result<HostTuningState> hostTuning(const Communicator& comm) {
+  const auto* hc = dynamic_cast<const host::HostCommunicator*>(&comm);
+  if (hc == nullptr) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "hostTuning: the communicator uses the %s backend, not the host backend",
+                       comm.backendName().c_str());
+  }
+  return hc->tuning();
+}
+
+Status setHostTuning(ProcessGroup& group, const HostTuning& tuning,
+                     std::chrono::milliseconds timeout) {
+  // The stream count goes to the communicators on the engine transport only (a node's intra
+  // group may run over shared memory while the global one uses the engine); each communicator's
+  // transport is chosen collectively, so every rank of it skips or applies alike.
+  std::vector<Communicator*> comms = {&group.global(), group.intraNode(), group.interNode()};
+  bool anyEngine = false;
+  for (Communicator* c : comms) {
+    if (c != nullptr) {
+      BAGUA_ASSIGN_OR_RETURN(HostTuningState st, hostTuning(*c));
+      anyEngine = anyEngine || st.establishedStreams > 0;
+    }
+  }
+  if (tuning.engineStreams != 0 && !anyEngine) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "setHostTuning: no communicator of the group uses the engine transport, "
+                       "so there is no stream count to set (BAGUA_HOST_TRANSPORT=engine)");
+  }
+  for (Communicator* c : comms) {
+    if (c == nullptr) {
+      continue;
+    }
+    HostTuning t = tuning;
+    BAGUA_ASSIGN_OR_RETURN(HostTuningState st, hostTuning(*c));
+    if (st.establishedStreams == 0) {
+      t.engineStreams = 0;
+    }
+    BAGUA_RETURN_IF_ERROR(setHostTuning(*c, t, timeout));
+  }
+  return Status::ok();
+}
+
+Result<HostTuningState> hostTuning(ProcessGroup& group) {
+  return hostTuning(group.global());
+}
+
 }  // namespace bagua::core

@@ -25,6 +25,7 @@
 #include "backend/host/reduce_kernels.h"
 #include "backend/host/transport.h"
 #include "bagua/core/communicator.h"
+#include "bagua/core/host_tuning.h"
 
 namespace bagua::core::host {
 
@@ -68,6 +69,13 @@ class HostCommunicator final : public Communicator {
   void abort(const std::string& why) override;
   CommStats stats() const override;
 
+  // Live tuning (bagua/core/host_tuning.h; the free setHostTuning waits for it). A collective:
+  // the values of every rank are exchanged and compared on the worker; *verdict gets the outcome
+  // (InvalidArgument on a mismatch or a bad value, applied nowhere), the Work fails only when the
+  // exchange itself fails.
+  WorkPtr setTuning(const HostTuning& tuning, std::shared_ptr<Status> verdict);
+  HostTuningState tuning() const;
+
  private:
   class HostWork;
   struct Item {
@@ -103,6 +111,7 @@ class HostCommunicator final : public Communicator {
   std::deque<Item> queue_;
   Status broken_;  // guarded by queueMu_
   std::atomic<uint64_t> operations_{0};
+  std::atomic<size_t> segmentNow_{0};  // options_.segmentBytes as last applied, for tuning()
   std::jthread worker_;
 };
 

@@ -120,10 +120,10 @@ Status blockingIo(int fd, void* data, size_t len, bool write, Deadline deadline,
   return Status::ok();
 }
 
-class SocketTransport final : public Transport {
+class SocketTransport final : public TransportBase {
  public:
   SocketTransport(int rank, int size, std::vector<Fd> fds)
-      : rank_(rank), size_(size), fds_(std::move(fds)) {}
+      : TransportBase(rank, size), fds_(std::move(fds)) {}
   void setShm(std::unique_ptr<ShmMesh> shm) {
     shm_ = std::move(shm);
     closed_.assign(size_, false);
@@ -132,17 +132,8 @@ class SocketTransport final : public Transport {
   SocketTransport(const SocketTransport&) = delete;
   SocketTransport& operator=(const SocketTransport&) = delete;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  uint64_t bytesSent() const override { return sent_.load(std::memory_order_relaxed); }
-  uint64_t bytesReceived() const override { return received_.load(std::memory_order_relaxed); }
-
   void abort(const std::string& why) override {
-    {
-      std::lock_guard<std::mutex> lock(abortMu_);
-      abortWhy_ = why;
-    }
-    aborted_.store(true, std::memory_order_release);
+    markAborted(why);
     // Peers blocked on us see the connections close at once instead of waiting for their
     // deadline. The descriptors stay open (and valid for a concurrent poll) until destruction.
     for (Fd& fd : fds_) {
@@ -183,11 +174,6 @@ class SocketTransport final : public Transport {
     }
   }
 
-  Status abortedStatus() {
-    std::lock_guard<std::mutex> lock(abortMu_);
-    return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
-  }
-
   bool local(int peer) const { return shm_ != nullptr && shm_->isLocal(peer); }
   // Wakes a local peer sleeping in poll(): one byte on the TCP connection, which otherwise
   // carries no data for local peers.
@@ -198,22 +184,15 @@ class SocketTransport final : public Transport {
     }
   }
 
-  int rank_;
-  int size_;
   std::vector<Fd> fds_;           // indexed by peer rank; -1 for self
   std::unique_ptr<ShmMesh> shm_;  // local peers' data path (null: TCP only)
   // Local peers whose connection closed. What they left in the rings is still delivered.
   std::vector<bool> closed_;
-  std::atomic<uint64_t> sent_{0};
-  std::atomic<uint64_t> received_{0};
-  std::atomic<bool> aborted_{false};
-  std::mutex abortMu_;
-  std::string abortWhy_;
 };
 
 Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
                                  Deadline deadline) {
-  if (aborted_.load(std::memory_order_acquire)) {
+  if (aborted()) {
     return abortedStatus();
   }
   // Per-peer FIFO queues (indices into the state arrays).
@@ -316,7 +295,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
           }
         } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           int err = errno;
-          if (aborted_.load(std::memory_order_acquire)) {
+          if (aborted()) {
             return abortedStatus();
           }
           return BAGUA_ERRNO(err, strPrintf("rank %d: send of %zu bytes to rank %d failed (peer "
@@ -350,7 +329,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
             headsChanged = true;
           }
         } else if (n == 0) {
-          if (aborted_.load(std::memory_order_acquire)) {
+          if (aborted()) {
             return abortedStatus();
           }
           return BAGUA_ERROR(kRemoteError,
@@ -359,7 +338,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
                              rank_, p, r.op->len - r.done, r.op->len);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           int err = errno;
-          if (aborted_.load(std::memory_order_acquire)) {
+          if (aborted()) {
             return abortedStatus();
           }
           return BAGUA_ERRNO(err, strPrintf("rank %d: receive from rank %d failed", rank_, p));
@@ -372,7 +351,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     if (pendingOps == 0) {
       break;
     }
-    if (aborted_.load(std::memory_order_acquire)) {
+    if (aborted()) {
       return abortedStatus();
     }
     if (progress) {
@@ -400,7 +379,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       for (int p = 0; p < size_; ++p) {
         if (local(p) && closed_[p] &&
             ((sendHead[p] != SIZE_MAX) || (recvHead[p] != SIZE_MAX && !shm_->canRecv(p)))) {
-          if (aborted_.load(std::memory_order_acquire)) {
+          if (aborted()) {
             return abortedStatus();
           }
           return BAGUA_ERROR(kRemoteError,
@@ -456,7 +435,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
         uint8_t drain[256];
         ssize_t n = ::recv(fds_[p].get(), drain, sizeof(drain), MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          if (aborted_.load(std::memory_order_acquire)) {
+          if (aborted()) {
             return abortedStatus();
           }
           closed_[p] = true;  // checked above once its rings can make no more progress

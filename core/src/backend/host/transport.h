@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -60,6 +61,60 @@ class Transport {
   virtual void abort(const std::string& why) = 0;
   virtual uint64_t bytesSent() const = 0;
   virtual uint64_t bytesReceived() const = 0;
+
+  // Live tuning, called by the communicator's worker between exchanges (never during one), at the
+  // same point of the operation sequence on every rank (HostCommunicator::setTuning checks it).
+  // The size messages are cut into where the transport cuts them (the engine: both ends of a
+  // pair must agree); a no-op for transports that do not cut.
+  virtual void setPieceBytes(size_t /*bytes*/) {}
+  // Data streams per connection that the transport established (0: it has no streams to tune)
+  // and how many of them carry new messages (1..established).
+  virtual int establishedStreams() const { return 0; }
+  virtual int activeStreams() const { return 0; }
+  [[nodiscard]] virtual Status setActiveStreams(int streams) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "active streams (%d) can only be set on the engine transport "
+                       "(BAGUA_HOST_TRANSPORT=engine)",
+                       streams);
+  }
+};
+
+// What the transports share: identity, traffic counters and the abort state. abort() of a
+// derived transport starts with markAborted(why), then wakes its own I/O.
+class TransportBase : public Transport {
+ public:
+  int rank() const final { return rank_; }
+  int size() const final { return size_; }
+  uint64_t bytesSent() const final { return sent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const final { return received_.load(std::memory_order_relaxed); }
+
+ protected:
+  TransportBase(int rank, int size) : rank_(rank), size_(size) {}
+
+  // The top of abort(): records the reason (the latest wins) before raising the flag, so that
+  // whoever sees the flag (acquire) reads the reason.
+  void markAborted(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(abortMu_);
+      abortWhy_ = why;
+    }
+    aborted_.store(true, std::memory_order_release);
+  }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  Status abortedStatus() const {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
+  }
+
+  const int rank_;
+  const int size_;
+  std::atomic<uint64_t> sent_{0};      // payload bytes (relaxed: statistics only)
+  std::atomic<uint64_t> received_{0};  // payload bytes (relaxed: statistics only)
+
+ private:
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abortMu_;
+  std::string abortWhy_;  // guarded by abortMu_
 };
 
 struct SocketTransportOptions {
