@@ -4,6 +4,11 @@
 // write (Adam f32: p, g, m, v read, p, m, v written = 28 B/element) over the memcpy bandwidth
 // measured in the same process.
 //
+// BM_HostCost*: 10,000 one-element tensors, one thread: the kernel work is negligible, so the time
+// per step is the host-side cost of a step (planning, checks, kernel calls): the part that must
+// stay far below the GPU's time for a step so back-to-back steps pipeline. Fused (one call per flat
+// buffer) against per-tensor (one call per tensor), same run.
+//
 // Counters: elems (elements per step), GBps (bytes per update / time), bound (GBps / memcpy
 // GBps: 1.0 is the copy bandwidth), memcpy_GBps (read + written bytes per second of memcpy on a
 // buffer of the same working-set size).
@@ -79,10 +84,10 @@ double memcpyGBps(size_t bytes) {
 
 template <class Opt>
 void runStep(benchmark::State& state, const typename Opt::Hyper& h, double bytesPerElem, bool fused,
-             size_t each) {
+             size_t each, int threads = 0) {
   Params p(static_cast<size_t>(state.range(0)), each);
   OptimizerOptions o;
-  o.threads = 0;  // BAGUA_OPTIM_THREADS (default: hardware concurrency)
+  o.threads = threads;  // 0: BAGUA_OPTIM_THREADS (default: hardware concurrency)
   auto opt = Opt::create(p.list, h, o);
   if (!opt.isOk()) {
     state.SkipWithError(opt.status().toString().c_str());
@@ -152,6 +157,16 @@ void BM_AdamFusedLarge(benchmark::State& s) {
   runStep<Adam>(s, adamHyper(), kAdamBytes, true, size_t{1} << 22);
 }
 
+// Host cost per step: 10,000 tensors of one element, one thread (ns per step).
+void BM_HostCostAdamFused(benchmark::State& s) {
+  runStep<Adam>(s, adamHyper(), kAdamBytes, true, 1, 1);
+}
+void BM_HostCostAdamPerTensor(benchmark::State& s) {
+  runStep<Adam>(s, adamHyper(), kAdamBytes, false, 1, 1);
+}
+
+BENCHMARK(BM_HostCostAdamFused)->Arg(10000)->ArgName("tensors")->UseRealTime();
+BENCHMARK(BM_HostCostAdamPerTensor)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_AdamFused)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_AdamPerTensor)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_SgdFused)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();

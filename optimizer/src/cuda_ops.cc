@@ -2,6 +2,7 @@
 // in cuda/optimizer_kernels.cu.
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <vector>
 
 #include "bagua/optimizer/cuda.h"
@@ -18,7 +19,12 @@ Status cudaStatus(cudaError_t err, const char* what) {
   return BAGUA_ERROR(kCudaError, "%s: %s", what, cudaGetErrorString(err));
 }
 
+// Makes `device` current; cudaSetDevice only when it is not (a step stays a few API calls).
 Status onDevice(int device) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == device) {
+    return Status::ok();
+  }
   return cudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
 
@@ -64,89 +70,132 @@ Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, 
 }
 
 namespace {
-
-// Device memory released at scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (ptr != nullptr) {
-      cudaFree(ptr);
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  Status alloc(size_t bytes) { return cudaStatus(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
-};
-
 constexpr size_t kNormBlock = 4096;  // as detail::kNormBlock in elementwise.h
-
 }  // namespace
 
+struct CudaTrustScratch::Impl {
+  int device = -1;
+  // Device buffers, grown as needed.
+  void* u = nullptr;
+  void* blocks = nullptr;
+  void* partials = nullptr;
+  void* trust = nullptr;
+  size_t uBytes = 0, blocksBytes = 0, partialsBytes = 0, trustBytes = 0;
+  // Host side: the block table (and what was last uploaded), sums and factors.
+  std::vector<cudakernels::NormBlock> table, uploaded;
+  std::vector<size_t> segOfBlock;
+  std::vector<double> host, pn, un, perBlock;
+
+  ~Impl() { release(); }
+  void release() {
+    if (device >= 0 && cudaSetDevice(device) == cudaSuccess) {
+      for (void* p : {u, blocks, partials, trust}) {
+        if (p != nullptr) {
+          cudaFree(p);
+        }
+      }
+    }
+    u = blocks = partials = trust = nullptr;
+    uBytes = blocksBytes = partialsBytes = trustBytes = 0;
+    uploaded.clear();
+  }
+  static Status grow(void** p, size_t* have, size_t need) {
+    if (*have >= need) {
+      return Status::ok();
+    }
+    if (*p != nullptr) {
+      cudaFree(*p);
+      *p = nullptr;
+      *have = 0;
+    }
+    BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(p, need), "cudaMalloc"));
+    *have = need;
+    return Status::ok();
+  }
+};
+
+CudaTrustScratch::CudaTrustScratch() = default;
+CudaTrustScratch::~CudaTrustScratch() = default;
+
 Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
-                      const size_t* segments, size_t numSegments, TrustFn trust, int device) {
+                      const size_t* segments, size_t numSegments, TrustFn trust,
+                      CudaTrustScratch& scratch, int device) {
   if (args.numel == 0) {
     return Status::ok();
   }
+  if (!scratch.impl) {
+    scratch.impl = std::make_unique<CudaTrustScratch::Impl>();
+  }
+  CudaTrustScratch::Impl& sc = *scratch.impl;
+  if (sc.device != device) {
+    sc.release();
+    sc.device = device;
+  }
   BAGUA_RETURN_IF_ERROR(onDevice(device));
-  std::vector<cudakernels::NormBlock> blocks;
-  std::vector<size_t> segOfBlock;
+  sc.table.clear();
+  sc.segOfBlock.clear();
   size_t start = 0;
   for (size_t s = 0; s < numSegments; ++s) {
     for (size_t b = start; b < start + segments[s]; b += kNormBlock) {
       const size_t e = b + kNormBlock < start + segments[s] ? b + kNormBlock : start + segments[s];
-      blocks.push_back({b, e});
-      segOfBlock.push_back(s);
+      sc.table.push_back({b, e});
+      sc.segOfBlock.push_back(s);
     }
     start += segments[s];
   }
+  const size_t nb = sc.table.size();
   const size_t es = args.storage == StorageType::kF64 ? 8 : 4;
-  DeviceBuffer u, dblocks, partials, dtrust;
-  BAGUA_RETURN_IF_ERROR(u.alloc(args.numel * es));
-  BAGUA_RETURN_IF_ERROR(dblocks.alloc(blocks.size() * sizeof(cudakernels::NormBlock)));
-  BAGUA_RETURN_IF_ERROR(partials.alloc(blocks.size() * 2 * sizeof(double)));
-  BAGUA_RETURN_IF_ERROR(dtrust.alloc(blocks.size() * sizeof(double)));
+  BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.u, &sc.uBytes, args.numel * es));
+  BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.blocks, &sc.blocksBytes,
+                                                     nb * sizeof(cudakernels::NormBlock)));
   BAGUA_RETURN_IF_ERROR(
-      cudaStatus(cudaMemcpy(dblocks.ptr, blocks.data(),
-                            blocks.size() * sizeof(cudakernels::NormBlock), cudaMemcpyHostToDevice),
-                 "cudaMemcpy"));
-  int err = cudakernels::trustUpdate(ruleId, scalars, args, u.ptr);
+      CudaTrustScratch::Impl::grow(&sc.partials, &sc.partialsBytes, nb * 2 * sizeof(double)));
+  BAGUA_RETURN_IF_ERROR(
+      CudaTrustScratch::Impl::grow(&sc.trust, &sc.trustBytes, nb * sizeof(double)));
+  const bool same =
+      sc.uploaded.size() == nb &&
+      std::memcmp(sc.uploaded.data(), sc.table.data(), nb * sizeof(cudakernels::NormBlock)) == 0;
+  if (!same) {
+    sc.uploaded.clear();  // stale until the copy succeeds
+    BAGUA_RETURN_IF_ERROR(
+        cudaStatus(cudaMemcpy(sc.blocks, sc.table.data(), nb * sizeof(cudakernels::NormBlock),
+                              cudaMemcpyHostToDevice),
+                   "cudaMemcpy"));
+    sc.uploaded = sc.table;
+  }
+  auto* dblocks = static_cast<cudakernels::NormBlock*>(sc.blocks);
+  int err = cudakernels::trustUpdate(ruleId, scalars, args, sc.u);
   if (err == 0) {
-    err = cudakernels::trustNorms(args, u.ptr, static_cast<cudakernels::NormBlock*>(dblocks.ptr),
-                                  blocks.size(), static_cast<double*>(partials.ptr));
+    err = cudakernels::trustNorms(args, sc.u, dblocks, nb, static_cast<double*>(sc.partials));
   }
   if (err != 0) {
     return BAGUA_ERROR(kCudaError, "trust-ratio kernels (%zu elements): %s", args.numel,
                        cudakernels::errorString(err));
   }
-  std::vector<double> host(blocks.size() * 2);
-  BAGUA_RETURN_IF_ERROR(cudaStatus(
-      cudaMemcpy(host.data(), partials.ptr, host.size() * sizeof(double), cudaMemcpyDeviceToHost),
-      "cudaMemcpy"));
-  // Per tensor, block sums added in block order (as the CPU path does).
-  std::vector<double> pn(numSegments, 0.0), un(numSegments, 0.0);
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    pn[segOfBlock[b]] += host[2 * b];
-    un[segOfBlock[b]] += host[2 * b + 1];
-  }
-  std::vector<double> perBlock(blocks.size());
-  std::vector<double> perSeg(numSegments);
-  for (size_t s = 0; s < numSegments; ++s) {
-    perSeg[s] = trust(scalars, pn[s], un[s]);
-  }
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    perBlock[b] = perSeg[segOfBlock[b]];
-  }
+  sc.host.resize(nb * 2);
   BAGUA_RETURN_IF_ERROR(
-      cudaStatus(cudaMemcpy(dtrust.ptr, perBlock.data(), perBlock.size() * sizeof(double),
-                            cudaMemcpyHostToDevice),
+      cudaStatus(cudaMemcpy(sc.host.data(), sc.partials, sc.host.size() * sizeof(double),
+                            cudaMemcpyDeviceToHost),
                  "cudaMemcpy"));
-  err = cudakernels::trustApply(ruleId, scalars, args, u.ptr,
-                                static_cast<cudakernels::NormBlock*>(dblocks.ptr),
-                                static_cast<double*>(dtrust.ptr), blocks.size());
-  if (err == 0) {
-    err = static_cast<int>(cudaStreamSynchronize(nullptr));
+  // Per tensor, block sums added in block order (as the CPU path does).
+  sc.pn.assign(numSegments, 0.0);
+  sc.un.assign(numSegments, 0.0);
+  for (size_t b = 0; b < nb; ++b) {
+    sc.pn[sc.segOfBlock[b]] += sc.host[2 * b];
+    sc.un[sc.segOfBlock[b]] += sc.host[2 * b + 1];
   }
+  for (size_t s = 0; s < numSegments; ++s) {
+    sc.pn[s] = trust(scalars, sc.pn[s], sc.un[s]);  // pn now holds the factor
+  }
+  sc.perBlock.resize(nb);
+  for (size_t b = 0; b < nb; ++b) {
+    sc.perBlock[b] = sc.pn[sc.segOfBlock[b]];
+  }
+  BAGUA_RETURN_IF_ERROR(cudaStatus(
+      cudaMemcpy(sc.trust, sc.perBlock.data(), nb * sizeof(double), cudaMemcpyHostToDevice),
+      "cudaMemcpy"));
+  err = cudakernels::trustApply(ruleId, scalars, args, sc.u, dblocks,
+                                static_cast<double*>(sc.trust), nb);
   if (err != 0) {
     return BAGUA_ERROR(kCudaError, "trust-ratio apply (%zu elements): %s", args.numel,
                        cudakernels::errorString(err));
@@ -154,12 +203,9 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
   return Status::ok();
 }
 
-Status cudaNonFinite(const KernelArgs& args, int device, bool* found) {
+Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
-  void* flag = nullptr;
-  BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&flag, sizeof(int)), "cudaMalloc"));
-  const int err = cudakernels::nonFinite(args, static_cast<int*>(flag), found);
-  cudaFree(flag);
+  const int err = cudakernels::nonFinite(args, deviceFlag, found);
   if (err != 0) {
     return BAGUA_ERROR(kCudaError, "optimizer inf/NaN check (%zu elements): %s", args.numel,
                        cudakernels::errorString(err));

@@ -29,12 +29,16 @@ Status cudaElementwise(int /*ruleId*/, const void* /*scalars*/, const KernelArgs
                        int /*device*/) {
   return absent();
 }
+struct CudaTrustScratch::Impl {};
+CudaTrustScratch::CudaTrustScratch() = default;
+CudaTrustScratch::~CudaTrustScratch() = default;
 Status cudaTrustRatio(int /*ruleId*/, const void* /*scalars*/, const KernelArgs& /*args*/,
                       const size_t* /*segments*/, size_t /*numSegments*/, TrustFn /*trust*/,
-                      int /*device*/) {
+                      CudaTrustScratch& /*scratch*/, int /*device*/) {
   return absent();
 }
-Status cudaNonFinite(const KernelArgs& /*args*/, int /*device*/, bool* /*found*/) {
+Status cudaNonFinite(const KernelArgs& /*args*/, int /*device*/, int* /*deviceFlag*/,
+                     bool* /*found*/) {
   return absent();
 }
 

@@ -173,6 +173,7 @@ struct FusedOptimizer::Slot {
   float* master = nullptr;
   std::unique_ptr<Buffer> own[kMaxStates];
   std::unique_ptr<Buffer> ownMaster;
+  int run = -1;  // index into the current plan's runs, or -1
 };
 
 struct FusedOptimizer::Partition {
@@ -184,9 +185,49 @@ struct FusedOptimizer::Partition {
   std::unique_ptr<Buffer> params, grads, master, states[kMaxStates];
   bool flattened = false;
   bool gradsFlattened = false;
-  // Cached mutual runs (slot indices), valid while the pointer signature is unchanged.
-  std::vector<uintptr_t> signature;
-  std::vector<std::vector<int>> runs;
+};
+
+// One fused run of the plan. Its slots have equal step counts; the steps it takes while the plan
+// stands are counted here (`pending`) and folded into the slots by dropPlan(), so a step touches
+// O(runs) counters, not O(tensors).
+struct FusedOptimizer::PlanRun {
+  int partition = 0;
+  int first = 0;  // first slot in address order
+  size_t numel = 0;
+  size_t segBegin = 0, segCount = 0;    // into Plan::segments
+  size_t slotBegin = 0, slotCount = 0;  // into Plan::runSlots
+  int64_t pending = 0;
+};
+
+// Everything a step needs that depends only on where the tensors are: built by buildPlan() in
+// O(n log n), checked by planCurrent() in O(n) pointer compares per step.
+struct FusedOptimizer::Plan {
+  bool valid = false;
+  size_t numParams = 0;
+  struct Watch {
+    size_t param;
+    const void* data;
+    const void* grad;
+  };
+  std::vector<Watch> watch;     // every managed parameter, in parameter order
+  std::vector<unsigned> masks;  // stateMask per group when built
+  std::vector<PlanRun> runs;
+  std::vector<int> runSlots;
+  std::vector<size_t> segments;
+  std::vector<int> singles;  // slots with a gradient in no run (stepped per tensor)
+  int64_t groupsFused = 0;   // groups with at least one run
+  bool intact = true;        // flattenIntact() when built
+  // Mixed precision: gradient ranges merged where byte-adjacent, their CPU chunks and results.
+  struct Scan {
+    KernelArgs args;
+    Device device;
+  };
+  struct Chunk {
+    size_t scan, begin, end;
+  };
+  std::vector<Scan> scans;
+  std::vector<Chunk> chunks;
+  std::vector<uint8_t> bad;
 };
 
 FusedOptimizer::FusedOptimizer(std::vector<core::Parameter>& params,
@@ -195,6 +236,55 @@ FusedOptimizer::FusedOptimizer(std::vector<core::Parameter>& params,
     : params_(params), groupParams_(std::move(groups)), options_(options) {}
 
 FusedOptimizer::~FusedOptimizer() = default;
+
+int64_t FusedOptimizer::effectiveStep(const Slot& s) const {
+  if (s.run >= 0 && plan_ && plan_->valid) {
+    return s.step + plan_->runs[s.run].pending;
+  }
+  return s.step;
+}
+
+void FusedOptimizer::dropPlan() {
+  if (!plan_) {
+    return;
+  }
+  for (PlanRun& r : plan_->runs) {
+    for (size_t i = r.slotBegin; i < r.slotBegin + r.slotCount; ++i) {
+      Slot& s = *slots_[plan_->runSlots[i]];
+      s.step += r.pending;
+      s.run = -1;
+    }
+    r.pending = 0;
+  }
+  plan_->valid = false;
+}
+
+bool FusedOptimizer::planCurrent() const {
+  if (!plan_ || !plan_->valid || plan_->numParams != params_.size()) {
+    return false;
+  }
+  for (size_t g = 0; g < groupParams_.size(); ++g) {
+    if (stateMask(static_cast<int>(g)) != plan_->masks[g]) {
+      return false;
+    }
+  }
+  // The only per-tensor work of a planned step: branch-free, so it streams through the list.
+  bool same = true;
+  for (const Plan::Watch& w : plan_->watch) {
+    const core::Parameter& p = params_[w.param];
+    same &= (p.data == w.data) & (p.grad == w.grad);
+  }
+  return same;
+}
+
+Status FusedOptimizer::ensurePlan() {
+  if (planCurrent()) {
+    return Status::ok();
+  }
+  dropPlan();
+  buildPlan();
+  return Status::ok();
+}
 
 Status FusedOptimizer::init() {
   int threads = options_.threads;
@@ -214,6 +304,10 @@ Status FusedOptimizer::init() {
   pool_ = std::make_unique<ThreadPool>(threads, std::chrono::milliseconds(timeoutMs));
 
   slotOfParam_.assign(params_.size(), -1);
+  allocMask_.assign(groupParams_.size(), 0);
+  for (size_t gi = 0; gi < groupParams_.size(); ++gi) {
+    allocMask_[gi] = stateMask(static_cast<int>(gi)) & ((1u << numStates()) - 1u);
+  }
   std::map<std::tuple<int, int, int, int>, int> partOf;
   for (size_t gi = 0; gi < groupParams_.size(); ++gi) {
     const unsigned mask = stateMask(static_cast<int>(gi));
@@ -316,6 +410,7 @@ Status FusedOptimizer::refreshReducerLayout() {
 }
 
 Status FusedOptimizer::layOut(bool moveGrads) {
+  dropPlan();
   // Order: the reducer's bucket order when it owns the gradients (so parameter runs line up with
   // gradient runs), else registration order.
   std::vector<size_t> rank(params_.size(), 0);
@@ -437,7 +532,6 @@ Status FusedOptimizer::layOut(bool moveGrads) {
     }
     part.flattened = true;
     part.gradsFlattened = moveGrads;
-    part.signature.clear();
     BAGUA_LOG_DEBUG(kAlgo, "%s: flattened group %d %s on %s: %zu tensors, %zu elements%s",
                     ruleName(), part.group, core::dataTypeName(part.dtype),
                     deviceString(part.device).c_str(), part.slots.size(), total,
@@ -520,7 +614,7 @@ std::vector<std::vector<int>> FusedOptimizer::mutualRuns(
   return runs;
 }
 
-std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) {
+std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) const {
   // Candidates: slots with a gradient and at least one element.
   std::vector<int> cand;
   for (int si : part.slots) {
@@ -530,61 +624,39 @@ std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) {
     }
   }
   const unsigned mask = stateMask(part.group);
-  std::vector<uintptr_t> sig;
-  sig.reserve(cand.size() * (3 + kMaxStates));
-  for (int si : cand) {
-    const Slot& s = *slots_[si];
-    sig.push_back(static_cast<uintptr_t>(si));
-    sig.push_back(reinterpret_cast<uintptr_t>(params_[s.param].data));
-    sig.push_back(reinterpret_cast<uintptr_t>(params_[s.param].grad));
-    sig.push_back(reinterpret_cast<uintptr_t>(s.master));
-    for (int k = 0; k < numStates(); ++k) {
-      sig.push_back(reinterpret_cast<uintptr_t>(s.state[k]));
+  const size_t pes = core::dataTypeSize(part.dtype);
+  const size_t ses = stateElemSize(part.storage);
+  std::vector<std::vector<Span>> lists(2);
+  const bool master = cand.empty() ? false : slots_[cand[0]]->master != nullptr;
+  if (master) {
+    lists.emplace_back();
+  }
+  for (int k = 0; k < numStates(); ++k) {
+    if ((mask >> k) & 1u) {
+      lists.emplace_back();
     }
   }
-  auto& cache = const_cast<Partition&>(part);
-  if (sig != part.signature) {
-    const size_t pes = core::dataTypeSize(part.dtype);
-    const size_t ses = stateElemSize(part.storage);
-    std::vector<std::vector<Span>> lists(2);
-    const bool master = cand.empty() ? false : slots_[cand[0]]->master != nullptr;
+  for (int si : cand) {
+    const Slot& s = *slots_[si];
+    const core::Parameter& p = params_[s.param];
+    size_t li = 0;
+    lists[li++].push_back({reinterpret_cast<uintptr_t>(p.data), s.numel * pes});
+    lists[li++].push_back({reinterpret_cast<uintptr_t>(p.grad), s.numel * pes});
     if (master) {
-      lists.emplace_back();
+      lists[li++].push_back({reinterpret_cast<uintptr_t>(s.master), s.numel * 4});
     }
     for (int k = 0; k < numStates(); ++k) {
       if ((mask >> k) & 1u) {
-        lists.emplace_back();
+        lists[li++].push_back({reinterpret_cast<uintptr_t>(s.state[k]), s.numel * ses});
       }
     }
-    for (int si : cand) {
-      const Slot& s = *slots_[si];
-      const core::Parameter& p = params_[s.param];
-      size_t li = 0;
-      lists[li++].push_back({reinterpret_cast<uintptr_t>(p.data), s.numel * pes});
-      lists[li++].push_back({reinterpret_cast<uintptr_t>(p.grad), s.numel * pes});
-      if (master) {
-        lists[li++].push_back({reinterpret_cast<uintptr_t>(s.master), s.numel * 4});
-      }
-      for (int k = 0; k < numStates(); ++k) {
-        if ((mask >> k) & 1u) {
-          lists[li++].push_back({reinterpret_cast<uintptr_t>(s.state[k]), s.numel * ses});
-        }
-      }
-    }
-    auto runs = mutualRuns(lists);
-    for (auto& r : runs) {
-      for (int& i : r) {
-        i = cand[i];
-      }
-    }
-    cache.runs = std::move(runs);
-    cache.signature = std::move(sig);
   }
   // Split where step counts differ (Bagua skips fusing tensors whose scalar states differ).
   std::vector<std::vector<int>> out;
-  for (const auto& r : part.runs) {
+  for (const auto& r : mutualRuns(lists)) {
     std::vector<int> cur;
-    for (int si : r) {
+    for (int i : r) {
+      const int si = cand[i];
       if (!cur.empty() && slots_[cur.back()]->step != slots_[si]->step) {
         if (cur.size() >= 2) {
           out.push_back(cur);
@@ -598,6 +670,93 @@ std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) {
     }
   }
   return out;
+}
+
+void FusedOptimizer::buildPlan() {
+  if (!plan_) {
+    plan_ = std::make_unique<Plan>();
+  }
+  Plan& plan = *plan_;
+  plan = Plan();
+  plan.numParams = params_.size();
+  for (size_t g = 0; g < groupParams_.size(); ++g) {
+    plan.masks.push_back(stateMask(static_cast<int>(g)));
+  }
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    if (slotOfParam_[pi] >= 0) {
+      plan.watch.push_back({pi, params_[pi].data, params_[pi].grad});
+    }
+  }
+  std::vector<uint8_t> inRun(slots_.size(), 0);
+  std::vector<uint8_t> groupFused(groupParams_.size(), 0);
+  for (size_t pi = 0; pi < partitions_.size(); ++pi) {
+    for (auto& run : runsOf(*partitions_[pi])) {
+      PlanRun r;
+      r.partition = static_cast<int>(pi);
+      r.first = run.front();
+      r.segBegin = plan.segments.size();
+      r.slotBegin = plan.runSlots.size();
+      for (int si : run) {
+        slots_[si]->run = static_cast<int>(plan.runs.size());
+        plan.segments.push_back(slots_[si]->numel);
+        plan.runSlots.push_back(si);
+        r.numel += slots_[si]->numel;
+        inRun[si] = 1;
+      }
+      r.segCount = run.size();
+      r.slotCount = run.size();
+      plan.runs.push_back(r);
+      groupFused[partitions_[pi]->group] = 1;
+    }
+  }
+  for (size_t si = 0; si < slots_.size(); ++si) {
+    if (inRun[si] == 0 && params_[slots_[si]->param].grad != nullptr) {
+      plan.singles.push_back(static_cast<int>(si));
+    }
+  }
+  for (uint8_t g : groupFused) {
+    plan.groupsFused += g;
+  }
+  plan.intact = flattenIntact();
+  // Gradient ranges for the inf/NaN check, merged where byte-adjacent (flat storage scans as one).
+  for (const auto& partPtr : partitions_) {
+    const Partition& part = *partPtr;
+    const size_t pes = core::dataTypeSize(part.dtype);
+    std::vector<std::pair<uintptr_t, size_t>> ranges;
+    for (int si : part.slots) {
+      const Slot& s = *slots_[si];
+      const void* g = params_[s.param].grad;
+      if (g != nullptr && s.numel > 0) {
+        ranges.emplace_back(reinterpret_cast<uintptr_t>(g), s.numel);
+      }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 0; i < ranges.size();) {
+      size_t j = i + 1;
+      size_t n = ranges[i].second;
+      while (j < ranges.size() && ranges[i].first + n * pes == ranges[j].first) {
+        n += ranges[j].second;
+        ++j;
+      }
+      Plan::Scan sc;
+      sc.args.storage = part.storage;
+      sc.args.grad = reinterpret_cast<const void*>(ranges[i].first);
+      sc.args.numel = n;
+      sc.device = part.device;
+      plan.scans.push_back(sc);
+      i = j;
+    }
+  }
+  for (size_t i = 0; i < plan.scans.size(); ++i) {
+    if (plan.scans[i].device.type == DeviceType::kCuda) {
+      continue;
+    }
+    for (size_t b = 0; b < plan.scans[i].args.numel; b += chunkElements_) {
+      plan.chunks.push_back({i, b, std::min(plan.scans[i].args.numel, b + chunkElements_)});
+    }
+  }
+  plan.bad.assign(plan.chunks.size(), 0);
+  plan.valid = true;
 }
 
 // ---- Steps
@@ -633,88 +792,51 @@ Status FusedOptimizer::stepSlot(Slot& s, double invScale) {
   return Status::ok();
 }
 
-Status FusedOptimizer::stepRun(const Partition& part, const std::vector<int>& run,
-                               double invScale) {
-  Slot& first = *slots_[run.front()];
+Status FusedOptimizer::stepRun(PlanRun& run, double invScale) {
+  const Slot& first = *slots_[run.first];
+  const Partition& part = *partitions_[run.partition];
   Range r;
   r.group = part.group;
   r.device = part.device;
   r.args = argsOf(first);
   r.args.invScale = invScale;
-  segments_.clear();
-  size_t total = 0;
-  for (int si : run) {
-    segments_.push_back(slots_[si]->numel);
-    total += slots_[si]->numel;
-  }
-  r.args.numel = total;
-  r.segments = segments_.data();
-  r.numSegments = segments_.size();
-  r.step = first.step + 1;
+  r.args.numel = run.numel;
+  r.segments = plan_->segments.data() + run.segBegin;
+  r.numSegments = run.segCount;
+  r.step = first.step + run.pending + 1;
   BAGUA_RETURN_IF_ERROR(applyRange(r));
-  for (int si : run) {
-    slots_[si]->step += 1;
-  }
+  run.pending += 1;
   return Status::ok();
 }
 
 Status FusedOptimizer::checkNonFinite(double invScale, bool* found) {
   *found = false;
-  // Gradient ranges, merged where byte-adjacent (flat storage scans as one range).
-  struct Scan {
-    KernelArgs args;
-    Device device;
-  };
-  std::vector<Scan> scans;
-  for (const auto& partPtr : partitions_) {
-    const Partition& part = *partPtr;
-    const size_t pes = core::dataTypeSize(part.dtype);
-    std::vector<std::pair<uintptr_t, size_t>> ranges;
-    for (int si : part.slots) {
-      const Slot& s = *slots_[si];
-      const void* g = params_[s.param].grad;
-      if (g != nullptr && s.numel > 0) {
-        ranges.emplace_back(reinterpret_cast<uintptr_t>(g), s.numel);
-      }
-    }
-    std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 0; i < ranges.size();) {
-      size_t j = i + 1;
-      size_t n = ranges[i].second;
-      while (j < ranges.size() && ranges[i].first + n * pes == ranges[j].first) {
-        n += ranges[j].second;
-        ++j;
-      }
-      Scan sc;
-      sc.args.storage = part.storage;
-      sc.args.grad = reinterpret_cast<const void*>(ranges[i].first);
-      sc.args.numel = n;
-      sc.args.invScale = invScale;
-      sc.device = part.device;
-      scans.push_back(sc);
-      i = j;
-    }
-  }
-  // CPU ranges are split into chunks and scanned in parallel.
-  struct Chunk {
-    size_t scan, begin, end;
-  };
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < scans.size(); ++i) {
-    if (scans[i].device.type == DeviceType::kCuda) {
-      bool f = false;
-      BAGUA_RETURN_IF_ERROR(cudaNonFinite(scans[i].args, scans[i].device.index, &f));
-      *found = *found || f;
+  Plan& plan = *plan_;
+  // CUDA: every range of a device with one flag and one read-back.
+  for (size_t i = 0; i < plan.scans.size(); ++i) {
+    Plan::Scan& sc = plan.scans[i];
+    sc.args.invScale = invScale;
+    if (sc.device.type != DeviceType::kCuda) {
       continue;
     }
-    for (size_t b = 0; b < scans[i].args.numel; b += chunkElements_) {
-      chunks.push_back({i, b, std::min(scans[i].args.numel, b + chunkElements_)});
+    const int dev = sc.device.index;
+    if (dev < 0) {
+      return BAGUA_ERROR(kInvalidArgument, "%s: bad CUDA device index %d", ruleName(), dev);
     }
+    if (cudaFlags_.size() <= static_cast<size_t>(dev)) {
+      cudaFlags_.resize(static_cast<size_t>(dev) + 1);
+    }
+    if (!cudaFlags_[dev]) {
+      BAGUA_ASSIGN_OR_RETURN(cudaFlags_[dev], Buffer::make(sc.device, sizeof(int)));
+    }
+    bool f = false;
+    BAGUA_RETURN_IF_ERROR(cudaNonFinite(sc.args, dev, static_cast<int*>(cudaFlags_[dev]->ptr), &f));
+    *found = *found || f;
   }
-  std::vector<uint8_t> bad(chunks.size(), 0);
-  BAGUA_RETURN_IF_ERROR(pool_->parallelFor(chunks.size(), [&](size_t c) {
-    const Chunk& ch = chunks[c];
-    const KernelArgs& a = scans[ch.scan].args;
+  // CPU ranges are split into chunks and scanned in parallel.
+  BAGUA_RETURN_IF_ERROR(pool_->parallelFor(plan.chunks.size(), [&](size_t c) {
+    const Plan::Chunk& ch = plan.chunks[c];
+    const KernelArgs& a = plan.scans[ch.scan].args;
     bool any = false;
     switch (a.storage) {
     case StorageType::kF32: {
@@ -744,27 +866,27 @@ Status FusedOptimizer::checkNonFinite(double invScale, bool* found) {
       break;
     }
     }
-    bad[c] = any ? 1 : 0;
+    plan.bad[c] = any ? 1 : 0;
   }));
-  for (uint8_t b : bad) {
+  for (uint8_t b : plan.bad) {
     *found = *found || b != 0;
   }
   return Status::ok();
 }
 
 Status FusedOptimizer::runStep(bool fused) {
+  // O(groups): every slot of a group got the group's states at creation.
   for (size_t gi = 0; gi < groupParams_.size(); ++gi) {
-    for (int pi : groupParams_[gi]) {
-      const Slot& s = *slots_[slotOfParam_[pi]];
-      for (int k = 0; k < numStates(); ++k) {
-        const bool want = (stateMask(static_cast<int>(gi)) >> k) & 1u;
-        if (want && s.state[k] == nullptr) {
-          return BAGUA_ERROR(kFailedPrecondition,
-                             "%s: group %zu now needs state '%s', which was not allocated at "
-                             "creation (set such hyper-parameters before creating the optimizer)",
-                             ruleName(), gi, stateName(k));
-        }
+    const unsigned missing = stateMask(static_cast<int>(gi)) & ~allocMask_[gi];
+    if (missing != 0 && !groupParams_[gi].empty()) {
+      int k = 0;
+      while (((missing >> k) & 1u) == 0) {
+        ++k;
       }
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "%s: group %zu now needs state '%s', which was not allocated at "
+                         "creation (set such hyper-parameters before creating the optimizer)",
+                         ruleName(), gi, stateName(k));
     }
   }
   if (ddp_ != nullptr && fused_ && fuseOptions_.doFlatten && ddp_->options().gradientAsBucketView) {
@@ -778,7 +900,8 @@ Status FusedOptimizer::runStep(bool fused) {
       BAGUA_RETURN_IF_ERROR(refreshReducerLayout());
     }
   }
-  if (fused && fuseOptions_.checkFlatten && !warnedMoved_ && !flattenIntact()) {
+  BAGUA_RETURN_IF_ERROR(ensurePlan());
+  if (fused && fuseOptions_.checkFlatten && !warnedMoved_ && !plan_->intact) {
     BAGUA_LOG_WARN(kAlgo,
                    "%s: tensors flattened by fuse() have moved; only the runs that are still "
                    "contiguous are fused",
@@ -801,30 +924,30 @@ Status FusedOptimizer::runStep(bool fused) {
   }
   lastFusedRuns_ = 0;
   lastFusedTensors_ = 0;
-  std::vector<uint8_t> groupFused(groupParams_.size(), 0);
-  std::vector<uint8_t> done(slots_.size(), 0);
   if (fused) {
-    for (const auto& partPtr : partitions_) {
-      for (const auto& run : runsOf(*partPtr)) {
-        BAGUA_RETURN_IF_ERROR(stepRun(*partPtr, run, invScale));
-        for (int si : run) {
-          done[si] = 1;
-        }
-        groupFused[partPtr->group] = 1;
-        lastFusedRuns_ += 1;
-        lastFusedTensors_ += run.size();
+    for (PlanRun& run : plan_->runs) {
+      BAGUA_RETURN_IF_ERROR(stepRun(run, invScale));
+    }
+    for (int si : plan_->singles) {
+      BAGUA_RETURN_IF_ERROR(stepSlot(*slots_[si], invScale));
+    }
+    lastFusedRuns_ = plan_->runs.size();
+    lastFusedTensors_ = plan_->runSlots.size();
+    fusedCount_ += plan_->groupsFused;
+  } else {
+    // Per tensor: fold the runs' steps into the slots first. Every slot of a run has a gradient,
+    // so they all step again here and stay equal: the plan stands.
+    for (PlanRun& r : plan_->runs) {
+      for (size_t i = r.slotBegin; i < r.slotBegin + r.slotCount; ++i) {
+        slots_[plan_->runSlots[i]]->step += r.pending;
+      }
+      r.pending = 0;
+    }
+    for (const auto& s : slots_) {
+      if (params_[s->param].grad != nullptr) {
+        BAGUA_RETURN_IF_ERROR(stepSlot(*s, invScale));
       }
     }
-  }
-  for (size_t si = 0; si < slots_.size(); ++si) {
-    Slot& s = *slots_[si];
-    if (done[si] != 0 || params_[s.param].grad == nullptr) {
-      continue;
-    }
-    BAGUA_RETURN_IF_ERROR(stepSlot(s, invScale));
-  }
-  for (uint8_t g : groupFused) {
-    fusedCount_ += g;
   }
   if (scaler_ != nullptr) {
     scaler_->update(false);
@@ -888,7 +1011,7 @@ int64_t FusedOptimizer::stepCount(int param) const {
   if (param < 0 || static_cast<size_t>(param) >= slotOfParam_.size() || slotOfParam_[param] < 0) {
     return -1;
   }
-  return slots_[slotOfParam_[param]]->step;
+  return effectiveStep(*slots_[slotOfParam_[param]]);
 }
 
 void* FusedOptimizer::stateData(int param, int k) const {
@@ -980,7 +1103,7 @@ Result<std::vector<uint8_t>> FusedOptimizer::saveState() const {
     putString(out, params_[s->param].name);
     put<uint64_t>(out, s->numel);
     put<uint32_t>(out, static_cast<uint32_t>(s->storage));
-    put<int64_t>(out, s->step);
+    put<int64_t>(out, effectiveStep(*s));
     unsigned mask = 0;
     for (int k = 0; k < numStates(); ++k) {
       mask |= s->state[k] != nullptr ? (1u << k) : 0u;
@@ -1083,6 +1206,7 @@ Status FusedOptimizer::loadState(const std::vector<uint8_t>& bytes) {
   if (!r.atEnd()) {
     return BAGUA_ERROR(kInvalidArgument, "optimizer state: trailing bytes");
   }
+  dropPlan();  // the step counts change: runs are split by them
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = *slots_[i];
     s.step = pending[i].step;

@@ -20,23 +20,13 @@ __global__ void __launch_bounds__(kThreads)
   P* __restrict__ param = static_cast<P*>(a.param);
   const P* __restrict__ grad = static_cast<const P*>(a.grad);
   float* __restrict__ master = a.master;
-  T* __restrict__ s0 = static_cast<T*>(a.states[0]);
-  T* __restrict__ s1 = static_cast<T*>(a.states[1]);
-  T* __restrict__ s2 = static_cast<T*>(a.states[2]);
+  const StatePtrs<T> st(a);
   const T inv = static_cast<T>(a.invScale);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.numel;
        i += stride) {
-    T s[kMaxStates] = {T(0), T(0), T(0)};
-    if (Mask & 1u) {
-      s[0] = s0[i];
-    }
-    if (Mask & 2u) {
-      s[1] = s1[i];
-    }
-    if (Mask & 4u) {
-      s[2] = s2[i];
-    }
+    T s[kMaxStates];
+    loadStates<Mask>(st.p, i, s);
     T w;
     if (kMaster) {
       w = static_cast<T>(master[i]);
@@ -44,15 +34,7 @@ __global__ void __launch_bounds__(kThreads)
       w = load<T>(param[i]);
     }
     Rule::apply(c, w, load<T>(grad[i]) * inv, s);
-    if (Mask & 1u) {
-      s0[i] = s[0];
-    }
-    if (Mask & 2u) {
-      s1[i] = s[1];
-    }
-    if (Mask & 4u) {
-      s2[i] = s[2];
-    }
+    storeStates<Mask>(st.p, i, s);
     if (kMaster) {
       master[i] = static_cast<float>(w);
     }
@@ -122,34 +104,16 @@ template <class Rule, class P, class T, bool kMaster, unsigned Mask>
 __global__ void __launch_bounds__(kThreads)
     trustUpdateKernel(const typename Rule::template Scalars<T> c, const KernelArgs a, T* u) {
   const P* __restrict__ grad = static_cast<const P*>(a.grad);
-  T* __restrict__ s0 = static_cast<T*>(a.states[0]);
-  T* __restrict__ s1 = static_cast<T*>(a.states[1]);
-  T* __restrict__ s2 = static_cast<T*>(a.states[2]);
+  const StatePtrs<T> st(a);
   const T inv = static_cast<T>(a.invScale);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.numel;
        i += stride) {
-    T s[kMaxStates] = {T(0), T(0), T(0)};
-    if (Mask & 1u) {
-      s[0] = s0[i];
-    }
-    if (Mask & 2u) {
-      s[1] = s1[i];
-    }
-    if (Mask & 4u) {
-      s[2] = s2[i];
-    }
+    T s[kMaxStates];
+    loadStates<Mask>(st.p, i, s);
     const T w = weightAt<P, T, kMaster>(a, i);
     u[i] = Rule::update(c, w, load<T>(grad[i]) * inv, s);
-    if (Mask & 1u) {
-      s0[i] = s[0];
-    }
-    if (Mask & 2u) {
-      s1[i] = s[1];
-    }
-    if (Mask & 4u) {
-      s2[i] = s[2];
-    }
+    storeStates<Mask>(st.p, i, s);
   }
 }
 
@@ -291,10 +255,8 @@ int elementwise(int ruleId, const void* scalars, const KernelArgs& a) {
   default:
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  if (err != 0) {
-    return err;
-  }
-  return static_cast<int>(cudaStreamSynchronize(nullptr));
+  // No synchronisation: the launch is stream-ordered and the next step may be enqueued behind it.
+  return err;
 }
 
 int trustUpdate(int ruleId, const void* scalars, const KernelArgs& a, void* u) {

@@ -38,16 +38,11 @@ void elementwiseKernel(const ScalarsOf<Rule, T>& c, const KernelArgs& a, size_t 
   P* __restrict param = static_cast<P*>(a.param);
   const P* __restrict grad = static_cast<const P*>(a.grad);
   float* __restrict master = a.master;
-  T* st[kMaxStates];
-  for (int k = 0; k < kMaxStates; ++k) {
-    st[k] = static_cast<T*>(a.states[k]);
-  }
+  const StatePtrs<T> st(a);
   const T inv = static_cast<T>(a.invScale);
   for (size_t i = begin; i < end; ++i) {
     T s[Rule::kStates];
-    for (int k = 0; k < Rule::kStates; ++k) {
-      s[k] = ((Mask >> k) & 1u) ? st[k][i] : T(0);
-    }
+    loadStates<Mask>(st.p, i, s);
     T w;
     if constexpr (kMaster) {
       w = static_cast<T>(master[i]);
@@ -55,47 +50,11 @@ void elementwiseKernel(const ScalarsOf<Rule, T>& c, const KernelArgs& a, size_t 
       w = load<T>(param[i]);
     }
     Rule::apply(c, w, load<T>(grad[i]) * inv, s);
-    for (int k = 0; k < Rule::kStates; ++k) {
-      if ((Mask >> k) & 1u) {
-        st[k][i] = s[k];
-      }
-    }
+    storeStates<Mask>(st.p, i, s);
     if constexpr (kMaster) {
       master[i] = static_cast<float>(w);
     }
     store(param[i], w);
-  }
-}
-
-// Trust-ratio rules, pass 1: states and the update u (into `u`), parameters untouched.
-template <class Rule, class P, class T, bool kMaster, unsigned Mask>
-void trustUpdateKernel(const ScalarsOf<Rule, T>& c, const KernelArgs& a, T* u, size_t begin,
-                       size_t end) {
-  const P* param = static_cast<const P*>(a.param);
-  const P* grad = static_cast<const P*>(a.grad);
-  const float* master = a.master;
-  T* st[kMaxStates];
-  for (int k = 0; k < kMaxStates; ++k) {
-    st[k] = static_cast<T*>(a.states[k]);
-  }
-  const T inv = static_cast<T>(a.invScale);
-  for (size_t i = begin; i < end; ++i) {
-    T s[Rule::kStates];
-    for (int k = 0; k < Rule::kStates; ++k) {
-      s[k] = ((Mask >> k) & 1u) ? st[k][i] : T(0);
-    }
-    T w;
-    if constexpr (kMaster) {
-      w = static_cast<T>(master[i]);
-    } else {
-      w = load<T>(param[i]);
-    }
-    u[i] = Rule::update(c, w, load<T>(grad[i]) * inv, s);
-    for (int k = 0; k < Rule::kStates; ++k) {
-      if ((Mask >> k) & 1u) {
-        st[k][i] = s[k];
-      }
-    }
   }
 }
 
@@ -105,6 +64,21 @@ T weightAt(const KernelArgs& a, size_t i) {
     return static_cast<T>(a.master[i]);
   } else {
     return load<T>(static_cast<const P*>(a.param)[i]);
+  }
+}
+
+// Trust-ratio rules, pass 1: states and the update u (into `u`), parameters untouched.
+template <class Rule, class P, class T, bool kMaster, unsigned Mask>
+void trustUpdateKernel(const ScalarsOf<Rule, T>& c, const KernelArgs& a, T* u, size_t begin,
+                       size_t end) {
+  const P* grad = static_cast<const P*>(a.grad);
+  const StatePtrs<T> st(a);
+  const T inv = static_cast<T>(a.invScale);
+  for (size_t i = begin; i < end; ++i) {
+    T s[Rule::kStates];
+    loadStates<Mask>(st.p, i, s);
+    u[i] = Rule::update(c, weightAt<P, T, kMaster>(a, i), load<T>(grad[i]) * inv, s);
+    storeStates<Mask>(st.p, i, s);
   }
 }
 
@@ -121,6 +95,15 @@ void trustApplyKernel(const ScalarsOf<Rule, T>& c, const KernelArgs& a, const T*
     }
     store(param[i], w);
   }
+}
+
+// Splits [0, numel) into chunks of `chunk` elements and runs fn(begin, end) for each on the pool:
+// the one place a range is cut up for the threads (every pass of every rule uses it).
+template <class Fn>
+Status forEachChunk(ThreadPool& pool, size_t numel, size_t chunk, Fn&& fn) {
+  return pool.parallelFor((numel + chunk - 1) / chunk, [&](size_t k) {
+    fn(k * chunk, numel < (k + 1) * chunk ? numel : (k + 1) * chunk);
+  });
 }
 
 // Norm blocks: fixed-size blocks from each tensor's start, summed in double in order, so a
@@ -242,7 +225,7 @@ class ElementwiseOptimizer final : public FusedOptimizer {
             Rule::template trust<T>(*static_cast<const detail::ScalarsOf<Rule, T>*>(sc), pn, un));
       };
       return cudaTrustRatio(Rule::kCudaId, &c, r.args, r.segments, r.numSegments, trust,
-                            r.device.index);
+                            cudaScratch_, r.device.index);
     } else {
       return cudaElementwise(Rule::kCudaId, &c, r.args, r.device.index);
     }
@@ -255,19 +238,17 @@ class ElementwiseOptimizer final : public FusedOptimizer {
     const size_t mask = a.mask & ((1u << Rule::kStates) - 1u);
     const auto kernel = pickKernel<P, T, kMaster>(
         static_cast<unsigned>(mask), std::make_integer_sequence<unsigned, 1u << Rule::kStates>());
-    const size_t chunk = chunkElements();
-    const size_t chunks = (a.numel + chunk - 1) / chunk;
     if constexpr (!detail::TrustRatioRule<Rule>) {
-      return pool().parallelFor(
-          chunks, [&](size_t k) { kernel(c, a, k * chunk, std::min(a.numel, (k + 1) * chunk)); });
+      return detail::forEachChunk(pool(), a.numel, chunkElements(),
+                                  [&](size_t b, size_t e) { kernel(c, a, b, e); });
     } else {
       std::vector<T>& u = scratch<T>();
       if (u.size() < a.numel) {
         u.resize(a.numel);
       }
-      BAGUA_RETURN_IF_ERROR(pool().parallelFor(chunks, [&](size_t k) {
-        kernel(c, a, u.data(), k * chunk, std::min(a.numel, (k + 1) * chunk));
-      }));
+      BAGUA_RETURN_IF_ERROR(
+          detail::forEachChunk(pool(), a.numel, chunkElements(),
+                               [&](size_t b, size_t e) { kernel(c, a, u.data(), b, e); }));
       // Per-tensor norms of the weights and of u, in fixed blocks from each tensor's start.
       blocks_.clear();
       segStart_.assign(r.numSegments + 1, 0);
@@ -291,13 +272,14 @@ class ElementwiseOptimizer final : public FusedOptimizer {
         partial_[bi * 2 + 1] = uu;
       }));
       trust_.assign(r.numSegments, 1.0);
-      std::vector<double> pn(r.numSegments, 0.0), un(r.numSegments, 0.0);
+      pn_.assign(r.numSegments, 0.0);
+      un_.assign(r.numSegments, 0.0);
       for (size_t bi = 0; bi < blocks_.size(); ++bi) {
-        pn[blocks_[bi].seg] += partial_[bi * 2];
-        un[blocks_[bi].seg] += partial_[bi * 2 + 1];
+        pn_[blocks_[bi].seg] += partial_[bi * 2];
+        un_[blocks_[bi].seg] += partial_[bi * 2 + 1];
       }
       for (size_t s = 0; s < r.numSegments; ++s) {
-        trust_[s] = static_cast<double>(Rule::template trust<T>(c, pn[s], un[s]));
+        trust_[s] = static_cast<double>(Rule::template trust<T>(c, pn_[s], un_[s]));
       }
       return pool().parallelFor(blocks_.size(), [&](size_t bi) {
         const auto& b = blocks_[bi];
@@ -317,7 +299,7 @@ class ElementwiseOptimizer final : public FusedOptimizer {
   }
 
   std::vector<Hyper> hypers_;
-  // Trust-ratio scratch (reused across steps).
+  // Trust-ratio scratch, CPU and CUDA (reused across steps: a step allocates nothing).
   std::vector<float> scratchF_;
   std::vector<double> scratchD_;
   struct NormBlock {
@@ -327,6 +309,8 @@ class ElementwiseOptimizer final : public FusedOptimizer {
   std::vector<size_t> segStart_;
   std::vector<double> partial_;
   std::vector<double> trust_;
+  std::vector<double> pn_, un_;
+  CudaTrustScratch cudaScratch_;
 };
 
 using Sgd = ElementwiseOptimizer<SgdRule>;

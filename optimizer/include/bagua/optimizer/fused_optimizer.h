@@ -14,7 +14,11 @@
 //                                    byte-adjacent, in the same order, in every list (weights,
 //                                    gradients, master weights, states) with equal step counts,
 //                                    and updates each run with one kernel call over its whole
-//                                    range; the rest falls back to the per-tensor step.
+//                                    range; the rest falls back to the per-tensor step. The runs
+//                                    (the plan) are cached: a step only re-reads each parameter's
+//                                    data and grad pointers (one compare each, no allocation) and
+//                                    re-plans when one of them, a group's state mask, the layout
+//                                    or the step counts (plainStep, loadState) changed.
 //   plainStep()                      the per-tensor step (always available).
 //   step()                           fuseStep() once fused, else plainStep() (core::Optimizer).
 //   attachReducer(ddp)               with gradient_as_bucket_view the reducer owns the gradients
@@ -159,14 +163,23 @@ class FusedOptimizer : public core::Optimizer {
   struct Buffer;
   struct Slot;
   struct Partition;
+  struct Plan;
+  struct PlanRun;
 
   Status runStep(bool fused);
   Status checkNonFinite(double invScale, bool* found);
   Status layOut(bool moveGrads);
   Status refreshReducerLayout();
   Status stepSlot(Slot& slot, double invScale);
-  Status stepRun(const Partition& part, const std::vector<int>& run, double invScale);
-  std::vector<std::vector<int>> runsOf(const Partition& part);
+  Status stepRun(PlanRun& run, double invScale);
+  // The plan: fused runs, per-tensor slots, AMP scan ranges; rebuilt only when stale.
+  bool planCurrent() const;
+  Status ensurePlan();
+  void buildPlan();
+  // Folds the step counts kept per run into the slots and marks the plan stale.
+  void dropPlan();
+  std::vector<std::vector<int>> runsOf(const Partition& part) const;
+  int64_t effectiveStep(const Slot& slot) const;
   KernelArgs argsOf(const Slot& slot) const;
 
   std::vector<std::vector<int>> groupParams_;
@@ -186,7 +199,11 @@ class FusedOptimizer : public core::Optimizer {
   int64_t fusedCount_ = 0;
   size_t lastFusedTensors_ = 0;
   size_t lastFusedRuns_ = 0;
-  std::vector<size_t> segments_;  // scratch
+  std::vector<unsigned> allocMask_;  // per group: states allocated for every slot at creation
+  std::unique_ptr<Plan> plan_;
+  std::vector<size_t> segments_;  // scratch of stepSlot
+  // CUDA inf/NaN flags, one per device index (allocated on first use).
+  std::vector<std::unique_ptr<Buffer>> cudaFlags_;
 };
 
 }  // namespace bagua::optim

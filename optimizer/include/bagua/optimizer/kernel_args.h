@@ -23,4 +23,34 @@ struct KernelArgs {
   double invScale = 1.0;  // gradient multiplier (1 / loss scale)
 };
 
+// The state elements of index i, shared by every CPU and CUDA kernel: loads the states a
+// configuration uses (bit k of Mask) and zero for the others, and stores the used ones back. Mask
+// is a compile-time constant, so unused states cost nothing and CPU loops stay vectorisable.
+template <unsigned Mask, int N, class T>
+BAGUA_OPTIM_HD void loadStates(T* const (&st)[kMaxStates], size_t i, T (&s)[N]) {
+  for (int k = 0; k < N; ++k) {
+    s[k] = ((Mask >> k) & 1u) ? st[k][i] : T(0);
+  }
+}
+
+template <unsigned Mask, int N, class T>
+BAGUA_OPTIM_HD void storeStates(T* const (&st)[kMaxStates], size_t i, const T (&s)[N]) {
+  for (int k = 0; k < N; ++k) {
+    if ((Mask >> k) & 1u) {
+      st[k][i] = s[k];
+    }
+  }
+}
+
+// The typed state pointers of a range.
+template <class T>
+struct StatePtrs {
+  T* p[kMaxStates];
+  BAGUA_OPTIM_HD explicit StatePtrs(const KernelArgs& a) {
+    for (int k = 0; k < kMaxStates; ++k) {
+      p[k] = static_cast<T*>(a.states[k]);
+    }
+  }
+};
+
 }  // namespace bagua::optim
