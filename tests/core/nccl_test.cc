@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "bagua/core/process_group.h"
@@ -23,14 +25,15 @@ int gpuCount() {
 }
 
 template <typename F>
-std::string withGroup(std::shared_ptr<Store> store, int r, int world, F&& body) {
+std::string withGroup(std::shared_ptr<Store> store, int r, int world, F&& body,
+                      std::chrono::milliseconds collectiveTimeout = 60000ms) {
   ProcessGroupOptions o;
   o.rank = r;
   o.worldSize = world;
   o.backend = Backend::kNccl;
   o.hierarchical = false;
   o.rendezvousTimeout = 60000ms;
-  o.collectiveTimeout = 60000ms;
+  o.collectiveTimeout = collectiveTimeout;
   auto pg = ProcessGroup::create(store, o);
   if (!pg.isOk()) {
     return pg.status().toString();
@@ -92,6 +95,269 @@ TEST(Nccl, AllReduceAllGatherBroadcastMatchClosedForm) {
         });
       },
       180s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// Device buffer of n floats, freed at scope exit.
+struct DeviceFloats {
+  explicit DeviceFloats(size_t n) {
+    if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) {
+      p = nullptr;
+    }
+  }
+  ~DeviceFloats() { cudaFree(p); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* p = nullptr;
+};
+
+// The pooled completion events are reused every 1024 operations: more small calls than that in
+// a row, issued without waiting (then the last waited) and one by one, must all be correct, and
+// every Work of the batch must report done once the last one is.
+TEST(Nccl, ManySmallCallsInARowAreAllCorrect) {
+  const int world = std::min(gpuCount(), 8);
+  if (world == 0) {
+    GTEST_SKIP() << "no CUDA device visible: the NCCL backend runs on the GPU machine only";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) {
+        return withGroup(store, r, world, [&](Communicator& c) -> std::string {
+          constexpr size_t kOps = 2500;  // > 2 rings of events
+          constexpr size_t kLen = 67;    // odd: segments do not line up with anything
+          const float ranks = static_cast<float>(world * (world + 1) / 2);
+          auto value = [](int rank, size_t k, size_t i) {
+            return static_cast<float>((rank + 1) * static_cast<int>(k % 5 + 1)) +
+                   static_cast<float>(i % 13);
+          };
+          std::vector<float> h(kOps * kLen);
+          for (size_t k = 0; k < kOps; ++k) {
+            for (size_t i = 0; i < kLen; ++i) {
+              h[k * kLen + i] = value(r, k, i);
+            }
+          }
+          DeviceFloats batch(kOps * kLen), single(kOps * kLen);
+          if (batch.p == nullptr || single.p == nullptr) {
+            return std::string("cudaMalloc failed");
+          }
+          cudaMemcpy(batch.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+          cudaMemcpy(single.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+          cudaDeviceSynchronize();  // pageable copies may return before the data lands
+          // Batch: every call issued before any is waited; the last one waited.
+          std::vector<WorkPtr> works;
+          works.reserve(kOps);
+          for (size_t k = 0; k < kOps; ++k) {
+            works.push_back(c.allReduce(batch.p + k * kLen, batch.p + k * kLen, kLen,
+                                        DataType::kF32, ReduceOp::kSum));
+          }
+          Status s = works.back()->wait(60000ms);
+          if (!s.isOk()) {
+            return "batch: " + s.toString();
+          }
+          for (size_t k = 0; k < kOps; ++k) {
+            if (!works[k]->test() || !works[k]->status().isOk()) {
+              return strPrintf("batch: work %zu not done/ok after the last one: %s", k,
+                               works[k]->status().toString().c_str());
+            }
+          }
+          // One by one, each waited; every 100th also through a barrier, and one waited from
+          // another thread while this one polls test().
+          for (size_t k = 0; k < kOps; ++k) {
+            WorkPtr w = c.allReduce(single.p + k * kLen, single.p + k * kLen, kLen, DataType::kF32,
+                                    ReduceOp::kSum);
+            if (k == kOps / 2) {
+              Status other;
+              std::thread t([&] { other = w->wait(60000ms); });
+              while (!w->test()) {
+              }
+              t.join();
+              s = other.isOk() ? w->status() : other;
+            } else {
+              s = w->wait(60000ms);
+            }
+            if (s.isOk() && k % 100 == 0) {
+              s = c.barrier()->wait(60000ms);
+            }
+            if (!s.isOk()) {
+              return strPrintf("single %zu: %s", k, s.toString().c_str());
+            }
+          }
+          std::vector<float> outBatch(h.size()), outSingle(h.size());
+          cudaMemcpy(outBatch.data(), batch.p, h.size() * 4, cudaMemcpyDeviceToHost);
+          cudaMemcpy(outSingle.data(), single.p, h.size() * 4, cudaMemcpyDeviceToHost);
+          for (size_t k = 0; k < kOps; ++k) {
+            for (size_t i = 0; i < kLen; ++i) {
+              const float want = ranks * static_cast<float>(k % 5 + 1) +
+                                 static_cast<float>(world) * static_cast<float>(i % 13);
+              if (outBatch[k * kLen + i] != want || outSingle[k * kLen + i] != want) {
+                return strPrintf("op %zu element %zu: batch %g, single %g, expected %g", k, i,
+                                 outBatch[k * kLen + i], outSingle[k * kLen + i], want);
+              }
+            }
+          }
+          return std::string();
+        });
+      },
+      240s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// Broadcast, reduce-scatter, send/recv around the ring and all-to-all (NCCL groups) against
+// closed forms with rank- and index-dependent values.
+TEST(Nccl, BroadcastReduceScatterSendRecvAllToAllMatchClosedForm) {
+  const int world = std::min(gpuCount(), 8);
+  if (world == 0) {
+    GTEST_SKIP() << "no CUDA device visible: the NCCL backend runs on the GPU machine only";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) {
+        return withGroup(store, r, world, [&](Communicator& c) -> std::string {
+          const size_t n = 1000 + 3;
+          const size_t all = n * static_cast<size_t>(world);
+          auto v = [](int rank, size_t i) { return static_cast<float>((i * 5 + rank * 11) % 23); };
+          std::vector<float> h(all);
+          for (size_t i = 0; i < all; ++i) {
+            h[i] = v(r, i);
+          }
+          DeviceFloats bc(n), rsIn(all), rsOut(n), sr(n), srOut(n), a2aIn(all), a2aOut(all);
+          for (float* p : {bc.p, rsIn.p, rsOut.p, sr.p, srOut.p, a2aIn.p, a2aOut.p}) {
+            if (p == nullptr) {
+              return std::string("cudaMalloc failed");
+            }
+          }
+          cudaMemcpy(bc.p, h.data(), n * 4, cudaMemcpyHostToDevice);
+          cudaMemcpy(rsIn.p, h.data(), all * 4, cudaMemcpyHostToDevice);
+          cudaMemcpy(sr.p, h.data(), n * 4, cudaMemcpyHostToDevice);
+          cudaMemcpy(a2aIn.p, h.data(), all * 4, cudaMemcpyHostToDevice);
+          cudaDeviceSynchronize();
+          const int root = world - 1;
+          const int next = (r + 1) % world;
+          const int prev = (r + world - 1) % world;
+          std::vector<WorkPtr> ws = {
+              c.broadcast(bc.p, n, DataType::kF32, root),
+              c.reduceScatter(rsIn.p, rsOut.p, n, DataType::kF32, ReduceOp::kSum),
+              c.sendRecv(sr.p, n, next, srOut.p, n, prev, DataType::kF32),
+              c.allToAll(a2aIn.p, a2aOut.p, n, DataType::kF32),
+          };
+          for (WorkPtr& w : ws) {
+            Status s = w->wait(60000ms);
+            if (!s.isOk()) {
+              return s.toString();
+            }
+          }
+          std::vector<float> o(all);
+          cudaMemcpy(o.data(), bc.p, n * 4, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < n; ++i) {
+            if (o[i] != v(root, i)) {
+              return strPrintf("broadcast element %zu: %g != %g", i, o[i], v(root, i));
+            }
+          }
+          cudaMemcpy(o.data(), rsOut.p, n * 4, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < n; ++i) {
+            float want = 0;
+            for (int k = 0; k < world; ++k) {
+              want += v(k, static_cast<size_t>(r) * n + i);
+            }
+            if (o[i] != want) {
+              return strPrintf("reduceScatter element %zu: %g != %g", i, o[i], want);
+            }
+          }
+          cudaMemcpy(o.data(), srOut.p, n * 4, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < n; ++i) {
+            if (o[i] != v(prev, i)) {
+              return strPrintf("sendRecv element %zu: %g != %g", i, o[i], v(prev, i));
+            }
+          }
+          cudaMemcpy(o.data(), a2aOut.p, all * 4, cudaMemcpyDeviceToHost);
+          for (size_t i = 0; i < all; ++i) {
+            // Block j of my output is block r of rank j's input.
+            const int from = static_cast<int>(i / n);
+            const float want = v(from, static_cast<size_t>(r) * n + i % n);
+            if (o[i] != want) {
+              return strPrintf("allToAll element %zu: %g != %g", i, o[i], want);
+            }
+          }
+          return std::string();
+        });
+      },
+      180s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// A peer that never issues its part: the waiter gets an error in bounded time (the watchdog
+// aborts after the collective timeout even though the wait allows much longer), a short wait
+// before that is DeadlineExceeded without breaking anything, and later calls fail at once.
+TEST(Nccl, PeerThatNeverIssuesFailsWithinTheCollectiveTimeout) {
+  const int world = std::min(gpuCount(), 8);
+  if (world < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices (" << world << " visible)";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  std::atomic<bool> rank0Done{false};
+  const auto timeout = 2000ms;
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) {
+        return withGroup(
+            store, r, world,
+            [&](Communicator& c) -> std::string {
+              const size_t n = 4096;
+              DeviceFloats d(n);
+              if (d.p == nullptr) {
+                return std::string("cudaMalloc failed");
+              }
+              cudaMemset(d.p, 0, n * 4);
+              cudaDeviceSynchronize();
+              // Both ranks: one all-reduce, so connections exist before the hang.
+              Status s = c.allReduce(d.p, d.p, n, DataType::kF32, ReduceOp::kSum)->wait(60000ms);
+              if (!s.isOk()) {
+                return "warm-up: " + s.toString();
+              }
+              if (r != 0) {
+                // Never issues the second all-reduce; waits (bounded) for rank 0's verdict.
+                const auto until = std::chrono::steady_clock::now() + 60s;
+                while (!rank0Done.load(std::memory_order_acquire) &&
+                       std::chrono::steady_clock::now() < until) {
+                  std::this_thread::sleep_for(10ms);
+                }
+                c.abort("test: the peer has given up");
+                // Aborted here, or already by this rank's watchdog on NCCL's error report.
+                Status after = c.barrier()->wait(1000ms);
+                if (after.isOk()) {
+                  return std::string("a barrier after abort succeeded");
+                }
+                return std::string();
+              }
+              const auto t0 = std::chrono::steady_clock::now();
+              WorkPtr w = c.allReduce(d.p, d.p, n, DataType::kF32, ReduceOp::kSum);
+              Status early = w->wait(100ms);
+              std::string out;
+              if (early.code() != StatusCode::kDeadlineExceeded || w->test()) {
+                out = "short wait: " + early.toString();
+              }
+              s = w->wait(60000ms);
+              const double secs =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              if (out.empty() && s.code() != StatusCode::kDeadlineExceeded) {
+                out = "expected DeadlineExceeded from the watchdog, got " + s.toString();
+              }
+              if (out.empty() && (secs < 1.5 || secs > 20)) {
+                out = strPrintf("failed after %.2f s; the collective timeout is 2 s", secs);
+              }
+              const auto t1 = std::chrono::steady_clock::now();
+              Status next = c.allReduce(d.p, d.p, n, DataType::kF32, ReduceOp::kSum)->wait(1000ms);
+              if (out.empty() && (next.isOk() || std::chrono::steady_clock::now() - t1 > 500ms)) {
+                out = "a call after the abort should fail at once: " + next.toString();
+              }
+              rank0Done.store(true, std::memory_order_release);
+              return out;
+            },
+            timeout);
+      },
+      120s);
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
 }
 

@@ -5,10 +5,12 @@
 //   baguarun --nproc_per_node 2 --master_port 0 bagua-nccl-comm-bench [--sizes 1M,64M,256M]
 //            [--iters N] [--reps R]
 //
-// Both sides run in-place f32 sum all-reduces on a device buffer. Two patterns: "sync" waits for
-// each call before the next (ours: Work::wait; raw: cudaStreamSynchronize), "batch" issues all
-// calls and waits for the last. time = the slowest rank's mean per call (nccl-tests' -a 2 would
-// average; we report the max); algbw = bytes / time; busbw = algbw * 2(n-1)/n.
+// Both sides run in-place f32 sum all-reduces, each on its own device buffer. Two patterns:
+// "sync" waits for each call before the next (ours: Work::wait; raw: cudaStreamSynchronize),
+// "batch" issues all calls and waits for the last (nothing else inside the timing). time = the
+// slowest rank's mean per call (nccl-tests' -a 2 would average; we report the max);
+// algbw = bytes / time; busbw = algbw * 2(n-1)/n. Every element is checked after the warm-up
+// call and again after the timed calls. The last line sums up the ratios (bagua/nccl busbw).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -104,28 +106,43 @@ int run(const Args& a) {
               "cudaStreamCreate");
 
   const size_t maxBytes = *std::max_element(a.sizes.begin(), a.sizes.end());
-  float* dev = nullptr;
-  BENCH_CHECK(cudaMalloc(&dev, maxBytes) == cudaSuccess, "cudaMalloc(%zu)", maxBytes);
+  // One buffer per side: ours runs on our communicator's stream, NCCL on the bench's own, and
+  // neither stream is ordered with the other.
+  float* devs[2] = {nullptr, nullptr};
+  for (float*& p : devs) {
+    BENCH_CHECK(cudaMalloc(&p, maxBytes) == cudaSuccess, "cudaMalloc(%zu)", maxBytes);
+  }
+  double* maxDev = nullptr;
+  BENCH_CHECK(cudaMalloc(&maxDev, sizeof(double)) == cudaSuccess, "cudaMalloc");
   std::vector<float> host(maxBytes / 4);
   const double busFactor = world > 1 ? 2.0 * (world - 1) / world : 1.0;
+  const bool powerOfTwo = (world & (world - 1)) == 0;
   if (rank == 0) {
     std::printf("bagua-nccl-comm-bench: %d ranks (GPUs), f32 sum in place; NCCL %d.%d.%d\n", world,
                 NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     std::printf("%8s %7s | %10s %10s | %10s %10s | %7s\n", "size", "pattern", "bagua us",
                 "busbw GB/s", "nccl us", "busbw GB/s", "ratio");
   }
+  std::string summary;
   for (size_t bytes : a.sizes) {
     const size_t count = bytes / 4;
     for (int batch = 0; batch < 2; ++batch) {
       double best[2] = {1e30, 1e30};
       for (int rep = 0; rep < a.reps; ++rep) {
         for (int who = 0; who < 2; ++who) {
-          // Fill with rank + 1 and check one all-reduce: every element = n(n+1)/2.
+          const char* side = who == 0 ? "bagua" : "nccl";
+          float* dev = devs[who];
+          // Rank- and index-dependent values; after one all-reduce element i must be
+          // n(n+1)/2 + n * (i % 251), so a stale or misplaced element shows.
           for (size_t i = 0; i < count; ++i) {
-            host[i] = static_cast<float>(rank + 1);
+            host[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 251));
           }
           BENCH_CHECK(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess,
                       "cudaMemcpy");
+          // A pageable host-to-device cudaMemcpy may return before the data has landed, and the
+          // all-reduce streams do not wait for the legacy stream: wait for the device (the stale
+          // value seen in 1 of 2 runs on the H200 host).
+          BENCH_CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
           auto once = [&](bool wait) -> bool {
             if (who == 0) {
               WorkPtr w = ours.allReduce(dev, dev, count, DataType::kF32, ReduceOp::kSum);
@@ -136,35 +153,50 @@ int run(const Args& a) {
             }
             return !wait || cudaStreamSynchronize(stream) == cudaSuccess;
           };
-          BENCH_CHECK(once(true), "warm-up all-reduce failed");
+          BENCH_CHECK(once(true), "%s: warm-up all-reduce failed", side);
           BENCH_CHECK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess,
                       "cudaMemcpy");
-          const float want = static_cast<float>(world * (world + 1) / 2);
-          for (size_t i = 0; i < count; i += std::max<size_t>(1, count / 4096)) {
-            BENCH_CHECK(host[i] == want, "%s: element %zu is %g, expected %g",
-                        who == 0 ? "bagua" : "nccl", i, host[i], want);
+          const float ranks = static_cast<float>(world * (world + 1) / 2);
+          for (size_t i = 0; i < count; ++i) {
+            const float want = ranks + static_cast<float>(world) * static_cast<float>(i % 251);
+            BENCH_CHECK(host[i] == want, "%s %s %s: element %zu is %g, expected %g",
+                        sizeText(bytes).c_str(), batch == 0 ? "sync" : "batch", side, i, host[i],
+                        want);
           }
           BENCH_CHECK(ours.barrier()->wait(std::chrono::seconds(60)).isOk(), "barrier");
           auto t0 = Clock::now();
           for (int i = 0; i < a.iters; ++i) {
-            BENCH_CHECK(once(batch == 0 || i + 1 == a.iters), "all-reduce failed");
-          }
-          if (who == 0 && batch == 1) {
-            BENCH_CHECK(ours.barrier()->wait(std::chrono::seconds(60)).isOk(), "barrier");
+            BENCH_CHECK(once(batch == 0 || i + 1 == a.iters), "%s: all-reduce failed", side);
           }
           double us =
               std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.iters;
-          // Slowest rank (host-side max through our communicator on a device scalar would need a
-          // copy; a tiny host round trip through the store is simpler and outside the timing).
-          double* d = nullptr;
-          BENCH_CHECK(cudaMalloc(&d, sizeof(double)) == cudaSuccess, "cudaMalloc");
-          BENCH_CHECK(cudaMemcpy(d, &us, sizeof(us), cudaMemcpyHostToDevice) == cudaSuccess, "cp");
-          BENCH_CHECK(ours.allReduce(d, d, 1, DataType::kF64, ReduceOp::kMax)
+          // The timed calls were checked too: each multiplies every element by n (exact in f32
+          // when n is a power of two; otherwise within rounding). A Work reported done before
+          // its kernel finished, or calls run out of order, would show here.
+          const double growth = std::pow(static_cast<double>(world), a.iters);
+          if (growth * (ranks + world * 250.0) < 1e30) {
+            BENCH_CHECK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess,
+                        "cp");
+            for (size_t i = 0; i < count; ++i) {
+              const double want = (ranks + static_cast<double>(world) * (i % 251)) * growth;
+              const double err = std::fabs(host[i] - want);
+              BENCH_CHECK(powerOfTwo ? err == 0 : err <= want * 1e-5,
+                          "%s %s %s: after the timed calls element %zu is %g, expected %g",
+                          sizeText(bytes).c_str(), batch == 0 ? "sync" : "batch", side, i, host[i],
+                          want);
+            }
+          }
+          // Slowest rank: a max all-reduce of the time through our communicator (outside the
+          // timing).
+          BENCH_CHECK(cudaMemcpy(maxDev, &us, sizeof(us), cudaMemcpyHostToDevice) == cudaSuccess,
+                      "cp");
+          BENCH_CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+          BENCH_CHECK(ours.allReduce(maxDev, maxDev, 1, DataType::kF64, ReduceOp::kMax)
                           ->wait(std::chrono::seconds(60))
                           .isOk(),
                       "max");
-          BENCH_CHECK(cudaMemcpy(&us, d, sizeof(us), cudaMemcpyDeviceToHost) == cudaSuccess, "cp");
-          cudaFree(d);
+          BENCH_CHECK(cudaMemcpy(&us, maxDev, sizeof(us), cudaMemcpyDeviceToHost) == cudaSuccess,
+                      "cp");
           best[who] = std::min(best[who], us);
         }
       }
@@ -174,10 +206,18 @@ int run(const Args& a) {
         std::printf("%8s %7s | %10.1f %10.2f | %10.1f %10.2f | %6.3fx\n", sizeText(bytes).c_str(),
                     batch == 0 ? "sync" : "batch", best[0], b0, best[1], b1, b0 / b1);
         std::fflush(stdout);
+        summary += strPrintf("%s%s %s %.2fx", summary.empty() ? "" : ", ", sizeText(bytes).c_str(),
+                             batch == 0 ? "sync" : "batch", b0 / b1);
       }
     }
   }
-  cudaFree(dev);
+  if (rank == 0) {
+    std::printf("bagua/nccl busbw: %s\n", summary.c_str());
+  }
+  for (float* p : devs) {
+    cudaFree(p);
+  }
+  cudaFree(maxDev);
   ncclCommDestroy(raw);
   cudaStreamDestroy(stream);
   return ours.barrier()->wait(std::chrono::seconds(60)).isOk() ? 0 : 1;

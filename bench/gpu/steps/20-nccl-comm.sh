@@ -17,8 +17,12 @@ timeout 150 "$RUN" --nproc_per_node 2 --master_port 0 -- "$BIN" --sizes 1M,16M,6
   --iters 20 --reps 3 > "$OUT/nccl-comm.txt" 2>> "$LOG"
 rc=$?
 cat "$OUT/nccl-comm.txt" >> "$LOG"
-grep -E 'bagua-nccl-comm-bench|size|sync|batch' "$OUT/nccl-comm.txt" | head -12
+# The table (one row per size and pattern, last column bagua/NCCL busbw) and the ratio summary.
+grep -E 'bagua-nccl-comm-bench|size|sync|batch|bagua/nccl' "$OUT/nccl-comm.txt" | head -14
 echo "nccl-comm rc=$rc"
+if [ "$rc" -ne 0 ]; then
+  grep -E 'bagua-nccl-comm-bench:|expected|failed' "$LOG" | head -5
+fi
 if [ -x "$BUILD/tests/torch/torch_ddp_test" ]; then
   timeout 60 "$BUILD/tests/torch/torch_ddp_test" >> "$LOG" 2>&1
   echo "torch_ddp_test rc=$? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG" | tr '\n' ' '))"

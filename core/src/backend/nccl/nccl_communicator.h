@@ -1,14 +1,17 @@
 // The NCCL communicator: the Communicator interface on CUDA device buffers, one CUDA stream per
 // communicator (non-blocking, high priority). Built only when NCCL and CUDA were found.
 //
-// Init: rank 0 makes the unique id and publishes it through the store ("nccl/id"); the
-// communicator is created in NCCL's non-blocking mode so init and every call can be polled with
-// a deadline. Errors: Work::wait polls the CUDA event and ncclCommGetAsyncError; an async error
-// or a deadline aborts the communicator (ncclCommAbort) and completes the Work with NcclError or
-// DeadlineExceeded, so a dead peer is an error, never a silent hang.
+// Init: rank 0 makes the unique id and publishes it through the store ("nccl/id"); every rank
+// then waits (rendezvous timeout) until all have arrived, and creates the communicator in NCCL's
+// blocking mode: a call launches on the caller's thread and records one pooled CUDA event (no
+// helper thread per call as in non-blocking mode). Errors: a watchdog thread aborts the
+// communicator (ncclCommAbort) on an NCCL async error or when nothing completes within the
+// collective timeout; every Work then completes with the error, so a dead peer is an error in
+// bounded time, never a hang. Work::wait spins on the event, then naps briefly.
 //
 // Thread safety: issuing calls are serialised by a mutex (NCCL requires one issuing thread per
-// communicator at a time); Works may be waited on from any thread.
+// communicator at a time); Works may be tested and waited on from any thread without the
+// communicator's locks. A Work must not outlive its communicator.
 #pragma once
 
 #include <memory>
