@@ -16,8 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include "bagua/autotune/autotuner.h"
+#include "bagua/autotune/transport_knobs.h"
+#include "bagua/core/host_tuning.h"
 #include "multi_rank.h"
 
 namespace bagua::autotune {
@@ -35,11 +38,12 @@ struct Model {
   std::vector<Parameter> params, buffers;
   std::vector<int> readyOrder;
 
-  Model(const std::string& prefix, int n) {
+  // `scale` multiplies every tensor's size (large enough and the engine transport chunks).
+  Model(const std::string& prefix, int n, size_t scale = 1) {
     data.resize(n);
     grad.resize(n);
     for (int i = 0; i < n; ++i) {
-      const size_t numel = 64 + static_cast<size_t>((i * 37) % 11) * 96;
+      const size_t numel = (64 + static_cast<size_t>((i * 37) % 11) * 96) * scale;
       data[i].assign(numel, 0.0f);
       grad[i].assign(numel, 0.0f);
     }
@@ -593,6 +597,220 @@ TEST(Autotuner, RejectsBadOptions) {
   k.apply = [](int64_t) { return Status::ok(); };
   o.knobs.push_back(k);
   EXPECT_FALSE(Autotuner::create(**ddp, *algo, o).isOk());
+}
+
+// ---- live transport knobs ----------------------------------------------------------------------
+
+core::ProcessGroupOptions engineGroup(int rank, int world) {
+  core::ProcessGroupOptions po = groupOptions(rank, world);
+  po.hostTransport = core::HostTransport::kEngine;
+  po.hostSharedMemory = false;
+  return po;
+}
+
+struct TuningLog {
+  std::vector<core::HostTuningState> perIter;  // after each iteration's onIterationEnd
+  std::vector<std::map<std::string, int64_t>> knobs;
+  std::vector<bool> decided;  // the tuner had applied a decision by then
+  std::vector<int64_t> switches;
+};
+
+// The tuner switches the host segment size and the engine's active streams and chunk size live:
+// every rank applies the same values at the same iteration (compared iteration by iteration, and
+// against the decided setting), and every reduced gradient stays exact under every value.
+TEST(TransportKnobs, HostEngineKnobsSwitchLiveOnEveryRankTogether) {
+  constexpr int kWorld = 3;
+  constexpr int kSteps = 70;
+  constexpr int kSamples = 7;
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<TuningLog> logs(kWorld);
+  std::vector<std::vector<std::string>> knobNames(kWorld);
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto pg = core::ProcessGroup::create(store, engineGroup(r, kWorld));
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Model m("", 11, 40);  // 40 KiB .. 420 KiB tensors: pieces above the inline limit
+        auto algo = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto ddp = core::withBagua(m.params, m.buffers, {}, algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        AutotuneOptions o = fastOptions(kSamples);
+        o.minBucketBytes = 64 << 10;
+        TransportKnobRanges ranges;
+        ranges.minSegmentBytes = 16 << 10;
+        ranges.maxSegmentBytes = 1 << 20;
+        ranges.minChunkBytes = 8 << 10;
+        ranges.maxChunkBytes = 512 << 10;
+        o.knobs = transportKnobs(**pg, ranges);
+        for (const Knob& k : o.knobs) {
+          knobNames[r].push_back(k.dimension.name);
+        }
+        auto tuner = Autotuner::create(**ddp, *algo, o);
+        if (!tuner.isOk()) {
+          return tuner.status().toString();
+        }
+        for (int i = 0; i < kSteps; ++i) {
+          std::string e = trainStep(**ddp, m, r, kWorld);
+          if (!e.empty()) {
+            return strPrintf("iteration %d: %s", i, e.c_str());
+          }
+          Status s = (*tuner)->onIterationEnd();
+          if (!s.isOk()) {
+            return s.toString();
+          }
+          auto st = core::hostTuning(**pg);
+          if (!st.isOk()) {
+            return st.status().toString();
+          }
+          logs[r].perIter.push_back(*st);
+          logs[r].knobs.push_back((*tuner)->current().knobs);
+          logs[r].decided.push_back(!(*tuner)->switchSteps().empty());
+        }
+        logs[r].switches = (*tuner)->switchSteps();
+        return "";
+      },
+      150s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  EXPECT_EQ(knobNames[0],
+            (std::vector<std::string>{"host_segment_bytes", "net_streams", "net_chunk_bytes"}));
+  std::set<size_t> segments;
+  std::set<int> streams;
+  std::set<size_t> chunks;
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(logs[r].switches, logs[0].switches) << "rank " << r;
+    ASSERT_EQ(logs[r].perIter.size(), static_cast<size_t>(kSteps));
+    for (int i = 0; i < kSteps; ++i) {
+      const core::HostTuningState& a = logs[r].perIter[i];
+      const core::HostTuningState& b = logs[0].perIter[i];
+      ASSERT_EQ(a.segmentBytes, b.segmentBytes) << "rank " << r << " iteration " << i;
+      ASSERT_EQ(a.activeStreams, b.activeStreams) << "rank " << r << " iteration " << i;
+      ASSERT_EQ(a.engineChunkBytes, b.engineChunkBytes) << "rank " << r << " iteration " << i;
+      // What is in force is what the tuner decided (applied at the decision, before the next
+      // iteration's collectives); before its first decision, the parameters' values.
+      if (!logs[r].decided[i]) {
+        continue;
+      }
+      const auto& k = logs[r].knobs[i];
+      ASSERT_EQ(a.segmentBytes, static_cast<size_t>(k.at("host_segment_bytes")));
+      ASSERT_EQ(a.activeStreams, k.at("net_streams"));
+      ASSERT_EQ(a.engineChunkBytes, static_cast<size_t>(k.at("net_chunk_bytes")));
+      EXPECT_EQ(a.transport, "engine");
+      segments.insert(a.segmentBytes);
+      streams.insert(a.activeStreams);
+      chunks.insert(a.engineChunkBytes);
+    }
+  }
+  EXPECT_GE(segments.size(), 3u) << "the segment size should have been switched";
+  EXPECT_GE(chunks.size(), 3u) << "the chunk size should have been switched";
+  EXPECT_GE(streams.size(), 2u) << "the stream count should have been switched";
+}
+
+// The contract of setHostTuning: ranks passing different values get InvalidArgument on every
+// rank, nothing is applied anywhere, and the communicator stays usable; equal values apply.
+TEST(TransportKnobs, SetHostTuningRefusesRanksThatDisagree) {
+  constexpr int kWorld = 3;
+  auto store = std::make_shared<core::InMemoryStore>();
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto pg = core::ProcessGroup::create(store, engineGroup(r, kWorld));
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        auto before = core::hostTuning(**pg);
+        if (!before.isOk()) {
+          return before.status().toString();
+        }
+        core::HostTuning bad;
+        bad.segmentBytes = r == 1 ? (64 << 10) : (128 << 10);
+        Status s = core::setHostTuning(**pg, bad, 20000ms);
+        if (s.code() != StatusCode::kInvalidArgument ||
+            s.message().find("rank 1") == std::string::npos) {
+          return "mismatch not refused as expected: " + s.toString();
+        }
+        core::HostTuning tooMany;
+        tooMany.engineStreams = before->establishedStreams + 1;
+        if (core::setHostTuning(**pg, tooMany, 20000ms).code() != StatusCode::kInvalidArgument) {
+          return "a stream count above the established one was accepted";
+        }
+        auto after = core::hostTuning(**pg);
+        if (after->segmentBytes != before->segmentBytes ||
+            after->activeStreams != before->activeStreams) {
+          return "a refused tuning was applied";
+        }
+        core::HostTuning good;
+        good.segmentBytes = 32 << 10;
+        good.engineStreams = 1;
+        good.engineChunkBytes = 16 << 10;
+        s = core::setHostTuning(**pg, good, 20000ms);
+        if (!s.isOk()) {
+          return s.toString();
+        }
+        after = core::hostTuning(**pg);
+        if (after->segmentBytes != (32u << 10) || after->activeStreams != 1 ||
+            after->engineChunkBytes != (16u << 10)) {
+          return "the agreed tuning was not applied";
+        }
+        // Still usable, with exact results after the switch.
+        std::vector<float> v(300000);
+        for (size_t i = 0; i < v.size(); ++i) {
+          v[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 977));
+        }
+        auto w = (*pg)->global().allReduce(v.data(), v.data(), v.size(), DataType::kF32,
+                                           core::ReduceOp::kSum);
+        s = w->wait(20000ms);
+        if (!s.isOk()) {
+          return s.toString();
+        }
+        for (size_t i = 0; i < v.size(); ++i) {
+          const float want = static_cast<float>(3000 + 3 * static_cast<int>(i % 977));
+          if (v[i] != want) {
+            return strPrintf("element %zu is %g, want %g", i, v[i], want);
+          }
+        }
+        return "";
+      },
+      60s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// Over the socket / shared-memory transport only the segment knob is offered (the engine knobs
+// are skipped with an INFO line), and a group of one rank gets none.
+TEST(TransportKnobs, EngineKnobsSkippedWithoutTheEngine) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<std::vector<std::string>> names(2);
+  auto res = bagua::testing::runRanks(
+      2,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions po = groupOptions(r, 2);
+        po.hostTransport = core::HostTransport::kSocket;
+        auto pg = core::ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        for (const Knob& k : transportKnobs(**pg)) {
+          names[r].push_back(k.dimension.name);
+        }
+        core::HostTuning t;
+        t.engineStreams = 1;
+        if (core::setHostTuning(**pg, t, 20000ms).code() != StatusCode::kFailedPrecondition) {
+          return "engine streams accepted on the socket transport";
+        }
+        return "";
+      },
+      60s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  EXPECT_EQ(names[0], std::vector<std::string>{"host_segment_bytes"});
+  EXPECT_EQ(names[1], names[0]);
+  auto solo =
+      core::ProcessGroup::create(std::make_shared<core::InMemoryStore>(), groupOptions(0, 1));
+  ASSERT_TRUE(solo.isOk());
+  EXPECT_TRUE(transportKnobs(**solo).empty());
+  EXPECT_FALSE(NetPluginLive::find().isOk()) << "no NCCL net plugin is loaded in this test";
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 //                  pair cut by it, so it MUST be the same on every rank at every collective.
 //   engineStreams  how many of the BAGUA_HOST_NET_STREAMS data streams per connection carry new
 //                  messages (engine transport only; sender side, 1..established).
+//   engineChunkBytes  the engine's chunk size (min = max chunk, BAGUA_NET_MIN/MAX_CHUNKSIZE) for
+//                  new messages (engine transport only; sender side).
 // The parameters stay the start values; these calls change them from a point of the run on.
 //
 // Contract: setHostTuning is a COLLECTIVE of the communicator. It is enqueued like any other
@@ -30,15 +32,17 @@ namespace bagua::core {
 class ProcessGroup;
 
 struct HostTuning {
-  size_t segmentBytes = 0;  // 0: keep; else 4 KiB .. 1 GiB
-  int engineStreams = 0;    // 0: keep; else 1 .. established streams (engine transport only)
+  size_t segmentBytes = 0;      // 0: keep; else 4 KiB .. 1 GiB
+  int engineStreams = 0;        // 0: keep; else 1 .. established streams (engine transport only)
+  size_t engineChunkBytes = 0;  // 0: keep; else 4 KiB .. 1 GiB (engine transport only)
 };
 
 struct HostTuningState {
   size_t segmentBytes = 0;
-  std::string transport;       // "engine" or "socket"
-  int establishedStreams = 0;  // engine: data streams per connection; socket: 0
-  int activeStreams = 0;       // engine: streams carrying new messages; socket: 0
+  std::string transport;        // "engine" or "socket"
+  int establishedStreams = 0;   // engine: data streams per connection; socket: 0
+  int activeStreams = 0;        // engine: streams carrying new messages; socket: 0
+  size_t engineChunkBytes = 0;  // engine: chunk size set live (0: the engine's parameters)
 };
 
 // Applies `tuning` on `comm` (a host-backend communicator; anything else is InvalidArgument) and
@@ -49,7 +53,7 @@ struct HostTuningState {
 [[nodiscard]] Result<HostTuningState> hostTuning(const Communicator& comm);
 
 // Every communicator of the group (global, then intra-node, then inter-node), in the same order
-// on every rank; the stream count only on those that use the engine transport (FailedPrecondition
+// on every rank; the engine knobs only on those that use the engine transport (FailedPrecondition
 // when none does). InvalidArgument when the group does not use the host backend.
 [[nodiscard]] Status setHostTuning(ProcessGroup& group, const HostTuning& tuning,
                                    std::chrono::milliseconds timeout);

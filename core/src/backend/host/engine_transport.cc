@@ -62,21 +62,25 @@ class EngineTransport final : public TransportBase {
   void setPieceBytes(size_t bytes) override { piece_ = std::max<size_t>(bytes, 1); }
   int establishedStreams() const override { return streams_; }
   int activeStreams() const override { return active_.load(std::memory_order_relaxed); }
-  // Sender side only (the engine's receiver takes chunks from any stream), so no agreement is
-  // needed; set on every send comm of this rank.
-  Status setActiveStreams(int streams) override {
-    if (streams < 1 || streams > streams_) {
+  uint64_t engineChunkBytes() const override { return chunk_.load(std::memory_order_relaxed); }
+  // Sender side only (the engine's receiver takes chunks of any size from any stream), so no
+  // agreement is needed; set on every send comm of this rank.
+  Status setEngineLive(int streams, uint64_t chunkBytes) override {
+    if (streams < 0 || streams > streams_) {
       return BAGUA_ERROR(kInvalidArgument,
                          "active streams %d outside 1..%d (the streams established per "
                          "connection, BAGUA_HOST_NET_STREAMS)",
                          streams, streams_);
     }
-    for (auto& c : sends_) {
-      if (c) {
-        BAGUA_RETURN_IF_ERROR(c->setLiveSettings({streams, 0, 0}));
+    const int a = streams > 0 ? streams : active_.load(std::memory_order_relaxed);
+    const uint64_t c = chunkBytes > 0 ? chunkBytes : chunk_.load(std::memory_order_relaxed);
+    for (auto& comm : sends_) {
+      if (comm) {
+        BAGUA_RETURN_IF_ERROR(comm->setLiveSettings({a, c, c}));
       }
     }
-    active_.store(streams, std::memory_order_relaxed);
+    active_.store(a, std::memory_order_relaxed);
+    chunk_.store(c, std::memory_order_relaxed);
     return Status::ok();
   }
 
@@ -143,6 +147,7 @@ class EngineTransport final : public TransportBase {
   size_t piece_;     // worker thread only
   int streams_ = 1;  // established per connection (set by connect)
   std::atomic<int> active_{1};
+  std::atomic<uint64_t> chunk_{0};                     // 0: the engine's parameters
   net::Notifier notifier_;                             // outlives the comms (declared before them)
   std::vector<std::unique_ptr<net::SendComm>> sends_;  // indexed by peer; null for self
   std::vector<std::unique_ptr<net::RecvComm>> recvs_;

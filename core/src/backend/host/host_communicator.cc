@@ -595,18 +595,21 @@ constexpr size_t kMinSegment = 4096;
 constexpr size_t kMaxSegment = size_t{1} << 30;
 
 // Every rank decides from the same exchanged values, so every rank reaches the same verdict.
-// Per rank: requested segment, requested streams, streams its transport established.
+// Per rank (kFields each): requested segment, streams, chunk; streams its transport established.
+constexpr int kFields = 4;
+
 Status judgeTuning(const std::vector<uint64_t>& all, int n) {
   for (int r = 1; r < n; ++r) {
-    if (all[3 * r] != all[0] || all[3 * r + 1] != all[1]) {
-      return BAGUA_ERROR(kInvalidArgument,
-                         "setHostTuning: rank %d asked for segment %llu / streams %llu but rank 0 "
-                         "for %llu / %llu; every rank must pass the same values at the same point "
-                         "of the operation sequence (nothing applied)",
-                         r, static_cast<unsigned long long>(all[3 * r]),
-                         static_cast<unsigned long long>(all[3 * r + 1]),
-                         static_cast<unsigned long long>(all[0]),
-                         static_cast<unsigned long long>(all[1]));
+    const uint64_t* v = &all[static_cast<size_t>(kFields * r)];
+    if (v[0] != all[0] || v[1] != all[1] || v[2] != all[2]) {
+      return BAGUA_ERROR(
+          kInvalidArgument,
+          "setHostTuning: rank %d asked for segment %llu / streams %llu / chunk "
+          "%llu but rank 0 for %llu / %llu / %llu; every rank must pass the same "
+          "values at the same point of the operation sequence (nothing applied)",
+          r, static_cast<unsigned long long>(v[0]), static_cast<unsigned long long>(v[1]),
+          static_cast<unsigned long long>(v[2]), static_cast<unsigned long long>(all[0]),
+          static_cast<unsigned long long>(all[1]), static_cast<unsigned long long>(all[2]));
     }
   }
   const uint64_t seg = all[0];
@@ -615,15 +618,22 @@ Status judgeTuning(const std::vector<uint64_t>& all, int n) {
                        "setHostTuning: segment %llu bytes outside 4 KiB .. 1 GiB (nothing applied)",
                        static_cast<unsigned long long>(seg));
   }
+  const uint64_t chunk = all[2];
+  if (chunk != 0 && (chunk < kMinSegment || chunk > kMaxSegment)) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "setHostTuning: engine chunk %llu bytes outside 4 KiB .. 1 GiB (nothing "
+                       "applied)",
+                       static_cast<unsigned long long>(chunk));
+  }
   const uint64_t streams = all[1];
-  if (streams != 0) {
+  if (streams != 0 || chunk != 0) {
     for (int r = 0; r < n; ++r) {
-      const uint64_t est = all[3 * r + 2];
+      const uint64_t est = all[static_cast<size_t>(kFields * r + 3)];
       if (est == 0) {
         return BAGUA_ERROR(kFailedPrecondition,
                            "setHostTuning: rank %d does not use the engine transport, so its "
-                           "stream count cannot be set (BAGUA_HOST_TRANSPORT=engine; nothing "
-                           "applied)",
+                           "stream count / chunk size cannot be set (BAGUA_HOST_TRANSPORT=engine; "
+                           "nothing applied)",
                            r);
       }
       if (streams > est) {
@@ -644,14 +654,17 @@ WorkPtr HostCommunicator::setTuning(const HostTuning& tuning, std::shared_ptr<St
   // Nothing is refused here: a bad value is judged after the exchange, by every rank alike, so
   // that one rank's mistake cannot leave the others waiting in the exchange.
   return enqueue(
-      strPrintf("setTuning(segment %zu, streams %d)", tuning.segmentBytes, tuning.engineStreams),
+      strPrintf("setTuning(segment %zu, streams %d, chunk %zu)", tuning.segmentBytes,
+                tuning.engineStreams, tuning.engineChunkBytes),
       [=, this](Deadline dl) -> Status {
         const int n = size();
-        constexpr size_t kRecord = 3 * sizeof(uint64_t);
-        std::vector<uint64_t> all(static_cast<size_t>(3 * n));
-        all[3 * rank()] = tuning.segmentBytes;
-        all[3 * rank() + 1] = static_cast<uint64_t>(static_cast<int64_t>(tuning.engineStreams));
-        all[3 * rank() + 2] = static_cast<uint64_t>(transport_->establishedStreams());
+        constexpr size_t kRecord = kFields * sizeof(uint64_t);
+        std::vector<uint64_t> all(static_cast<size_t>(kFields * n));
+        uint64_t* mine = &all[static_cast<size_t>(kFields * rank())];
+        mine[0] = tuning.segmentBytes;
+        mine[1] = static_cast<uint64_t>(static_cast<int64_t>(tuning.engineStreams));
+        mine[2] = tuning.engineChunkBytes;
+        mine[3] = static_cast<uint64_t>(transport_->establishedStreams());
         if (n > 1) {
           std::vector<size_t> off(n), len(n, kRecord);
           for (int i = 0; i < n; ++i) {
@@ -661,8 +674,8 @@ WorkPtr HostCommunicator::setTuning(const HostTuning& tuning, std::shared_ptr<St
               ringAllGather(reinterpret_cast<uint8_t*>(all.data()), off, len, rank(), dl));
         }
         Status v = judgeTuning(all, n);
-        if (v.isOk() && all[1] != 0) {
-          v = transport_->setActiveStreams(static_cast<int>(all[1]));
+        if (v.isOk() && (all[1] != 0 || all[2] != 0)) {
+          v = transport_->setEngineLive(static_cast<int>(all[1]), all[2]);
         }
         if (v.isOk() && all[0] != 0) {
           options_.segmentBytes = all[0];
@@ -683,6 +696,7 @@ HostTuningState HostCommunicator::tuning() const {
   st.segmentBytes = segmentNow_.load(std::memory_order_relaxed);
   st.establishedStreams = transport_->establishedStreams();
   st.activeStreams = transport_->activeStreams();
+  st.engineChunkBytes = transport_->engineChunkBytes();
   st.transport = st.establishedStreams > 0 ? "engine" : "socket";
   return st;
 }
@@ -726,10 +740,11 @@ Status setHostTuning(ProcessGroup& group, const HostTuning& tuning,
       anyEngine = anyEngine || st.establishedStreams > 0;
     }
   }
-  if (tuning.engineStreams != 0 && !anyEngine) {
+  if ((tuning.engineStreams != 0 || tuning.engineChunkBytes != 0) && !anyEngine) {
     return BAGUA_ERROR(kFailedPrecondition,
                        "setHostTuning: no communicator of the group uses the engine transport, "
-                       "so there is no stream count to set (BAGUA_HOST_TRANSPORT=engine)");
+                       "so there is no stream count / chunk size to set "
+                       "(BAGUA_HOST_TRANSPORT=engine)");
   }
   for (Communicator* c : comms) {
     if (c == nullptr) {
@@ -739,6 +754,7 @@ Status setHostTuning(ProcessGroup& group, const HostTuning& tuning,
     BAGUA_ASSIGN_OR_RETURN(HostTuningState st, hostTuning(*c));
     if (st.establishedStreams == 0) {
       t.engineStreams = 0;
+      t.engineChunkBytes = 0;
     }
     BAGUA_RETURN_IF_ERROR(setHostTuning(*c, t, timeout));
   }

@@ -67,15 +67,17 @@ class Transport {
   // The size messages are cut into where the transport cuts them (the engine: both ends of a
   // pair must agree); a no-op for transports that do not cut.
   virtual void setPieceBytes(size_t /*bytes*/) {}
-  // Data streams per connection that the transport established (0: it has no streams to tune)
-  // and how many of them carry new messages (1..established).
+  // Data streams per connection that the transport established (0: it has no streams to tune),
+  // how many of them carry new messages (1..established) and the chunk size set live (0: the
+  // engine's parameters). setEngineLive: 0 keeps a value; sender side only.
   virtual int establishedStreams() const { return 0; }
   virtual int activeStreams() const { return 0; }
-  [[nodiscard]] virtual Status setActiveStreams(int streams) {
+  virtual uint64_t engineChunkBytes() const { return 0; }
+  [[nodiscard]] virtual Status setEngineLive(int streams, uint64_t chunkBytes) {
     return BAGUA_ERROR(kFailedPrecondition,
-                       "active streams (%d) can only be set on the engine transport "
-                       "(BAGUA_HOST_TRANSPORT=engine)",
-                       streams);
+                       "engine streams (%d) / chunk size (%llu) can only be set on the engine "
+                       "transport (BAGUA_HOST_TRANSPORT=engine)",
+                       streams, static_cast<unsigned long long>(chunkBytes));
   }
 };
 

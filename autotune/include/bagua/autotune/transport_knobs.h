@@ -1,0 +1,79 @@
+// Ready-made transport knobs for AutotuneOptions::knobs, applied live at the switch iteration on
+// every rank, and the helper that reaches the Bagua-Net NCCL plugin loaded in this process.
+//
+//   "host_segment_bytes" (log scale)  host backend: BAGUA_HOST_SEGMENT_BYTES through
+//                                     core::setHostTuning (a checked collective)
+//   "net_streams"                     active data streams per connection: the host backend's
+//                                     engine transport (core::setHostTuning), or Bagua-Net as the
+//                                     NCCL net plugin (baguaNetSetLive_v1)
+//   "net_chunk_bytes" (log scale)     the engine's chunk size (min = max chunk), same two routes
+//
+// Each factory returns std::nullopt, with an INFO line saying why, when the run does not use that
+// transport (e.g. the host backend over shared memory, or NCCL without Bagua-Net), so a training
+// script can ask for all of them and get those that apply.
+//
+// Thread safety: the knobs' apply functions run on the trainer's thread (Autotuner::
+// onIterationEnd); the host ones issue a collective on the group's communicators, which is safe
+// there because every rank applies the same value at the same iteration, between the reducer's
+// collectives (core/include/bagua/core/host_tuning.h states the contract). NetPluginLive may be
+// used from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bagua/autotune/autotuner.h"
+#include "bagua/base/status.h"
+#include "bagua/core/process_group.h"
+
+namespace bagua::autotune {
+
+// The live settings entry of a Bagua-Net NCCL plugin that NCCL has ALREADY loaded into this
+// process (found with dl_iterate_phdr for a module path containing "libnccl-net", then
+// dlopen(RTLD_NOLOAD) + dlsym; it never loads a plugin itself: that would be a second copy of
+// the engine, not the one NCCL uses). Values as net::LiveSettings (0: not set).
+class NetPluginLive {
+ public:
+  struct Values {
+    int activeStreams = 0;
+    uint64_t minChunkBytes = 0;
+    uint64_t maxChunkBytes = 0;
+  };
+  // NotFound, with the reason, when no libnccl-net module is loaded or the loaded one is not
+  // Bagua-Net (no baguaNetSetLive_v1).
+  static Result<std::unique_ptr<NetPluginLive>> find();
+  ~NetPluginLive();
+  NetPluginLive(const NetPluginLive&) = delete;
+  NetPluginLive& operator=(const NetPluginLive&) = delete;
+
+  const std::string& path() const { return path_; }
+  // The plugin's process-wide settings; InvalidArgument for values it refuses.
+  [[nodiscard]] Status set(const Values& values);
+  Result<Values> get() const;
+
+ private:
+  NetPluginLive() = default;
+  std::string path_;
+  void* handle_ = nullptr;
+  int (*set_)(int, uint64_t, uint64_t) = nullptr;
+  int (*get_)(int*, uint64_t*, uint64_t*) = nullptr;
+};
+
+struct TransportKnobRanges {
+  uint64_t minSegmentBytes = 16 << 10;
+  uint64_t maxSegmentBytes = 4 << 20;
+  uint64_t minChunkBytes = 16 << 10;
+  uint64_t maxChunkBytes = 4 << 20;
+  int maxPluginStreams = 8;  // NCCL route: the plugin's stream count is not visible from here
+};
+
+std::optional<Knob> hostSegmentKnob(core::ProcessGroup& group, const TransportKnobRanges& r = {});
+std::optional<Knob> netStreamsKnob(core::ProcessGroup& group, const TransportKnobRanges& r = {});
+std::optional<Knob> netChunkKnob(core::ProcessGroup& group, const TransportKnobRanges& r = {});
+// Every one of the three that applies to this run.
+std::vector<Knob> transportKnobs(core::ProcessGroup& group, const TransportKnobRanges& r = {});
+
+}  // namespace bagua::autotune
