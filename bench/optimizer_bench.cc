@@ -4,10 +4,11 @@
 // write (Adam f32: p, g, m, v read, p, m, v written = 28 B/element) over the memcpy bandwidth
 // measured in the same process.
 //
-// BM_HostCost*: 10,000 one-element tensors, one thread: the kernel work is negligible, so the time
-// per step is the host-side cost of a step (planning, checks, kernel calls): the part that must
-// stay far below the GPU's time for a step so back-to-back steps pipeline. Fused (one call per flat
-// buffer) against per-tensor (one call per tensor), same run.
+// BM_HostCost*: 10,000 one-element tensors, plain SGD (p -= lr * g), one thread: the kernel work
+// (10,000 multiply-subtracts) is negligible, so the time per step is the host-side cost of a step
+// (plan check, kernel calls): the part that must stay far below the GPU's time for a step so
+// back-to-back steps pipeline. Fused with checkFlatten on (every tensor's pointers compared each
+// step) and off (a window of 256), against per-tensor (one call per tensor), same run.
 //
 // Counters: elems (elements per step), GBps (bytes per update / time), bound (GBps / memcpy
 // GBps: 1.0 is the copy bandwidth), memcpy_GBps (read + written bytes per second of memcpy on a
@@ -84,7 +85,7 @@ double memcpyGBps(size_t bytes) {
 
 template <class Opt>
 void runStep(benchmark::State& state, const typename Opt::Hyper& h, double bytesPerElem, bool fused,
-             size_t each, int threads = 0) {
+             size_t each, int threads = 0, bool checkFlatten = true) {
   Params p(static_cast<size_t>(state.range(0)), each);
   OptimizerOptions o;
   o.threads = threads;  // 0: BAGUA_OPTIM_THREADS (default: hardware concurrency)
@@ -93,7 +94,9 @@ void runStep(benchmark::State& state, const typename Opt::Hyper& h, double bytes
     state.SkipWithError(opt.status().toString().c_str());
     return;
   }
-  if (fused && !(*opt)->fuse().isOk()) {
+  FuseOptions fo;
+  fo.checkFlatten = checkFlatten;
+  if (fused && !(*opt)->fuse(fo).isOk()) {
     state.SkipWithError("fuse failed");
     return;
   }
@@ -157,16 +160,26 @@ void BM_AdamFusedLarge(benchmark::State& s) {
   runStep<Adam>(s, adamHyper(), kAdamBytes, true, size_t{1} << 22);
 }
 
-// Host cost per step: 10,000 tensors of one element, one thread (ns per step).
-void BM_HostCostAdamFused(benchmark::State& s) {
-  runStep<Adam>(s, adamHyper(), kAdamBytes, true, 1, 1);
+// Host cost per step: 10,000 tensors of one element, plain SGD, one thread (ns per step).
+constexpr double kPlainSgdBytes = 12;  // read p, g; write p
+SgdRule::Hyper plainSgdHyper() {
+  SgdRule::Hyper h;
+  h.lr = 0.01;
+  return h;
 }
-void BM_HostCostAdamPerTensor(benchmark::State& s) {
-  runStep<Adam>(s, adamHyper(), kAdamBytes, false, 1, 1);
+void BM_HostCostFused(benchmark::State& s) {
+  runStep<Sgd>(s, plainSgdHyper(), kPlainSgdBytes, true, 1, 1, true);
+}
+void BM_HostCostFusedNoCheck(benchmark::State& s) {
+  runStep<Sgd>(s, plainSgdHyper(), kPlainSgdBytes, true, 1, 1, false);
+}
+void BM_HostCostPerTensor(benchmark::State& s) {
+  runStep<Sgd>(s, plainSgdHyper(), kPlainSgdBytes, false, 1, 1);
 }
 
-BENCHMARK(BM_HostCostAdamFused)->Arg(10000)->ArgName("tensors")->UseRealTime();
-BENCHMARK(BM_HostCostAdamPerTensor)->Arg(10000)->ArgName("tensors")->UseRealTime();
+BENCHMARK(BM_HostCostFused)->Arg(10000)->ArgName("tensors")->UseRealTime();
+BENCHMARK(BM_HostCostFusedNoCheck)->Arg(10000)->ArgName("tensors")->UseRealTime();
+BENCHMARK(BM_HostCostPerTensor)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_AdamFused)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_AdamPerTensor)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();
 BENCHMARK(BM_SgdFused)->Arg(1000)->Arg(10000)->ArgName("tensors")->UseRealTime();

@@ -210,6 +210,7 @@ struct FusedOptimizer::Plan {
     const void* grad;
   };
   std::vector<Watch> watch;     // every managed parameter, in parameter order
+  size_t cursor = 0;            // next watch entry of the rotating window
   std::vector<unsigned> masks;  // stateMask per group when built
   std::vector<PlanRun> runs;
   std::vector<int> runSlots;
@@ -259,7 +260,7 @@ void FusedOptimizer::dropPlan() {
   plan_->valid = false;
 }
 
-bool FusedOptimizer::planCurrent() const {
+bool FusedOptimizer::planCurrent(bool full) {
   if (!plan_ || !plan_->valid || plan_->numParams != params_.size()) {
     return false;
   }
@@ -270,15 +271,27 @@ bool FusedOptimizer::planCurrent() const {
   }
   // The only per-tensor work of a planned step: branch-free, so it streams through the list.
   bool same = true;
-  for (const Plan::Watch& w : plan_->watch) {
+  const size_t n = plan_->watch.size();
+  if (full || n <= kWatchWindow) {
+    for (const Plan::Watch& w : plan_->watch) {
+      const core::Parameter& p = params_[w.param];
+      same &= (p.data == w.data) & (p.grad == w.grad);
+    }
+    return same;
+  }
+  size_t c = plan_->cursor;
+  for (size_t k = 0; k < kWatchWindow; ++k) {
+    const Plan::Watch& w = plan_->watch[c];
     const core::Parameter& p = params_[w.param];
     same &= (p.data == w.data) & (p.grad == w.grad);
+    c = c + 1 == n ? 0 : c + 1;
   }
+  plan_->cursor = c;
   return same;
 }
 
-Status FusedOptimizer::ensurePlan() {
-  if (planCurrent()) {
+Status FusedOptimizer::ensurePlan(bool full) {
+  if (planCurrent(full)) {
     return Status::ok();
   }
   dropPlan();
@@ -900,7 +913,7 @@ Status FusedOptimizer::runStep(bool fused) {
       BAGUA_RETURN_IF_ERROR(refreshReducerLayout());
     }
   }
-  BAGUA_RETURN_IF_ERROR(ensurePlan());
+  BAGUA_RETURN_IF_ERROR(ensurePlan(!fused || fuseOptions_.checkFlatten));
   if (fused && fuseOptions_.checkFlatten && !warnedMoved_ && !plan_->intact) {
     BAGUA_LOG_WARN(kAlgo,
                    "%s: tensors flattened by fuse() have moved; only the runs that are still "

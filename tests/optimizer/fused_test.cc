@@ -374,6 +374,113 @@ TEST(Flatten, MovedGradientSplitsTheRunAndStaysCorrect) {
   EXPECT_FALSE((*fa)->flattenIntact());
 }
 
+// The step plan is cached after the first fuseStep; re-pointing a tensor's data out of the flat
+// buffer afterwards must still be found at the next step (checkFlatten on): the tensor is then
+// stepped where it now lives, the rest stays fused, and the result equals the plain step.
+TEST(Flatten, DataRepointedAfterThePlanIsCachedIsDetectedAtTheNextStep) {
+  const std::vector<Spec> specs = {
+      {100, DataType::kF32}, {200, DataType::kF32}, {50, DataType::kF32}, {70, DataType::kF32}};
+  Model a(specs), b(specs);
+  auto fa = Adam::create(a.params(), AdamRule::Hyper{}, smallChunks());
+  auto fb = Adam::create(b.params(), AdamRule::Hyper{}, smallChunks());
+  ASSERT_TRUE(fa.isOk() && fb.isOk());
+  ASSERT_TRUE((*fa)->fuse().isOk());
+  int step = 0;
+  for (; step < 3; ++step) {  // the plan is built and then reused
+    a.fillGrads(step);
+    b.fillGrads(step);
+    ASSERT_TRUE((*fa)->fuseStep().isOk());
+    ASSERT_TRUE((*fb)->plainStep().isOk());
+    EXPECT_EQ((*fa)->lastFusedTensors(), 4u);
+  }
+  ASSERT_TRUE((*fa)->flattenIntact());
+  // The trainer moves tensor 1's weights to its own buffer (same values).
+  std::vector<float> own(200);
+  std::memcpy(own.data(), a.params()[1].data, 200 * sizeof(float));
+  float* flatPlace = static_cast<float*>(a.params()[1].data);
+  const std::vector<float> flatBefore(flatPlace, flatPlace + 200);
+  a.params()[1].data = own.data();
+  for (; step < 6; ++step) {
+    a.fillGrads(step);
+    b.fillGrads(step);
+    ASSERT_TRUE((*fa)->fuseStep().isOk());
+    ASSERT_TRUE((*fb)->plainStep().isOk());
+    // Tensor 1 splits the run: [0] alone, [1] alone, [2, 3] fused.
+    EXPECT_EQ((*fa)->lastFusedRuns(), 1u) << "step " << step;
+    EXPECT_EQ((*fa)->lastFusedTensors(), 2u) << "step " << step;
+    ASSERT_EQ(a.snapshot(), b.snapshot()) << "step " << step;
+  }
+  EXPECT_FALSE((*fa)->flattenIntact());
+  // The old place in the flat buffer was not written after the move.
+  EXPECT_EQ(std::memcmp(flatPlace, flatBefore.data(), 200 * sizeof(float)), 0);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ((*fa)->stepCount(t), 6) << t;
+  }
+  EXPECT_EQ(stateBytes(**fa), stateBytes(**fb));
+}
+
+// checkFlatten off: a step compares only a window of kWatchWindow tensors; a re-pointed tensor
+// is found within ceil(n / window) steps, at once after invalidatePlan(); step counts stay right.
+TEST(Flatten, WithoutCheckFlattenAMoveIsFoundWithinOneSweepOrAtOnceWhenTold) {
+  const size_t n = 3 * FusedOptimizer::kWatchWindow + 10;  // a sweep takes 4 steps
+  std::vector<Spec> specs(n, Spec{3, DataType::kF32});
+  Model a(specs);
+  auto opt = Sgd::create(a.params(), SgdRule::Hyper{0.5}, smallChunks());
+  ASSERT_TRUE(opt.isOk());
+  FuseOptions trust;
+  trust.checkFlatten = false;
+  ASSERT_TRUE((*opt)->fuse(trust).isOk());
+  a.fillGrads(0);
+  ASSERT_TRUE((*opt)->fuseStep().isOk());
+  EXPECT_EQ((*opt)->lastFusedTensors(), n);
+  // Move the last tensor's gradient: found within 4 steps, then it steps alone.
+  std::vector<float> ownGrad(3, 0.25f);
+  a.params()[n - 1].grad = ownGrad.data();
+  int stepsToFind = 0;
+  for (int s = 1; s <= 5 && (*opt)->lastFusedTensors() == n; ++s) {
+    ASSERT_TRUE((*opt)->fuseStep().isOk());
+    stepsToFind = s;
+  }
+  EXPECT_EQ((*opt)->lastFusedTensors(), n - 1);
+  EXPECT_LE(stepsToFind, 4);
+  // From now on the moved gradient is the one applied: p -= 0.5 * 0.25 per step.
+  const float before = static_cast<float*>(a.params()[n - 1].data)[2];
+  ASSERT_TRUE((*opt)->fuseStep().isOk());
+  EXPECT_EQ(static_cast<float*>(a.params()[n - 1].data)[2], before - 0.5f * 0.25f);
+  // Told: the very next step re-plans. Move the gradient back into the flat buffer.
+  a.params()[n - 1].grad = static_cast<float*>(a.params()[n - 2].grad) + 3;
+  (*opt)->invalidatePlan();
+  ASSERT_TRUE((*opt)->fuseStep().isOk());
+  EXPECT_EQ((*opt)->lastFusedTensors(), n);
+  EXPECT_EQ((*opt)->stepCount(0), 3 + stepsToFind);
+  EXPECT_EQ((*opt)->stepCount(static_cast<int>(n) - 1), 3 + stepsToFind);
+}
+
+// Changing a hyper-parameter that changes the state mask re-plans; plainStep between fused steps
+// keeps the per-run step counts right.
+TEST(Flatten, PlanFollowsMaskChangesAndPlainSteps) {
+  Model a(mixedSpecs()), b(mixedSpecs());
+  AdamRule::Hyper h;
+  h.amsgrad = true;
+  auto fa = Adam::create(a.params(), h, smallChunks());
+  auto fb = Adam::create(b.params(), h, smallChunks());
+  ASSERT_TRUE(fa.isOk() && fb.isOk());
+  ASSERT_TRUE((*fa)->fuse().isOk());
+  for (int step = 0; step < 8; ++step) {
+    if (step == 4) {
+      (*fa)->hyper(0).amsgrad = false;
+      (*fb)->hyper(0).amsgrad = false;
+    }
+    a.fillGrads(step);
+    b.fillGrads(step);
+    ASSERT_TRUE((step % 3 == 2 ? (*fa)->plainStep() : (*fa)->fuseStep()).isOk());
+    ASSERT_TRUE((*fb)->plainStep().isOk());
+    ASSERT_EQ(a.snapshot(), b.snapshot()) << "step " << step;
+    ASSERT_EQ(stateBytes(**fa), stateBytes(**fb)) << "step " << step;
+  }
+  EXPECT_EQ((*fa)->stepCount(0), 8);
+}
+
 TEST(Flatten, NullGradientIsSkippedByPlainStepAndZeroedByFuse) {
   Model a({{10, DataType::kF32}, {10, DataType::kF32}});
   a.params()[1].grad = nullptr;

@@ -28,7 +28,9 @@ for set in small10k bert; do
   cat "$OUT/optimizer-$set.csv" | column -t -s, 2>/dev/null || cat "$OUT/optimizer-$set.csv"
   cat "$OUT/optimizer-$set.csv" >> "$LOG"
   # Ratios against torch in the same run.
-  awk -F, '$1=="bagua_fused"{b=$5} $1=="torch_fused"{f=$5} $1=="torch_foreach"{e=$5}
+  awk -F, '$1=="bagua_fused"{b=$5} $1=="bagua_fused_nocheck"{n=$5} $1=="torch_fused"{f=$5}
+    $1=="torch_foreach"{e=$5}
     END{ if (b>0 && f>0) printf "bagua_fused speed vs torch fused: %.2fx", f/b;
-         if (b>0 && e>0) printf ", vs torch foreach: %.2fx", e/b; print "" }' "$OUT/optimizer-$set.csv"
+         if (b>0 && e>0) printf ", vs torch foreach: %.2fx", e/b;
+         if (n>0 && f>0) printf "; nocheck vs torch fused: %.2fx", f/n; print "" }' "$OUT/optimizer-$set.csv"
 done

@@ -169,6 +169,43 @@ BAGUA_OPTIM_HD T lerpT(T start, T end, T w, T oneMinusW, bool small) {
   return small ? start + w * (end - start) : end - (end - start) * oneMinusW;
 }
 
+// ---- The Adam family's first moment (Adam, AdamW, Adamax) --------------------------------------
+// g = -g when maximising; L2 decay g += wd * p, or AdamW's decoupled p *= 1 - lr * wd; then
+// m = lerp(m, g, 1 - beta1). One helper, so the rules cannot drift apart.
+template <class T>
+struct MomentScalars {
+  T oneMinusBeta1, beta1, weightDecay, decayFactor;
+  bool decay, decoupled, maximize, lerpSmall;
+};
+
+template <class T, class Hyper>
+MomentScalars<T> prepareMoment(const Hyper& h, bool decoupled) {
+  return {static_cast<T>(1.0 - h.beta1),
+          static_cast<T>(h.beta1),
+          static_cast<T>(h.weightDecay),
+          static_cast<T>(1.0 - h.lr * h.weightDecay),
+          h.weightDecay != 0.0,
+          decoupled,
+          h.maximize,
+          (1.0 - h.beta1) < 0.5};
+}
+
+// Applies maximize and weight decay to g (or p) and returns the new first moment.
+template <class T>
+BAGUA_OPTIM_HD T firstMoment(const MomentScalars<T>& c, T& p, T& g, T m) {
+  if (c.maximize) {
+    g = -g;
+  }
+  if (c.decay) {
+    if (c.decoupled) {
+      p = p * c.decayFactor;
+    } else {
+      g = g + c.weightDecay * p;
+    }
+  }
+  return lerpT(m, g, c.oneMinusBeta1, c.beta1, c.lerpSmall);
+}
+
 // ---- SGD: torch.optim.SGD -----------------------------------------------------------------------
 // d = g (+ wd * p); with momentum: b = d on the first step, else b = momentum * b + (1 - dampening)
 // * d; d = nesterov ? d + momentum * b : b; p = p - lr * d.
@@ -274,42 +311,26 @@ struct AdamRule {
   static double initialState(const Hyper& /*h*/, int /*k*/) { return 0.0; }
   template <class T>
   struct Scalars {
-    T oneMinusBeta1, beta1, beta2, oneMinusBeta2, eps, weightDecay, decayFactor, stepSize, bc2Sqrt;
-    bool decay, decoupled, amsgrad, maximize, lerpSmall;
+    MomentScalars<T> moment;
+    T beta2, oneMinusBeta2, eps, stepSize, bc2Sqrt;
+    bool amsgrad;
   };
   template <class T>
   static Scalars<T> prepare(const Hyper& h, int64_t step) {
     const double t = static_cast<double>(step);
     const double bc1 = 1.0 - std::pow(h.beta1, t);
     const double bc2 = 1.0 - std::pow(h.beta2, t);
-    return {static_cast<T>(1.0 - h.beta1),
-            static_cast<T>(h.beta1),
+    return {prepareMoment<T>(h, h.decoupled),
             static_cast<T>(h.beta2),
             static_cast<T>(1.0 - h.beta2),
             static_cast<T>(h.eps),
-            static_cast<T>(h.weightDecay),
-            static_cast<T>(1.0 - h.lr * h.weightDecay),
             static_cast<T>(h.lr / bc1),
             static_cast<T>(std::sqrt(bc2)),
-            h.weightDecay != 0.0,
-            h.decoupled,
-            h.amsgrad,
-            h.maximize,
-            (1.0 - h.beta1) < 0.5};
+            h.amsgrad};
   }
   template <class T>
   BAGUA_OPTIM_HD static void apply(const Scalars<T>& c, T& p, T g, T* s) {
-    if (c.maximize) {
-      g = -g;
-    }
-    if (c.decay) {
-      if (c.decoupled) {
-        p = p * c.decayFactor;
-      } else {
-        g = g + c.weightDecay * p;
-      }
-    }
-    const T m = lerpT(s[0], g, c.oneMinusBeta1, c.beta1, c.lerpSmall);
+    const T m = firstMoment(c.moment, p, g, s[0]);
     const T v = c.beta2 * s[1] + c.oneMinusBeta2 * (g * g);
     s[0] = m;
     s[1] = v;
@@ -548,27 +569,18 @@ struct AdamaxRule {
   static double initialState(const Hyper& /*h*/, int /*k*/) { return 0.0; }
   template <class T>
   struct Scalars {
-    T oneMinusBeta1, beta1, beta2, eps, weightDecay, clr;
-    bool decay, maximize, lerpSmall;
+    MomentScalars<T> moment;
+    T beta2, eps, clr;
   };
   template <class T>
   static Scalars<T> prepare(const Hyper& h, int64_t step) {
     const double bc = 1.0 - std::pow(h.beta1, static_cast<double>(step));
-    return {static_cast<T>(1.0 - h.beta1), static_cast<T>(h.beta1),
-            static_cast<T>(h.beta2),       static_cast<T>(h.eps),
-            static_cast<T>(h.weightDecay), static_cast<T>(h.lr / bc),
-            h.weightDecay != 0.0,          h.maximize,
-            (1.0 - h.beta1) < 0.5};
+    return {prepareMoment<T>(h, false), static_cast<T>(h.beta2), static_cast<T>(h.eps),
+            static_cast<T>(h.lr / bc)};
   }
   template <class T>
   BAGUA_OPTIM_HD static void apply(const Scalars<T>& c, T& p, T g, T* s) {
-    if (c.maximize) {
-      g = -g;
-    }
-    if (c.decay) {
-      g = g + c.weightDecay * p;
-    }
-    const T m = lerpT(s[0], g, c.oneMinusBeta1, c.beta1, c.lerpSmall);
+    const T m = firstMoment(c.moment, p, g, s[0]);
     const T a = (g < T(0) ? -g : g) + c.eps;
     const T b = c.beta2 * s[1];
     const T u = b > a ? b : a;
