@@ -48,37 +48,9 @@ namespace {
 
 using bagua::net::testing::fillPattern;
 using bagua::net::testing::firstMismatch;
+using bagua::net::testing::logContains;
+using bagua::net::testing::pluginPath;
 using bagua::net::testing::pollFor;
-
-std::string pluginPath() {
-  return bagua::processEnv("BAGUA_NET_PLUGIN_PATH").value_or("");
-}
-
-// Log lines the plugin sent through the NCCL logger.
-std::mutex gLogMu;
-std::vector<std::string> gLog;
-
-void testLogger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                const char* fmt, ...) {
-  char buf[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(gLogMu);
-  gLog.push_back(bagua::strPrintf("%d %lx %s:%d %s", static_cast<int>(level), flags,
-                                  file != nullptr ? file : "?", line, buf));
-}
-
-bool logContains(const std::string& needle) {
-  std::lock_guard<std::mutex> lock(gLogMu);
-  for (const std::string& l : gLog) {
-    if (l.find(needle) != std::string::npos) {
-      return true;
-    }
-  }
-  return false;
-}
 
 // One version's table behind a version-neutral interface.
 struct Api {
@@ -168,7 +140,9 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   case 11: {
     auto* t = static_cast<ncclNet_v11_t*>(p);
     fillCommon(*a, t);
-    a->init = [t, ap] { return t->init(&ap->ctx, 1234, nullptr, testLogger, nullptr); };
+    a->init = [t, ap] {
+      return t->init(&ap->ctx, 1234, nullptr, bagua::net::testing::captureLogger, nullptr);
+    };
     a->finalize = [t, ap] { return t->finalize(ap->ctx); };
     a->listen = [t, ap](int d, void* h, void** l) { return t->listen(ap->ctx, d, h, l); };
     a->connect = [t, ap](int d, void* h, void** s) {
@@ -189,7 +163,7 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   case 10: {
     auto* t = static_cast<ncclNet_v10_t*>(p);
     fillCommon(*a, t);
-    a->init = [t] { return t->init(testLogger, nullptr); };
+    a->init = [t] { return t->init(bagua::net::testing::captureLogger, nullptr); };
     a->listen = t->listen;
     a->connect = [t](int d, void* h, void** s) {
       ncclNetDeviceHandle_v7_t* dev = nullptr;
@@ -209,7 +183,7 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   case 9: {
     auto* t = static_cast<ncclNet_v9_t*>(p);
     fillCommon(*a, t);
-    a->init = [t] { return t->init(testLogger); };
+    a->init = [t] { return t->init(bagua::net::testing::captureLogger); };
     a->listen = t->listen;
     a->connect = [t](int d, void* h, void** s) {
       ncclNetDeviceHandle_v7_t* dev = nullptr;
@@ -229,7 +203,7 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   case 7: {
     auto setup = [&](auto* t) {
       fillCommon(*a, t);
-      a->init = [t] { return t->init(testLogger); };
+      a->init = [t] { return t->init(bagua::net::testing::captureLogger); };
       a->listen = t->listen;
       a->connect = [t](int d, void* h, void** s) {
         ncclNetDeviceHandle_v7_t* dev = nullptr;
@@ -247,7 +221,7 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   case 6: {
     auto* t = static_cast<ncclNet_v6_t*>(p);
     fillCommon(*a, t);
-    a->init = [t] { return t->init(testLogger); };
+    a->init = [t] { return t->init(bagua::net::testing::captureLogger); };
     a->listen = t->listen;
     a->connect = t->connect;
     intSizes(*a, t);

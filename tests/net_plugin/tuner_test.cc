@@ -18,28 +18,19 @@
 
 #include "bagua/base/params.h"
 #include "nccl_tuner_abi.h"
+#include "net_test_util.h"
 
 namespace {
 
-std::string pluginPath() {
-  return bagua::processEnv("BAGUA_NET_PLUGIN_PATH").value_or("");
-}
+using bagua::net::testing::pluginPath;
 
 constexpr int kAlgos = 7;
 constexpr int kProtos = 3;
 constexpr size_t kKiB = 1024;
 constexpr size_t kMiB = 1024 * 1024;
 
-std::string gLog;  // child only
-
-void logger(ncclDebugLogLevel level, unsigned long flags, const char*, int, const char* fmt, ...) {
-  char buf[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  gLog += std::to_string(static_cast<int>(level)) + " " + std::to_string(flags) + " " + buf + "\n";
-}
+// The plugin logs into the shared capture (net_test_util.h); each child has its own copy.
+constexpr ncclDebugLogger_t logger = bagua::net::testing::captureLogger;
 
 // What one getCollInfo call did.
 struct Call {
@@ -82,7 +73,7 @@ std::string inChild(const std::vector<std::pair<std::string, std::string>>& env,
     std::string out;
     void* lib = dlopen(pluginPath().c_str(), RTLD_NOW | RTLD_LOCAL);
     out = lib == nullptr ? std::string("CHILD FAILED: dlopen: ") + dlerror() : body(lib);
-    out += "\nLOG:\n" + gLog;
+    out += "\nLOG:\n" + bagua::net::testing::logText();
     ssize_t w = write(fds[1], out.data(), out.size());
     close(fds[1]);
     _exit(w == static_cast<ssize_t>(out.size()) ? 0 : 3);
