@@ -432,6 +432,9 @@ ALGO_STEP("BM_AlgorithmStepNccl", decentralized_shift_one, true, "decentralized"
           {{"hierarchical", "false"}, {"peer_selection_mode", "shift_one"}});
 ALGO_STEP("BM_AlgorithmStepNccl", low_precision_decentralized, true, "low_precision_decentralized",
           {{"hierarchical", "false"}});
+// QAdam on CUDA tensors: warm-up is 2 steps, so the timed steps are the compressed stage
+// (momentum kernel, ByteGrad exchange, device Adam step).
+ALGO_STEP("BM_AlgorithmStepNccl", qadam, true, "qadam", {{"hierarchical", "false"}});
 #endif
 
 // Each algorithm against gradient_allreduce of the same backend, same run.

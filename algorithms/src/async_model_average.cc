@@ -130,10 +130,14 @@ class AsyncImpl final : public core::AlgorithmImpl {
     }
     BAGUA_RETURN_IF_ERROR(loopStatus());
     if (!built_) {
-      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "async"));
+      BAGUA_ASSIGN_OR_RETURN(view_, detail::makeWeightView(ddp, "async", /*allowDevice=*/true));
       params_ = &ddp.parameters();
-      temp_.assign(view_.numel, 0.0f);
-      reduced_.assign(view_.numel, 0.0f);
+      trainerStream_ = ddp.options().cudaStream;
+      // On the weights' side: host memory, or the weights' CUDA device (NCCL needs device
+      // memory, also for the 1-byte abort flag).
+      BAGUA_RETURN_IF_ERROR(temp_.ensure(view_.exec, view_.numel * sizeof(float)));
+      BAGUA_RETURN_IF_ERROR(reduced_.ensure(view_.exec, view_.numel * sizeof(float)));
+      BAGUA_RETURN_IF_ERROR(flag_.ensure(view_.exec, sizeof(uint32_t)));
       built_ = true;
     }
     if (state_ == State::kNew && intervalMs_ > 0) {
@@ -165,8 +169,12 @@ class AsyncImpl final : public core::AlgorithmImpl {
 
   Status onPostOptimizerStep(core::DistributedDataParallel& /*ddp*/) override {
     if (locked_) {
+      // CUDA weights: the trainer's kernels (the optimizer step) must be done before the
+      // averaging thread, on its own stream, reads the weights.
+      const Status s = detail::waitForStream(view_.exec, trainerStream_, lockTimeout());
       locked_ = false;
       weightMu_.unlock();
+      BAGUA_RETURN_IF_ERROR(s);
     }
     return loopStatus();
   }
@@ -267,12 +275,18 @@ class AsyncImpl final : public core::AlgorithmImpl {
     core::Communicator& comm = threadGroup_->global();
     const auto timeout = threadGroup_->options().collectiveTimeout;
     const float n = static_cast<float>(comm.size());
+    // Host weights: plain loops. CUDA weights: this thread's own stream (cudaStreamPerThread),
+    // synced before each collective reads a buffer and before the weight lock is released, so
+    // the trainer never sees a half-applied round.
+    const detail::Exec& x = view_.exec;
     while (!stop.stop_requested()) {
       // 1. Abort negotiation: everyone stops in the round where every flag is set.
       uint8_t flag = aborted_.load(std::memory_order_acquire) ? 1 : 0;
+      BAGUA_RETURN_IF_ERROR(detail::copyFromHost(x, flag_.u8(), &flag, 1));
       BAGUA_RETURN_IF_ERROR(
-          comm.allReduce(&flag, &flag, 1, core::DataType::kU8, core::ReduceOp::kMin)
+          comm.allReduce(flag_.u8(), flag_.u8(), 1, core::DataType::kU8, core::ReduceOp::kMin)
               ->wait(timeout));
+      BAGUA_RETURN_IF_ERROR(detail::copyToHost(x, &flag, flag_.u8(), 1));
       if (flag != 0) {
         return Status::ok();
       }
@@ -282,10 +296,11 @@ class AsyncImpl final : public core::AlgorithmImpl {
         if (!guard.held()) {
           return BAGUA_ERROR(kDeadlineExceeded, "the trainer held the weights too long");
         }
-        BAGUA_RETURN_IF_ERROR(detail::gatherWeights(*params_, view_, temp_.data()));
+        BAGUA_RETURN_IF_ERROR(detail::gatherWeights(*params_, view_, temp_.f32()));
+        BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
       }
       // 3. Sum while training goes on.
-      BAGUA_RETURN_IF_ERROR(comm.allReduce(temp_.data(), reduced_.data(), temp_.size(),
+      BAGUA_RETURN_IF_ERROR(comm.allReduce(temp_.f32(), reduced_.f32(), view_.numel,
                                            core::DataType::kF32, core::ReduceOp::kSum)
                                 ->wait(timeout));
       // 4. w += mean - snapshot: local updates made meanwhile are kept.
@@ -296,13 +311,11 @@ class AsyncImpl final : public core::AlgorithmImpl {
         }
         for (size_t k = 0; k < view_.params.size(); ++k) {
           core::Parameter& p = (*params_)[view_.params[k]];
-          auto* w = static_cast<float*>(p.data);
-          const float* red = reduced_.data() + view_.offsets[k];
-          const float* snap = temp_.data() + view_.offsets[k];
-          for (size_t i = 0; i < p.numel; ++i) {
-            w[i] += red[i] / n - snap[i];
-          }
+          BAGUA_RETURN_IF_ERROR(detail::addMeanMinusSnapshot(
+              x, static_cast<float*>(p.data), reduced_.f32() + view_.offsets[k],
+              temp_.f32() + view_.offsets[k], n, p.numel));
         }
+        BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
       }
       rounds_.fetch_add(1, std::memory_order_acq_rel);
       std::unique_lock<std::mutex> lock(loopMu_);
@@ -324,11 +337,14 @@ class AsyncImpl final : public core::AlgorithmImpl {
   bool locked_ = false;
   detail::WeightView view_;
   std::vector<core::Parameter>* params_ = nullptr;
+  void* trainerStream_ = nullptr;  // DdpOptions::cudaStream
 
-  // Averaging thread (temp_, reduced_), weights under weightMu_.
+  // Averaging thread (temp_, reduced_, flag_; allocated by the trainer before the thread
+  // starts), weights under weightMu_.
   WeightLock weightMu_;
-  std::vector<float> temp_;
-  std::vector<float> reduced_;
+  detail::Buffer temp_;
+  detail::Buffer reduced_;
+  detail::Buffer flag_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> loopWantsLock_{false};
   std::atomic<int64_t> rounds_{0};
@@ -370,12 +386,6 @@ Result<std::unique_ptr<core::AlgorithmImpl>> AsyncModelAverage::reify(core::Proc
     return BAGUA_ERROR(kInvalidArgument,
                        "async: sync_interval_ms=%d and warmup_steps=%d must be >= 0",
                        syncIntervalMs_, warmupSteps_);
-  }
-  if (group.global().backendName() == "nccl") {
-    return BAGUA_ERROR(kFailedPrecondition,
-                       "async: asynchronous model average on cuda tensors (NCCL backend) is not "
-                       "implemented: its averaging loop locks and updates host weights; use "
-                       "decentralized or gradient_allreduce on GPUs");
   }
   if (warmupSteps_ == 0) {
     mainStage_ = true;

@@ -1,5 +1,6 @@
 #include "vec_ops.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -148,6 +149,16 @@ Status copyToHost(const Exec& exec, void* hostDst, const void* src, size_t bytes
   BAGUA_ON_DEVICE(exec, "copy to host", bytes, cudakernels::copyToHost(hostDst, src, bytes));
 }
 
+Status copyFromHost(const Exec& exec, void* dst, const void* hostSrc, size_t bytes) {
+  if (!exec.device) {
+    if (bytes > 0) {
+      std::memmove(dst, hostSrc, bytes);
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "copy from host", bytes, cudakernels::copyFromHost(dst, hostSrc, bytes));
+}
+
 Status zeroBytes(const Exec& exec, void* dst, size_t bytes) {
   if (!exec.device) {
     if (bytes > 0) {
@@ -261,6 +272,87 @@ Status divideInPlace(const Exec& exec, float* a, float divisor, size_t n) {
     return Status::ok();
   }
   BAGUA_ON_DEVICE(exec, "divide", n, cudakernels::divideInPlace(a, divisor, n));
+}
+
+Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float* v, size_t n,
+                 const QAdamStepArgs& a) {
+  if (!exec.device) {
+    if (a.warm) {
+      for (size_t i = 0; i < n; ++i) {
+        float g = grad[i];
+        if (a.weightDecay != 0.0f) {
+          g = g + x[i] * a.weightDecay;
+        }
+        m[i] = m[i] * a.b1 + g * a.ob1;
+        v[i] = v[i] * a.b2 + g * g * a.ob2;
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const float denom = std::sqrt(v[i]) / a.bc2Sqrt + a.eps;
+      x[i] = x[i] + (-a.stepSize) * (m[i] / denom);
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "qadam step", n,
+                  cudakernels::qadamStep(x, grad, m, v, n, a.warm, a.weightDecay, a.b1, a.b2, a.ob1,
+                                         a.ob2, a.stepSize, a.bc2Sqrt, a.eps));
+}
+
+Status momentumMix(const Exec& exec, float* slot, const float* m, float b1, float ob1, size_t n) {
+  if (!exec.device) {
+    for (size_t i = 0; i < n; ++i) {
+      slot[i] = m[i] * b1 + slot[i] * ob1;
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "qadam momentum", n, cudakernels::momentumMix(slot, m, b1, ob1, n));
+}
+
+Status addMeanMinusSnapshot(const Exec& exec, float* w, const float* sum, const float* snap,
+                            float n, size_t count) {
+  if (!exec.device) {
+    for (size_t i = 0; i < count; ++i) {
+      w[i] += sum[i] / n - snap[i];
+    }
+    return Status::ok();
+  }
+  BAGUA_ON_DEVICE(exec, "async average", count,
+                  cudakernels::addMeanMinusSnapshot(w, sum, snap, n, count));
+}
+
+Status waitForStream(const Exec& exec, void* stream, std::chrono::milliseconds timeout) {
+  if (!exec.device) {
+    return Status::ok();
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  void* ev = nullptr;
+  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::eventRecord(&ev, stream), "cudaEventRecord", 0));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status s;
+  while (true) {
+    const int q = cudakernels::eventQuery(ev);
+    if (q == 0) {
+      break;
+    }
+    if (q != 1) {
+      s = cudaResult(q, "waiting for a stream", 0);
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      s = BAGUA_ERROR(kDeadlineExceeded, "cuda:%d: the stream's work took over %lld ms",
+                      exec.deviceIndex, static_cast<long long>(timeout.count()));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(10));
+  }
+  cudakernels::eventDestroy(ev);
+  return s;
+#else
+  (void)stream;
+  (void)timeout;
+  return BAGUA_ERROR(kFailedPrecondition, "stream wait: built without CUDA");
+#endif
 }
 
 Status sync(const Exec& exec, std::chrono::milliseconds timeout) {

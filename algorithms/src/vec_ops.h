@@ -59,6 +59,8 @@ class Buffer {
 [[nodiscard]] Status copyBytes(const Exec& exec, void* dst, const void* src, size_t bytes);
 // Device (or host) to host, synchronous: for tests and debugging, never on the data path.
 [[nodiscard]] Status copyToHost(const Exec& exec, void* hostDst, const void* src, size_t bytes);
+// Host to device (or host), synchronous: checkpoints and tests, never on the data path.
+[[nodiscard]] Status copyFromHost(const Exec& exec, void* dst, const void* hostSrc, size_t bytes);
 [[nodiscard]] Status zeroBytes(const Exec& exec, void* dst, size_t bytes);
 // MinMaxUInt8 (compression.h) on either side; `workspace` is grown as the device needs.
 [[nodiscard]] Status compress(const Exec& exec, const float* src, size_t numel, size_t chunks,
@@ -80,6 +82,33 @@ class Buffer {
 [[nodiscard]] Status addAndCopy(const Exec& exec, float* w, const float* d, float* x, size_t n);
 // a[i] /= divisor (the average of a summed all-reduce).
 [[nodiscard]] Status divideInPlace(const Exec& exec, float* a, float divisor, size_t n);
+// QAdam's per-element step (qadam.h), parameters of one step:
+struct QAdamStepArgs {
+  bool warm = false;  // t < warmup_steps: update m and v from the gradient first
+  float weightDecay = 0.0f;
+  float b1 = 0.0f;
+  float b2 = 0.0f;
+  float ob1 = 0.0f;       // 1 - b1
+  float ob2 = 0.0f;       // 1 - b2
+  float stepSize = 0.0f;  // lr / (1 - b1^t)
+  float bc2Sqrt = 0.0f;   // sqrt(1 - b2^t)
+  float eps = 0.0f;
+};
+// if warm: g = grad[i] (+ x[i] * weightDecay); m = m*b1 + g*ob1; v = v*b2 + g*g*ob2;
+// then x[i] = x[i] + (-stepSize) * (m / (sqrt(v) / bc2Sqrt + eps)).
+[[nodiscard]] Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float* v,
+                               size_t n, const QAdamStepArgs& a);
+// slot[i] = m[i] * b1 + slot[i] * ob1 (QAdam's momentum from the local gradient in slot).
+[[nodiscard]] Status momentumMix(const Exec& exec, float* slot, const float* m, float b1, float ob1,
+                                 size_t n);
+// w[i] += sum[i] / n - snap[i] (async model average: the mean minus the snapshot it was taken
+// from, so local updates made meanwhile are kept).
+[[nodiscard]] Status addMeanMinusSnapshot(const Exec& exec, float* w, const float* sum,
+                                          const float* snap, float n, size_t count);
+// Waits, within `timeout`, for the work enqueued so far on another stream of the device (a
+// cudaStream_t; nullptr: the legacy default stream), e.g. the trainer's. No-op on the host.
+[[nodiscard]] Status waitForStream(const Exec& exec, void* stream,
+                                   std::chrono::milliseconds timeout);
 // Waits for the device work this thread enqueued (no-op on the host).
 [[nodiscard]] Status sync(const Exec& exec, std::chrono::milliseconds timeout);
 

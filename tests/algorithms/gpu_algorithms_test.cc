@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bagua/algorithms/algorithms.h"
@@ -99,10 +100,13 @@ struct RankResult {
 
 // Trains kSteps on `kWorld` ranks; device: NCCL + CUDA tensors, else host backend + host tensors.
 // Returns per-rank failure texts; fills results.
+// qadam: train with a QAdamOptimizer of these options and the `qadam` algorithm built with
+// qadamArgs (make is then unused).
 std::string train(bool device,
                   const std::function<Result<std::shared_ptr<core::Algorithm>>()>& make,
                   std::vector<RankResult>& results, bool viewGrads = false,
-                  bool hierarchicalGroup = false) {
+                  bool hierarchicalGroup = false, const QAdamOptions* qadam = nullptr,
+                  const AlgorithmArgs& qadamArgs = {}) {
   auto store = std::make_shared<core::InMemoryStore>();
   results.assign(kWorld, {});
   auto res = bagua::testing::runRanks(
@@ -164,7 +168,18 @@ std::string train(bool device,
           }
         } freeGuard{deviceMem};
         CopySgd opt(params, device);
-        auto algorithm = make();
+        core::Optimizer* stepping = &opt;
+        std::unique_ptr<QAdamOptimizer> qadamOpt;
+        if (qadam != nullptr) {
+          auto q = QAdamOptimizer::create(params, *qadam);
+          if (!q.isOk()) {
+            return q.status().toString();
+          }
+          qadamOpt = std::move(*q);
+          stepping = qadamOpt.get();
+        }
+        auto algorithm =
+            qadam != nullptr ? createAlgorithm("qadam", qadamArgs, qadamOpt.get()) : make();
         if (!algorithm.isOk()) {
           return algorithm.status().toString();
         }
@@ -173,7 +188,7 @@ std::string train(bool device,
         dopt.firstBucketBytes = 4096;
         dopt.gradientAsBucketView = viewGrads;
         std::vector<core::Parameter> buffers;
-        auto ddp = core::withBagua(params, buffers, {&opt}, *algorithm, **pg, dopt);
+        auto ddp = core::withBagua(params, buffers, {stepping}, *algorithm, **pg, dopt);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -280,6 +295,16 @@ TEST(GpuAlgorithmsHarness, HostReferenceIsDeterministic) {
   std::vector<RankResult> a;
   ASSERT_EQ(train(false, make, a), "");
   EXPECT_EQ(compare(a[0].grads, a[1].grads, 0.0, "rank 0 vs rank 1"), "");
+  // The QAdam reference (warm-up, then the compressed stage): deterministic, rank-identical.
+  QAdamOptions o;
+  o.lr = 0.01f;
+  o.warmupSteps = 2;
+  std::vector<RankResult> q1, q2;
+  ASSERT_EQ(train(false, make, q1, false, false, &o, {{"hierarchical", "false"}}), "");
+  ASSERT_EQ(train(false, make, q2, false, false, &o, {{"hierarchical", "false"}}), "");
+  EXPECT_EQ(compare(q1[0].weights, q2[0].weights, 0.0, "qadam run 1 vs run 2"), "");
+  EXPECT_EQ(compare(q1[0].weights, q1[1].weights, 0.0, "qadam rank 0 vs rank 1"), "");
+  EXPECT_NE(q1[0].weights[0][0], initialWeight(0, 0, 0)) << "qadam: weights never moved";
 }
 
 TEST(GpuAlgorithms, GradientAllReduceMatchesHost) {
@@ -356,29 +381,270 @@ TEST(GpuAlgorithms, LowPrecisionDecentralizedBitIdenticalToHostWithReplicaInvari
   EXPECT_EQ(compare({dev[1].replicaSelf}, {dev[0].replicaLeft}, 0.0, "w1 vs l0"), "");
 }
 
-TEST(GpuAlgorithms, QAdamAndAsyncRefuseDeviceTensorsByName) {
-  REQUIRE_TWO_GPUS();
-  for (const std::string name : {"async"}) {
-    auto make = [&] { return createAlgorithm(name, {}); };
-    std::vector<RankResult> dev;
-    const std::string err = train(true, make, dev);
-    EXPECT_NE(err.find(name), std::string::npos) << err;
-    EXPECT_NE(err.find("cuda"), std::string::npos) << err;
+// QAdamOptimizer on CUDA parameters against the same optimizer on host copies: identical
+// inputs, so weights, m and v must agree bit for bit (the kernel does the host loop's float
+// operations in the same order, -fmad=false, IEEE sqrt and division), through the warm-up and
+// the frozen-variance stage, with weight decay. Needs one GPU.
+TEST(GpuAlgorithms, QAdamOptimizerStepBitIdenticalToHost) {
+  if (gpuCount() < 1) {
+    GTEST_SKIP() << "needs a CUDA device (found none): runs on the GPU machine";
   }
-  // QAdam's optimizer refuses device parameters at creation.
-  float* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);
-  std::vector<core::Parameter> params(1);
-  params[0].name = "w";
-  params[0].data = d;
-  params[0].grad = d;
-  params[0].numel = 16;
-  params[0].device = {core::DeviceType::kCuda, 0};
-  auto q = QAdamOptimizer::create(params);
-  cudaFree(d);
-  ASSERT_FALSE(q.isOk());
-  EXPECT_NE(q.status().toString().find("qadam"), std::string::npos);
-  EXPECT_NE(q.status().toString().find("cuda"), std::string::npos);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  QAdamOptions o;
+  o.lr = 0.01f;
+  o.warmupSteps = 4;
+  o.weightDecay = 0.01f;
+  std::vector<core::Parameter> host(kSizes.size()), dev(kSizes.size());
+  std::vector<std::vector<float>> hw(kSizes.size()), hg(kSizes.size());
+  std::vector<void*> mem;
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    const size_t n = kSizes[t];
+    hw[t].resize(n);
+    hg[t].assign(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) {
+      hw[t][i] = initialWeight(1, t, i);
+    }
+    host[t].name = dev[t].name = "p" + std::to_string(t);
+    host[t].numel = dev[t].numel = n;
+    host[t].data = hw[t].data();
+    host[t].grad = hg[t].data();
+    void* d = nullptr;
+    void* g = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, n * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&g, n * 4), cudaSuccess);
+    mem.push_back(d);
+    mem.push_back(g);
+    ASSERT_EQ(cudaMemcpy(d, hw[t].data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    dev[t].data = d;
+    dev[t].grad = g;
+    dev[t].device = {core::DeviceType::kCuda, 0};
+  }
+  struct Free {
+    std::vector<void*>& m;
+    ~Free() {
+      for (void* p : m) {
+        cudaFree(p);
+      }
+    }
+  } freeGuard{mem};
+  auto qh = QAdamOptimizer::create(host, o);
+  auto qd = QAdamOptimizer::create(dev, o);
+  ASSERT_TRUE(qh.isOk()) << qh.status().toString();
+  ASSERT_TRUE(qd.isOk()) << qd.status().toString();
+  for (int step = 1; step <= 7; ++step) {
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      for (size_t i = 0; i < kSizes[t]; ++i) {
+        hg[t][i] = gradient(static_cast<int>(t % 2), step, t, i);
+      }
+      ASSERT_EQ(cudaMemcpy(dev[t].grad, hg[t].data(), kSizes[t] * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    ASSERT_TRUE((*qh)->step().isOk());
+    const Status s = (*qd)->step();
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      const size_t n = kSizes[t];
+      std::vector<float> w(n), m(n), v(n), mh(n), vh(n);
+      ASSERT_EQ(cudaMemcpy(w.data(), dev[t].data, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_TRUE((*qd)->readState(static_cast<int>(t), false, m.data()).isOk());
+      ASSERT_TRUE((*qd)->readState(static_cast<int>(t), true, v.data()).isOk());
+      ASSERT_TRUE((*qh)->readState(static_cast<int>(t), false, mh.data()).isOk());
+      ASSERT_TRUE((*qh)->readState(static_cast<int>(t), true, vh.data()).isOk());
+      ASSERT_EQ(compare({w}, {hw[t]}, 0.0, "weights"), "") << "step " << step << " tensor " << t;
+      ASSERT_EQ(compare({m}, {mh}, 0.0, "exp_avg"), "") << "step " << step << " tensor " << t;
+      ASSERT_EQ(compare({v}, {vh}, 0.0, "exp_avg_sq"), "") << "step " << step << " tensor " << t;
+      EXPECT_NE(w[n / 2], initialWeight(1, t, n / 2)) << "weights never moved";
+    }
+  }
+  // State round trip through host memory, and zeroGrad on the device.
+  std::vector<float> m(kSizes[1]);
+  for (size_t i = 0; i < m.size(); ++i) {
+    m[i] = static_cast<float>(i) * 0.5f;
+  }
+  ASSERT_TRUE((*qd)->writeState(1, false, m.data()).isOk());
+  std::vector<float> back(kSizes[1]);
+  ASSERT_TRUE((*qd)->readState(1, false, back.data()).isOk());
+  EXPECT_EQ(back, m);
+  EXPECT_FALSE((*qd)->readState(99, false, back.data()).isOk());
+  (*qd)->zeroGrad();
+  std::vector<float> g(kSizes[0], 1.0f);
+  ASSERT_EQ(cudaMemcpy(g.data(), dev[0].grad, g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(g, std::vector<float>(kSizes[0], 0.0f));
+  // State tensors point at device memory and say so (the reducer broadcasts them over NCCL).
+  for (const core::Parameter& p : (*qd)->stateTensors()) {
+    EXPECT_EQ(p.device.type, core::DeviceType::kCuda) << p.name;
+  }
+}
+
+// QAdam over NCCL on CUDA tensors against the host run: two warm-up iterations (full-precision
+// average), then the compressed-momentum stage. The compression stage is bit-identical (ByteGrad
+// kernels, momentum kernel); the warm-up average is NCCL's own reduction (for two ranks (a+b)/2,
+// one rounding on both sides), so the bound allows one ulp's worth. Every rank ends with
+// bitwise identical weights.
+TEST(GpuAlgorithms, QAdamMatchesHost) {
+  REQUIRE_TWO_GPUS();
+  QAdamOptions o;
+  o.lr = 0.01f;
+  o.warmupSteps = 2;  // kSteps = 3: iterations 1-2 warm-up, 3 compressed
+  o.weightDecay = 0.01f;
+  const AlgorithmArgs args = {{"hierarchical", "false"}};
+  auto unused = [] { return createAlgorithm("qadam", {}); };
+  std::vector<RankResult> host, dev;
+  ASSERT_EQ(train(false, unused, host, false, false, &o, args), "");
+  ASSERT_EQ(train(true, unused, dev, false, false, &o, args), "");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(compare(dev[r].weights, host[r].weights, 1e-6, "weights (device vs host)"), "")
+        << "rank " << r;
+  }
+  EXPECT_EQ(compare(dev[0].weights, dev[1].weights, 0.0, "rank 0 vs rank 1"), "");
+  EXPECT_EQ(compare(host[0].weights, host[1].weights, 0.0, "host rank 0 vs rank 1"), "");
+}
+
+// Async model average on CUDA tensors over NCCL (Bagua's test_async_model_average on GPUs): each
+// rank shifts its weights by r + 1 once, gradients stay zero, so after background rounds both
+// hold w0 + 1.5; abort() stops both ranks in the same round; resume/abort/resume works; the
+// reducer goes away without a final abort() promptly.
+TEST(GpuAlgorithms, AsyncAveragesDeviceWeightsAndShutsDownCleanly) {
+  REQUIRE_TWO_GPUS();
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<std::vector<std::vector<float>>> got(kWorld);
+  std::vector<int64_t> rounds(kWorld);
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions o;
+        o.rank = r;
+        o.worldSize = kWorld;
+        o.backend = core::Backend::kNccl;
+        o.cudaDevice = r;
+        o.rendezvousTimeout = 60000ms;
+        o.collectiveTimeout = 60000ms;
+        auto pg = core::ProcessGroup::create(store, o);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        cudaSetDevice(r);
+        std::vector<core::Parameter> params(kSizes.size());
+        std::vector<void*> mem;
+        struct Free {
+          std::vector<void*>& m;
+          ~Free() {
+            for (void* p : m) {
+              cudaFree(p);
+            }
+          }
+        } freeGuard{mem};
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          const size_t n = kSizes[t];
+          std::vector<float> w(n);
+          for (size_t i = 0; i < n; ++i) {
+            w[i] = initialWeight(r, t, i);
+          }
+          void* d = nullptr;
+          void* g = nullptr;
+          if (cudaMalloc(&d, n * 4) != cudaSuccess || cudaMalloc(&g, n * 4) != cudaSuccess) {
+            return "cudaMalloc failed";
+          }
+          mem.push_back(d);
+          mem.push_back(g);
+          cudaMemcpy(d, w.data(), n * 4, cudaMemcpyHostToDevice);
+          cudaMemset(g, 0, n * 4);
+          params[t].name = "layer" + std::to_string(t) + ".weight";
+          params[t].numel = n;
+          params[t].data = d;
+          params[t].grad = g;
+          params[t].device = {core::DeviceType::kCuda, r};
+        }
+        CopySgd opt(params, true);
+        auto algo = std::make_shared<AsyncModelAverage>(5, 0);
+        std::vector<core::Parameter> buffers;
+        auto ddp = core::withBagua(params, buffers, {&opt}, algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        auto iterate = [&](bool perturb) -> Status {
+          BAGUA_RETURN_IF_ERROR((*ddp)->prepareForward());
+          if (perturb) {  // under the weight lock, as a forward/backward would change them
+            for (size_t t = 0; t < kSizes.size(); ++t) {
+              std::vector<float> w(kSizes[t]);
+              opt.copyOut(w.data(), params[t].data, w.size());
+              for (float& f : w) {
+                f += static_cast<float>(r + 1);
+              }
+              opt.copyIn(params[t].data, w.data(), w.size());
+            }
+          }
+          for (int t = static_cast<int>(kSizes.size()) - 1; t >= 0; --t) {
+            BAGUA_RETURN_IF_ERROR((*ddp)->markGradReady(t));  // gradients stay zero
+          }
+          BAGUA_RETURN_IF_ERROR((*ddp)->finishBackward());
+          return (*ddp)->step();
+        };
+        auto fail = [](const char* what, const Status& s) {
+          return std::string(what) + ": " + s.toString();
+        };
+        Status s = iterate(true);
+        if (!s.isOk()) {
+          return fail("first iteration", s);
+        }
+        const int64_t start = algo->rounds();
+        const auto deadline = std::chrono::steady_clock::now() + 30s;
+        while (algo->rounds() < start + 3) {
+          if (std::chrono::steady_clock::now() > deadline) {
+            return "no averaging rounds within 30 s";
+          }
+          s = iterate(false);
+          if (!s.isOk()) {
+            return fail("iteration", s);
+          }
+          std::this_thread::sleep_for(2ms);
+        }
+        s = algo->abort();
+        if (s.isOk()) {
+          s = algo->abort();  // repeated abort: no-op
+        }
+        if (!s.isOk()) {
+          return fail("abort", s);
+        }
+        rounds[r] = algo->rounds();
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          got[r].emplace_back(kSizes[t]);
+          opt.copyOut(got[r].back().data(), params[t].data, kSizes[t]);
+        }
+        s = algo->resume();
+        for (int i = 0; s.isOk() && i < 5; ++i) {
+          s = iterate(false);
+        }
+        if (s.isOk()) {
+          s = algo->abort();
+        }
+        if (s.isOk()) {
+          s = algo->resume();
+        }
+        if (s.isOk()) {
+          s = iterate(false);
+        }
+        if (!s.isOk()) {
+          return fail("resume/abort sequence", s);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        ddp->reset();
+        if (std::chrono::steady_clock::now() - t0 > 10s) {
+          return "shutdown without abort() took more than 10 s";
+        }
+        return "";
+      },
+      120000ms);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  EXPECT_EQ(rounds[1], rounds[0]);
+  for (int r = 0; r < kWorld; ++r) {
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      for (size_t i = 0; i < kSizes[t]; ++i) {
+        ASSERT_NEAR(got[r][t][i], initialWeight(0, t, i) + 1.5f, 1e-4)
+            << "rank " << r << " tensor " << t << " element " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

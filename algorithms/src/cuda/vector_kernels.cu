@@ -69,6 +69,43 @@ __global__ void divideInPlaceKernel(float* a, float divisor, size_t n) {
   }
 }
 
+// QAdam's step (vec_ops.cc qadamStep is the host reference, same operations in the same order;
+// sqrtf and the division are IEEE correctly rounded without -use_fast_math).
+__global__ void qadamStepKernel(float* x, const float* grad, float* m, float* v, size_t n, int warm,
+                                float weightDecay, float b1, float b2, float ob1, float ob2,
+                                float stepSize, float bc2Sqrt, float eps) {
+  BAGUA_GRID_LOOP(i, n) {
+    float mi = m[i];
+    float vi = v[i];
+    const float xi = x[i];
+    if (warm) {
+      float g = grad[i];
+      if (weightDecay != 0.0f) {
+        g = g + xi * weightDecay;
+      }
+      mi = mi * b1 + g * ob1;
+      vi = vi * b2 + g * g * ob2;
+      m[i] = mi;
+      v[i] = vi;
+    }
+    const float denom = sqrtf(vi) / bc2Sqrt + eps;
+    x[i] = xi + (-stepSize) * (mi / denom);
+  }
+}
+
+__global__ void momentumMixKernel(float* slot, const float* m, float b1, float ob1, size_t n) {
+  BAGUA_GRID_LOOP(i, n) {
+    slot[i] = m[i] * b1 + slot[i] * ob1;
+  }
+}
+
+__global__ void addMeanMinusSnapshotKernel(float* w, const float* sum, const float* snap, float n,
+                                           size_t count) {
+  BAGUA_GRID_LOOP(i, count) {
+    w[i] += sum[i] / n - snap[i];
+  }
+}
+
 int launched() {
   return static_cast<int>(cudaGetLastError());
 }
@@ -113,6 +150,17 @@ int copyToHost(void* hostDst, const void* src, size_t bytes) {
   return static_cast<int>(e);
 }
 
+int copyFromHost(void* dst, const void* hostSrc, size_t bytes) {
+  if (bytes == 0) {
+    return 0;
+  }
+  cudaError_t e = cudaMemcpyAsync(dst, hostSrc, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
+  if (e == cudaSuccess) {
+    e = cudaStreamSynchronize(cudaStreamPerThread);
+  }
+  return static_cast<int>(e);
+}
+
 int zero(void* dst, size_t bytes) {
   if (bytes == 0) {
     return 0;
@@ -134,6 +182,41 @@ int queryStream() {
 
 void* perThreadStream() {
   return static_cast<void*>(cudaStreamPerThread);
+}
+
+int eventRecord(void** event, void* stream) {
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) {
+      cudaEventDestroy(ev);
+      ev = nullptr;
+    }
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  *event = ev;
+  return static_cast<int>(e);
+}
+
+int eventQuery(void* event) {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaSuccess) {
+    return 0;
+  }
+  if (e == cudaErrorNotReady) {
+    return 1;
+  }
+  (void)cudaGetLastError();
+  return static_cast<int>(e);
+}
+
+void eventDestroy(void* event) {
+  if (event != nullptr) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
 }
 
 int reduceChunks(const float* chunks, size_t n, size_t c, bool average, float* out) {
@@ -183,6 +266,34 @@ int divideInPlace(float* a, float divisor, size_t n) {
     return 0;
   }
   divideInPlaceKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, divisor, n);
+  return launched();
+}
+
+int qadamStep(float* x, const float* grad, float* m, float* v, size_t n, bool warm,
+              float weightDecay, float b1, float b2, float ob1, float ob2, float stepSize,
+              float bc2Sqrt, float eps) {
+  if (n == 0) {
+    return 0;
+  }
+  qadamStepKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(
+      x, grad, m, v, n, warm ? 1 : 0, weightDecay, b1, b2, ob1, ob2, stepSize, bc2Sqrt, eps);
+  return launched();
+}
+
+int momentumMix(float* slot, const float* m, float b1, float ob1, size_t n) {
+  if (n == 0) {
+    return 0;
+  }
+  momentumMixKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(slot, m, b1, ob1, n);
+  return launched();
+}
+
+int addMeanMinusSnapshot(float* w, const float* sum, const float* snap, float n, size_t count) {
+  if (count == 0) {
+    return 0;
+  }
+  addMeanMinusSnapshotKernel<<<blocksFor(count), kThreads, 0, cudaStreamPerThread>>>(w, sum, snap,
+                                                                                     n, count);
   return launched();
 }
 

@@ -1,4 +1,6 @@
-// QAdamOptimizer: Bagua's QAdam optimizer (arXiv 2102.02888) for f32 CPU parameters. Pair it
+// QAdamOptimizer: Bagua's QAdam optimizer (arXiv 2102.02888) for f32 parameters on the CPU or on
+// CUDA devices (m and v live next to each parameter; a CUDA kernel steps device parameters with
+// the host loop's float operations in the same order, so both sides agree bit for bit). Pair it
 // with the `qadam` algorithm (algorithms.h), which averages the gradients in full precision
 // during warm-up and the compressed momentum afterwards.
 //
@@ -11,11 +13,16 @@
 // operation (m = b1*m + (1-b1)*grad, then averaged with MinMaxUInt8 compression) and v stays
 // frozen, as in Bagua.
 //
+// Device parameters: step() and zeroGrad() enqueue on the calling thread's per-thread default
+// stream and wait for it (bounded by QAdamOptions::deviceTimeout) before returning, so the
+// parameters are updated when they return, as on the CPU.
+//
 // Thread safety: step()/zeroGrad() on the trainer's thread. During backward the reducer's
 // bucket thread writes m of the bucket's parameters (compression stage only); the reducer
-// finishes that before finishBackward() returns.
+// finishes that (device work included) before finishBackward() returns.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,34 +39,49 @@ struct QAdamOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weightDecay = 0.0f;
+  // Bound on waiting for a step's device work (CUDA parameters): DeadlineExceeded past it.
+  std::chrono::milliseconds deviceTimeout{300000};
 };
 
 class QAdamOptimizer final : public core::Optimizer {
  public:
   // InvalidArgument for warmup_steps <= 0, lr < 0, betas outside [0, 1), eps < 0, a parameter
-  // that is not f32 on the CPU. `params` is borrowed (must outlive the optimizer).
+  // that is not f32; FailedPrecondition for a CUDA parameter in a build without the CUDA kernels;
+  // CudaError if the device state cannot be allocated. `params` is borrowed (must outlive the
+  // optimizer).
   static Result<std::unique_ptr<QAdamOptimizer>> create(std::vector<core::Parameter>& params,
                                                         const QAdamOptions& options = {});
+  ~QAdamOptimizer() override;
+  QAdamOptimizer(const QAdamOptimizer&) = delete;
+  QAdamOptimizer& operator=(const QAdamOptimizer&) = delete;
 
   Status step() override;
+  // Zeroes the gradients (device ones on the device; an error is logged, the interface has no
+  // status).
   void zeroGrad() override;
-  // m and v of every parameter ("<name>.exp_avg", "<name>.exp_avg_sq").
+  // m and v of every parameter ("<name>.exp_avg", "<name>.exp_avg_sq"), on the parameter's side.
   std::vector<core::Parameter> stateTensors() override;
 
   int64_t stepCount() const { return step_; }
   const QAdamOptions& options() const { return options_; }
-  // The momentum of parameter `param` (index into the parameter list).
-  float* expAvg(int param) { return m_[param].data(); }
-  float* expAvgSq(int param) { return v_[param].data(); }
+  // The momentum and variance of parameter `param` (index into the parameter list), where the
+  // parameter lives: host memory for a CPU parameter, device memory for a CUDA one.
+  float* expAvg(int param);
+  float* expAvgSq(int param);
+  // Copies m (second = false) or v (second = true) of `param` to or from host memory, either
+  // side, synchronously (checkpoints, tests). InvalidArgument for an index out of range.
+  [[nodiscard]] Status readState(int param, bool second, float* hostOut);
+  [[nodiscard]] Status writeState(int param, bool second, const float* hostIn);
 
  private:
+  struct State;  // m and v of one parameter, on its side (qadam.cc)
+
   QAdamOptimizer(std::vector<core::Parameter>& params, const QAdamOptions& options);
 
   std::vector<core::Parameter>& params_;
   QAdamOptions options_;
   int64_t step_ = 0;
-  std::vector<std::vector<float>> m_;
-  std::vector<std::vector<float>> v_;
+  std::vector<std::unique_ptr<State>> state_;
 };
 
 }  // namespace bagua::algo
