@@ -15,8 +15,8 @@
 //                         one uchar4 store; tiles visited last-to-first so that the tail pass 1
 //                         read last is still in L2.
 //   decompress            grid (tiles, chunks): uchar4 loads, float4 stores where aligned.
-// Grids are sized from the SM count (queried once per device) and stride, so no 65535 cap
-// applies to the element count.
+// Grids are one wave of the device (occupancy x SM count, queried once per kernel and device)
+// and stride, so no 65535 cap applies to the element count.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -35,7 +35,6 @@ constexpr unsigned kNegInfBits = 0xff800000u;
 constexpr int kUnroll = 4;                                 // quads in flight per thread
 constexpr size_t kTileQuads = size_t{kThreads} * kUnroll;  // 4096 elements per block step
 constexpr int kWarps = kThreads / 32;
-constexpr int kBlocksPerSm = 2048 / kThreads;
 constexpr unsigned kMaxGridY = 65535;
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -371,39 +370,48 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Streaming multiprocessors of the current device, queried once per device.
-size_t smCount() {
-  constexpr int kCached = 64;
-  static std::atomic<int> cache[kCached] = {};
+// Blocks of `kernel` that fit on the whole current device at once (occupancy x SM count),
+// queried once per (kernel, device): grids of exactly one wave, so no block starts late and
+// leaves a tail.
+enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kHeaderSlot, kSlots };
+
+size_t residentBlocks(const void* kernel, KernelSlot slot) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kSlots][kCachedDevices] = {};
+  constexpr int kFallback = 132 * 4;  // an H100/H200 at half occupancy
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 132;
+    return kFallback;
   }
-  if (dev >= 0 && dev < kCached) {
-    const int known = cache[dev].load(std::memory_order_relaxed);
+  const bool cacheable = dev >= 0 && dev < kCachedDevices;
+  if (cacheable) {
+    const int known = cache[slot][dev].load(std::memory_order_relaxed);
     if (known > 0) {
       return static_cast<size_t>(known);
     }
   }
   int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      sms <= 0) {
+  int perSm = 0;
+  int blocks = kFallback;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernel, kThreads, 0) == cudaSuccess &&
+      sms > 0 && perSm > 0) {
+    blocks = sms * perSm;
+  } else {
     (void)cudaGetLastError();
-    sms = 132;
   }
-  if (dev >= 0 && dev < kCached) {
-    cache[dev].store(sms, std::memory_order_relaxed);
+  if (cacheable) {
+    cache[slot][dev].store(blocks, std::memory_order_relaxed);
   }
-  return static_cast<size_t>(sms);
+  return static_cast<size_t>(blocks);
 }
 
-// Grid for `count` chunks of `tiles` tiles each: about kBlocksPerSm blocks per SM in all.
-dim3 tileGrid(size_t tiles, size_t count) {
-  const size_t target = smCount() * kBlocksPerSm;
-  size_t perChunk = (target + count - 1) / count;
+// Grid of `count` chunks (y) by at most `perChunkMax` blocks (x), about `resident` in all.
+dim3 chunkGrid(size_t perChunkMax, size_t count, size_t resident) {
+  size_t perChunk = (resident + count - 1) / count;
   perChunk = perChunk == 0 ? 1 : perChunk;
-  size_t x = tiles < perChunk ? tiles : perChunk;
+  size_t x = perChunkMax < perChunk ? perChunkMax : perChunk;
   x = x == 0 ? 1 : x;
   const size_t y = count < kMaxGridY ? count : kMaxGridY;
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y == 0 ? 1 : y), 1);
@@ -419,16 +427,21 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
   const size_t stride = payload + 32;
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
-  const size_t parts = partialsPerChunk(c);
-  const size_t gy = count < kMaxGridY ? count : kMaxGridY;
-  partialMinMax<<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(gy), 1), kThreads, 0,
-                  s>>>(src, numel, c, first, count, partials);
-  const size_t hx = count < smCount() * kBlocksPerSm ? count : smCount() * kBlocksPerSm;
+  // Pass 1 uses at most partialsPerChunk(c) blocks per chunk (the workspace holds that many
+  // partials), fewer when one wave of the device is reached.
+  const dim3 g1 =
+      chunkGrid(partialsPerChunk(c), count,
+                residentBlocks(reinterpret_cast<const void*>(&partialMinMax), kPartialSlot));
+  partialMinMax<<<g1, kThreads, 0, s>>>(src, numel, c, first, count, partials);
+  const size_t hmax = residentBlocks(reinterpret_cast<const void*>(&writeHeaders), kHeaderSlot);
+  const size_t hx = count < hmax ? count : hmax;
   writeHeaders<<<static_cast<unsigned>(hx), kThreads, 0, s>>>(partials, numel, c, first, count,
-                                                              parts, stride, dst);
+                                                              g1.x, stride, dst);
   if (payload > 0) {
     const size_t tiles = (payload / 4 + kTileQuads - 1) / kTileQuads;
-    quantise<<<tileGrid(tiles, count), kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
+    const dim3 g3 = chunkGrid(
+        tiles, count, residentBlocks(reinterpret_cast<const void*>(&quantise), kQuantiseSlot));
+    quantise<<<g3, kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -444,7 +457,9 @@ int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int 
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
   const size_t tiles = ((c + 3) / 4 + kTileQuads - 1) / kTileQuads;
-  dequantise<<<tileGrid(tiles, count), kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
+  const dim3 g = chunkGrid(
+      tiles, count, residentBlocks(reinterpret_cast<const void*>(&dequantise), kDequantiseSlot));
+  dequantise<<<g, kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
   return static_cast<int>(cudaGetLastError());
 }
 

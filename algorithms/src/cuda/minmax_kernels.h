@@ -8,11 +8,12 @@
 namespace bagua::algo::cudakernels {
 
 constexpr int kThreads = 256;
-// Pass 1 of compress: one block per kElemsPerPartial elements of a chunk, at most kMaxPartials.
-constexpr size_t kElemsPerPartial = 8192;
-constexpr size_t kMaxPartials = 1024;
+// Pass 1 of compress: at most one block per kElemsPerPartial elements of a chunk (one tile) and
+// at most kMaxPartials per chunk (the launch uses fewer once one wave of the device is full).
+constexpr size_t kElemsPerPartial = 4096;
+constexpr size_t kMaxPartials = 2048;
 
-// Partial min/max blocks per chunk of c elements.
+// Upper bound of the partial min/max blocks per chunk of c elements (sizes the workspace).
 inline size_t partialsPerChunk(size_t c) {
   size_t p = (c + kElemsPerPartial - 1) / kElemsPerPartial;
   p = p == 0 ? 1 : p;
