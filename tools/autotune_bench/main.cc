@@ -6,6 +6,8 @@
 //                        [--fwd_us 3000] [--bwd_us 150] [--default_kib 10240]
 //                        [--iters 60] [--rounds 3] [--samples 14] [--window_s 0.8]
 //                        [--warmup_s 1] [--seed 0]
+//                        [--transport auto|engine] [--net_streams 4] [--segment_kib 8]
+//                        [--grid_segments_kib 8,32,128,512]
 //
 // The model: `layers` layers of `tensors` f32 gradients of `numel` elements each (many small
 // tensors). Each iteration sleeps `fwd_us` for the forward pass, then per layer (last first)
@@ -26,6 +28,15 @@
 //   3. final: `rounds` alternating rounds of the default, the grid's best and the tuned setting,
 //      `iters` iterations each; medians reported (so background load hits all three alike).
 // Every reducer's first iteration is checked: each gradient must be the mean over ranks.
+//
+// --transport=engine: the host backend over the Bagua-Net engine (TCP, `net_streams` data
+// streams per connection, BAGUA_HOST_NET_STREAMS) starting from a poor segment size
+// (`segment_kib`, BAGUA_HOST_SEGMENT_BYTES: the pieces messages are cut into; pieces up to 64 KiB
+// go inline on the control stream). The tuner also tunes the live transport knobs
+// (host_segment_bytes, net_streams, net_chunk_bytes, autotune/transport_knobs.h), the grid sweeps
+// bucket size x segment size (`grid_segments_kib`) at the default stream count, and the default
+// is the 10 MiB bucket with the starting transport setting. Every contestant's transport setting
+// is applied live (core::setHostTuning) before it is measured.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,9 +50,12 @@
 #include <vector>
 
 #include "bagua/autotune/autotuner.h"
+#include "bagua/autotune/transport_knobs.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
 #include "bagua/core/ddp.h"
+#include "bagua/core/host_tuning.h"
+#include "bagua/core/params.h"
 #include "bagua/core/process_group.h"
 
 namespace {
@@ -65,6 +79,10 @@ struct Args {
   double windowS = 0.8;
   double warmupS = 1.0;
   uint64_t seed = 0;
+  bool engine = false;
+  int netStreams = 4;
+  double segmentKib = 8;
+  std::vector<uint64_t> gridSegmentsKib = {8, 32, 128, 512};
 };
 
 bool parseArgs(int argc, char** argv, Args* a) {
@@ -104,12 +122,44 @@ bool parseArgs(int argc, char** argv, Args* a) {
       a->warmupS = d;
     } else if (k == "seed") {
       a->seed = static_cast<uint64_t>(d);
+    } else if (k == "transport") {
+      if (v != "auto" && v != "engine") {
+        std::fprintf(stderr, "--transport must be auto or engine\n");
+        return false;
+      }
+      a->engine = v == "engine";
+    } else if (k == "net_streams") {
+      a->netStreams = static_cast<int>(d);
+    } else if (k == "segment_kib") {
+      a->segmentKib = d;
+    } else if (k == "grid_segments_kib") {
+      a->gridSegmentsKib.clear();
+      for (size_t pos = 0; pos < v.size();) {
+        size_t comma = v.find(',', pos);
+        a->gridSegmentsKib.push_back(
+            std::strtoull(v.substr(pos, comma - pos).c_str(), nullptr, 10));
+        pos = comma == std::string::npos ? v.size() : comma + 1;
+      }
     } else {
       std::fprintf(stderr, "unknown option --%s\n", k.c_str());
       return false;
     }
   }
-  return a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2;
+  return a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2 &&
+         a->netStreams >= 1 && a->segmentKib >= 4 && !a->gridSegmentsKib.empty();
+}
+
+// A transport setting of the engine (what core::setHostTuning applies).
+struct Tx {
+  uint64_t segment = 0;
+  int streams = 0;
+  uint64_t chunk = 0;
+};
+
+// The engine's own rule for a segment-sized message at `streams` streams (an even split, at least
+// BAGUA_NET_MIN_CHUNKSIZE's 64 KiB default): the chunk size the default setting stands for.
+uint64_t defaultChunk(uint64_t segment, int streams) {
+  return std::max<uint64_t>(segment / static_cast<uint64_t>(streams), 64 << 10);
 }
 
 struct Model {
@@ -200,14 +250,15 @@ double median(std::vector<double> v) {
 }
 
 struct Report {
-  std::map<uint64_t, double> grid;  // bucket bytes -> it/s
+  std::map<std::pair<uint64_t, uint64_t>, double> grid;  // (bucket, segment) bytes -> it/s
   double tuneWallS = 0;
   int64_t tuneIters = 0;
   double tuneOverheadS = 0;
   int trials = 0;
   Setting tuned;
   std::vector<double> finalDefault, finalGrid, finalTuned;
-  uint64_t gridBest = 0;
+  std::pair<uint64_t, uint64_t> gridBest{0, 0};
+  std::vector<std::string> knobs;
 };
 
 Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* rep) {
@@ -215,7 +266,33 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
   po.rank = rank;
   po.worldSize = a.world;
   po.hierarchical = false;
+  if (a.engine) {
+    po.hostTransport = HostTransport::kEngine;
+    po.hostSharedMemory = false;
+  }
   BAGUA_ASSIGN_OR_RETURN(auto pg, ProcessGroup::create(store, po));
+  // Collective: every rank applies the same setting before the same measurement.
+  auto setTx = [&](const Tx& t) -> Status {
+    if (!a.engine) {
+      return Status::ok();
+    }
+    HostTuning h;
+    h.segmentBytes = t.segment;
+    h.engineStreams = t.streams;
+    h.engineChunkBytes = t.chunk;
+    return setHostTuning(*pg, h, std::chrono::minutes(2));
+  };
+  const uint64_t seg0 = static_cast<uint64_t>(a.segmentKib * 1024);
+  const Tx defaultTx{seg0, a.netStreams, defaultChunk(seg0, a.netStreams)};
+  const std::vector<uint64_t> gridSegments =
+      a.engine ? [&] {
+        std::vector<uint64_t> v;
+        for (uint64_t k : a.gridSegmentsKib) {
+          v.push_back(k << 10);
+        }
+        return v;
+      }()
+               : std::vector<uint64_t>{0};
   Model m(a);
   uint64_t total = 0;
   for (const auto& p : m.params) {
@@ -229,50 +306,61 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     o.firstBucketBytes = static_cast<size_t>(capKib * 1024.0);  // one size for every bucket
     return withBagua(m.params, m.buffers, {}, algo, *pg, o);
   };
-  auto fixed = [&](uint64_t bytes) -> Result<double> {
+  auto fixed = [&](uint64_t bytes, uint64_t segment) -> Result<double> {
+    BAGUA_RETURN_IF_ERROR(setTx(
+        segment == 0 ? defaultTx : Tx{segment, a.netStreams, defaultChunk(segment, a.netStreams)}));
     auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
     BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
     BAGUA_RETURN_IF_ERROR(algo->schedule(1, layoutFor(*d, bytes)));
     return measure(*d, m, a, rank);
   };
   auto deflt = [&]() -> Result<double> {
+    BAGUA_RETURN_IF_ERROR(setTx(defaultTx));
     auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
     BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
     return measure(*d, m, a, rank);
   };
 
-  // 1. Grid: `rounds` passes over every size, median per size.
-  std::map<uint64_t, std::vector<double>> gridRuns;
+  // 1. Grid: `rounds` passes over every size (x segment size on the engine), median per point.
+  // The engine grid steps the bucket size by 4x to keep the sweep short.
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<double>> gridRuns;
   for (int r = 0; r < a.rounds; ++r) {
-    for (uint64_t b = 4096; b < 2 * total; b *= 2) {
-      BAGUA_ASSIGN_OR_RETURN(double ips, fixed(b));
-      gridRuns[b].push_back(ips);
-    }
-  }
-  if (rank == 0) {
-    for (const auto& [b, runs] : gridRuns) {
-      rep->grid[b] = median(runs);
-      std::fprintf(stderr, "grid %8llu KiB: median %.2f it/s\n",
-                   static_cast<unsigned long long>(b >> 10), rep->grid[b]);
-    }
-  }
-  uint64_t best = 0;
-  if (rank == 0) {
-    for (const auto& [b, ips] : rep->grid) {
-      if (best == 0 || ips > rep->grid[best]) {
-        best = b;
+    for (uint64_t b = a.engine ? 16384 : 4096; b < 2 * total; b *= a.engine ? 4 : 2) {
+      for (uint64_t seg : gridSegments) {
+        BAGUA_ASSIGN_OR_RETURN(double ips, fixed(b, seg));
+        gridRuns[{b, seg}].push_back(ips);
       }
     }
-    BAGUA_RETURN_IF_ERROR(store->set("bench/gridbest", toBytes(std::to_string(best))));
+  }
+  if (rank == 0) {
+    for (const auto& [key, runs] : gridRuns) {
+      rep->grid[key] = median(runs);
+      std::fprintf(stderr, "grid bucket %8llu KiB segment %5llu KiB: median %.2f it/s\n",
+                   static_cast<unsigned long long>(key.first >> 10),
+                   static_cast<unsigned long long>(key.second >> 10), rep->grid[key]);
+    }
+  }
+  std::pair<uint64_t, uint64_t> best{0, 0};
+  if (rank == 0) {
+    for (const auto& [key, ips] : rep->grid) {
+      if (best.first == 0 || ips > rep->grid[best]) {
+        best = key;
+      }
+    }
+    BAGUA_RETURN_IF_ERROR(store->set(
+        "bench/gridbest", toBytes(std::to_string(best.first) + " " + std::to_string(best.second))));
     rep->gridBest = best;
   } else {
     BAGUA_ASSIGN_OR_RETURN(Bytes v, store->get("bench/gridbest", std::chrono::minutes(10)));
-    best = std::stoull(toString(v));
+    const std::string text = toString(v);
+    best.first = std::stoull(text);
+    best.second = std::stoull(text.substr(text.find(' ') + 1));
   }
 
   // 2. Autotune from the default.
   Setting tuned;
   {
+    BAGUA_RETURN_IF_ERROR(setTx(defaultTx));
     auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
     BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
     BAGUA_RETURN_IF_ERROR(checkedIteration(*d, m, a, rank));
@@ -288,6 +376,19 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     o.saveFile = "";
     o.loadFile = "";
     o.minBucketBytes = 4096;
+    if (a.engine) {
+      TransportKnobRanges ranges;
+      ranges.minSegmentBytes = 4 << 10;
+      ranges.maxSegmentBytes = 1 << 20;
+      ranges.minChunkBytes = 16 << 10;
+      ranges.maxChunkBytes = 1 << 20;
+      o.knobs = transportKnobs(*pg, ranges);
+      if (rank == 0) {
+        for (const Knob& k : o.knobs) {
+          rep->knobs.push_back(k.dimension.name);
+        }
+      }
+    }
     BAGUA_ASSIGN_OR_RETURN(auto tuner, Autotuner::create(*d, *algo, o));
     const auto t0 = Clock::now();
     int64_t n = 0;
@@ -304,9 +405,13 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
       rep->trials = static_cast<int>(tuner->trials().size());
       rep->tuned = tuned;
       for (const Trial& t : tuner->trials()) {
-        std::fprintf(stderr, "trial %2d: bucket %8llu B, %3d buckets: %.2f it/s\n", t.index,
+        std::string knobs;
+        for (const auto& [name, value] : t.setting.knobs) {
+          knobs += strPrintf(" %s=%lld", name.c_str(), static_cast<long long>(value));
+        }
+        std::fprintf(stderr, "trial %2d: bucket %8llu B, %3d buckets%s: %.2f it/s\n", t.index,
                      static_cast<unsigned long long>(t.setting.bucketBytes), t.bucketCount,
-                     t.score);
+                     knobs.c_str(), t.score);
       }
     }
   }
@@ -314,9 +419,14 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
   // 3. Final: alternate default, grid best and tuned.
   for (int r = 0; r < a.rounds; ++r) {
     BAGUA_ASSIGN_OR_RETURN(double d0, deflt());
-    BAGUA_ASSIGN_OR_RETURN(double g0, fixed(best));
+    BAGUA_ASSIGN_OR_RETURN(double g0, fixed(best.first, best.second));
     double t0 = 0;
     {
+      if (a.engine) {
+        BAGUA_RETURN_IF_ERROR(setTx(Tx{static_cast<uint64_t>(tuned.knobs.at("host_segment_bytes")),
+                                       static_cast<int>(tuned.knobs.at("net_streams")),
+                                       static_cast<uint64_t>(tuned.knobs.at("net_chunk_bytes"))}));
+      }
       auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
       BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
       BAGUA_RETURN_IF_ERROR(algo->schedule(1, tuned.buckets));
@@ -337,6 +447,17 @@ int main(int argc, char** argv) {
   Args a;
   if (!parseArgs(argc, argv, &a)) {
     return 2;
+  }
+  if (a.engine) {
+    // The starting transport setting comes from core's parameters, as in a training job.
+    Status s = CoreParams::hostNetStreams().setOverride(a.netStreams);
+    if (s.isOk()) {
+      s = CoreParams::hostSegmentBytes().setOverride(static_cast<uint64_t>(a.segmentKib * 1024));
+    }
+    if (!s.isOk()) {
+      std::fprintf(stderr, "%s\n", s.toString().c_str());
+      return 2;
+    }
   }
   auto store = std::make_shared<InMemoryStore>();
   Report rep;
@@ -363,16 +484,26 @@ int main(int argc, char** argv) {
   const double modelKib = static_cast<double>(tensors * a.numel * 4) / 1024.0;
   const double dm = median(rep.finalDefault), gm = median(rep.finalGrid),
                tm = median(rep.finalTuned);
-  std::printf("model: %zu f32 tensors of %d elements (%.0f KiB), %d ranks, host backend\n", tensors,
-              a.numel, modelKib, a.world);
-  std::printf("grid (%zu sizes): best %llu KiB at %.2f it/s\n", rep.grid.size(),
-              static_cast<unsigned long long>(rep.gridBest >> 10), rep.grid[rep.gridBest]);
+  std::printf("model: %zu f32 tensors of %d elements (%.0f KiB), %d ranks, host backend%s\n",
+              tensors, a.numel, modelKib, a.world,
+              a.engine ? strPrintf(" over the engine (%d streams, start segment %.0f KiB)",
+                                   a.netStreams, a.segmentKib)
+                             .c_str()
+                       : "");
+  std::printf("grid (%zu points): best bucket %llu KiB segment %llu KiB at %.2f it/s\n",
+              rep.grid.size(), static_cast<unsigned long long>(rep.gridBest.first >> 10),
+              static_cast<unsigned long long>(rep.gridBest.second >> 10), rep.grid[rep.gridBest]);
+  std::string knobs;
+  for (const auto& [name, value] : rep.tuned.knobs) {
+    knobs += strPrintf(", %s %lld", name.c_str(), static_cast<long long>(value));
+  }
   std::printf(
       "autotune: %d trials in %.1f s (%lld iterations, %.2f it/s while tuning, %.3f s in "
-      "the tuner on rank 0); chose %llu KiB (%zu buckets)\n",
+      "the tuner on rank 0); chose %llu KiB (%zu buckets)%s\n",
       rep.trials, rep.tuneWallS, static_cast<long long>(rep.tuneIters),
       rep.tuneIters / rep.tuneWallS, rep.tuneOverheadS,
-      static_cast<unsigned long long>(rep.tuned.bucketBytes >> 10), rep.tuned.buckets.size());
+      static_cast<unsigned long long>(rep.tuned.bucketBytes >> 10), rep.tuned.buckets.size(),
+      knobs.c_str());
   std::printf("final (median of %d alternating rounds of %d iterations):\n", a.rounds, a.iters);
   for (int r = 0; r < a.rounds; ++r) {
     std::printf("  round %d: default %.2f, grid best %.2f, autotuned %.2f it/s\n", r,
