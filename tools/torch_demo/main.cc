@@ -28,6 +28,7 @@
 #include "bagua/base/params.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/process_group.h"
+#include "bagua/demo_support/demo_support.h"
 #include "bagua/torch/module.h"
 
 namespace {
@@ -123,27 +124,6 @@ bool parseArgs(int argc, char** argv, Args* a) {
   return true;
 }
 
-std::string humanBytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return strPrintf("%.1f %s", b, units[u]);
-}
-
-void drawBar(int step, int steps, double loss, double acc, double samplesPerS, bool tty) {
-  const int width = 30;
-  int filled = static_cast<int>(static_cast<double>(step) / steps * width);
-  std::string bar(static_cast<size_t>(filled), '#');
-  bar.append(static_cast<size_t>(width - filled), '.');
-  std::fprintf(stdout, "%s[%s] step %4d/%d  loss %.4f  acc %5.1f%%  %8.0f samples/s%s",
-               tty ? "\r" : "", bar.c_str(), step, steps, loss, acc * 100, samplesPerS,
-               tty ? "" : "\n");
-  std::fflush(stdout);
-}
-
 Status run(const Args& a) {
   algo::AlgorithmArgs algoArgs = a.algoArgs;
   if (a.algorithm != "async" && algoArgs.count("hierarchical") == 0) {
@@ -208,8 +188,8 @@ Status run(const Args& a) {
         "bagua-torch-demo: %d ranks, host backend, algorithm %s; libtorch %s MLP %d-%d-%d-%d "
         "(%zu params, %s of gradients per step) in %zu bucket(s); batch %d per rank\n",
         world, a.algorithm.c_str(), TORCH_VERSION, a.features, a.hidden, a.hidden, a.classes,
-        numParams, humanBytes(static_cast<double>(numParams) * 4).c_str(), ddp->buckets().size(),
-        a.batch);
+        numParams, demo::humanBytes(static_cast<double>(numParams) * 4).c_str(),
+        ddp->buckets().size(), a.batch);
   }
   double firstLoss = -1;
   double lastLoss = 0;
@@ -251,44 +231,24 @@ Status run(const Args& a) {
       lastAcc = g[1];
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       if (rank == 0) {
-        drawBar(step, a.steps, lastLoss, lastAcc,
-                secs > 0 ? static_cast<double>(step) * a.batch * world / secs : 0.0, tty);
+        demo::drawProgressBar(step, a.steps, lastLoss, lastAcc,
+                              secs > 0 ? static_cast<double>(step) * a.batch * world / secs : 0.0,
+                              tty);
       }
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (auto* am = dynamic_cast<algo::AsyncModelAverage*>(algorithm.get())) {
-    BAGUA_RETURN_IF_ERROR(am->abort());  // stop background averaging on every rank together
-  }
+  BAGUA_RETURN_IF_ERROR(demo::stopAsyncAveraging(*algorithm));
   tm->detach();
-  if (rank == 0 && tty) {
-    std::printf("\n");
-  }
-  CommStats s = pg->stats();
-  int64_t mine[3] = {static_cast<int64_t>(s.bytesSent), static_cast<int64_t>(s.bytesReceived),
-                     static_cast<int64_t>(s.operations)};
-  std::vector<int64_t> all(static_cast<size_t>(3) * world);
-  BAGUA_RETURN_IF_ERROR(pg->global()
-                            .allGather(mine, all.data(), 3, DataType::kI64)
-                            ->wait(pg->options().collectiveTimeout));
-  if (rank == 0) {
-    std::printf("trained %d steps in %.2f s: %.0f samples/s over %d ranks (%.1f steps/s)\n",
-                a.steps, secs, a.steps * a.batch * world / secs, world, a.steps / secs);
-    std::printf("global loss %.4f -> %.4f, accuracy %.1f%%\n", firstLoss, lastLoss, lastAcc * 100);
-    std::printf("  rank   bytes sent   bytes received   operations   sent/step\n");
-    for (int r = 0; r < world; ++r) {
-      std::printf("  %4d   %10s   %14s   %10lld   %9s\n", r,
-                  humanBytes(static_cast<double>(all[3 * r])).c_str(),
-                  humanBytes(static_cast<double>(all[3 * r + 1])).c_str(),
-                  static_cast<long long>(all[3 * r + 2]),
-                  humanBytes(static_cast<double>(all[3 * r]) / a.steps).c_str());
-    }
-  }
-  BAGUA_RETURN_IF_ERROR(pg->global().barrier()->wait(pg->options().collectiveTimeout));
-  if (!(lastLoss < firstLoss)) {
-    return BAGUA_ERROR(kInternal, "the loss did not go down (%.4f -> %.4f)", firstLoss, lastLoss);
-  }
-  return Status::ok();
+  demo::RunSummary summary;
+  summary.steps = a.steps;
+  summary.batch = a.batch;
+  summary.seconds = secs;
+  summary.firstLoss = firstLoss;
+  summary.lastLoss = lastLoss;
+  summary.lastAccuracy = lastAcc;
+  summary.tty = tty;
+  return demo::finishRun(*pg, summary);
 }
 
 }  // namespace
