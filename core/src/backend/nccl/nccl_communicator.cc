@@ -139,6 +139,10 @@ class NcclCommunicator final : public Communicator {
     if (watchdog_.joinable()) {
       watchdog_.join();
     }
+    int callerDevice = -1;
+    if (cudaGetDevice(&callerDevice) != cudaSuccess) {
+      callerDevice = -1;
+    }
     cudaSetDevice(device_);
     // Blocking mode: ncclCommFinalize waits for NCCL's own streams and proxies, so it runs only
     // once everything we issued has completed and NCCL reports no error; otherwise (a peer gone
@@ -165,6 +169,10 @@ class NcclCommunicator final : public Communicator {
     }
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
+    if (callerDevice >= 0 && callerDevice != device_) {
+      cudaSetDevice(callerDevice);
+    }
+    (void)cudaGetLastError();
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
