@@ -69,10 +69,6 @@ Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, 
   return Status::ok();
 }
 
-namespace {
-constexpr size_t kNormBlock = 4096;  // as detail::kNormBlock in elementwise.h
-}  // namespace
-
 struct CudaTrustScratch::Impl {
   int device = -1;
   // Device buffers, grown as needed.
@@ -134,15 +130,10 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   sc.table.clear();
   sc.segOfBlock.clear();
-  size_t start = 0;
-  for (size_t s = 0; s < numSegments; ++s) {
-    for (size_t b = start; b < start + segments[s]; b += kNormBlock) {
-      const size_t e = b + kNormBlock < start + segments[s] ? b + kNormBlock : start + segments[s];
-      sc.table.push_back({b, e});
-      sc.segOfBlock.push_back(s);
-    }
-    start += segments[s];
-  }
+  forEachNormBlock(segments, numSegments, [&](size_t s, size_t b, size_t e) {
+    sc.table.push_back({b, e});
+    sc.segOfBlock.push_back(s);
+  });
   const size_t nb = sc.table.size();
   const size_t es = args.storage == StorageType::kF64 ? 8 : 4;
   BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.u, &sc.uBytes, args.numel * es));

@@ -106,10 +106,6 @@ Status forEachChunk(ThreadPool& pool, size_t numel, size_t chunk, Fn&& fn) {
   });
 }
 
-// Norm blocks: fixed-size blocks from each tensor's start, summed in double in order, so a
-// tensor's norm does not depend on the range it is in or on the threads.
-inline constexpr size_t kNormBlock = 4096;
-
 }  // namespace detail
 
 template <class Rule>
@@ -251,13 +247,9 @@ class ElementwiseOptimizer final : public FusedOptimizer {
                                [&](size_t b, size_t e) { kernel(c, a, u.data(), b, e); }));
       // Per-tensor norms of the weights and of u, in fixed blocks from each tensor's start.
       blocks_.clear();
-      segStart_.assign(r.numSegments + 1, 0);
-      for (size_t s = 0; s < r.numSegments; ++s) {
-        segStart_[s + 1] = segStart_[s] + r.segments[s];
-        for (size_t b = segStart_[s]; b < segStart_[s + 1]; b += detail::kNormBlock) {
-          blocks_.push_back({s, b, std::min(segStart_[s + 1], b + detail::kNormBlock)});
-        }
-      }
+      forEachNormBlock(r.segments, r.numSegments, [&](size_t s, size_t b, size_t e) {
+        blocks_.push_back({s, b, e});
+      });
       partial_.assign(blocks_.size() * 2, 0.0);
       BAGUA_RETURN_IF_ERROR(pool().parallelFor(blocks_.size(), [&](size_t bi) {
         const auto& b = blocks_[bi];
@@ -306,7 +298,6 @@ class ElementwiseOptimizer final : public FusedOptimizer {
     size_t seg, begin, end;
   };
   std::vector<NormBlock> blocks_;
-  std::vector<size_t> segStart_;
   std::vector<double> partial_;
   std::vector<double> trust_;
   std::vector<double> pn_, un_;

@@ -42,6 +42,23 @@ BAGUA_OPTIM_HD void storeStates(T* const (&st)[kMaxStates], size_t i, const T (&
   }
 }
 
+// Trust-ratio norm blocks: fixed-size blocks from each tensor's start (a tensor's norm is summed in
+// double per block, then block by block, so it does not depend on its range or on threads). Calls
+// fn(segment, begin, end) for every block of a range of `numSegments` tensors, in order; the CPU
+// kernels and the CUDA host side both cut blocks here.
+inline constexpr size_t kNormBlock = 4096;
+template <class Fn>
+void forEachNormBlock(const size_t* segments, size_t numSegments, Fn&& fn) {
+  size_t start = 0;
+  for (size_t s = 0; s < numSegments; ++s) {
+    const size_t end = start + segments[s];
+    for (size_t b = start; b < end; b += kNormBlock) {
+      fn(s, b, end - b > kNormBlock ? b + kNormBlock : end);
+    }
+    start = end;
+  }
+}
+
 // The typed state pointers of a range.
 template <class T>
 struct StatePtrs {
