@@ -3,7 +3,8 @@
 // parameters (f16/bf16 with master weights), fused over a flat buffer on the GPU and stepped on
 // the CPU from the same start: parameters and states equal bit for bit (both sides round every
 // operation the same way: no FMA contraction, IEEE division and square root). Also the GPU
-// inf/NaN check that makes a scaled step skip. Skips with a reason when no GPU is visible.
+// inf/NaN check that makes a scaled step skip, and back-to-back steps with no synchronisation in
+// between. Skips with a reason when no GPU is visible.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -130,6 +131,51 @@ TEST(Cuda, KernelsEqualCpuBitForBit) {
   LambRule::Hyper lamb;
   lamb.lr = 0.01;
   expectCudaEqualsCpu<Lamb>(lamb);
+}
+
+// Steps are stream-ordered, not synchronised: 20 back-to-back fused steps with no host read in
+// between (the gradients stay put on the GPU) end where 20 CPU steps end, bit for bit.
+template <class Opt>
+void expectBackToBackEqualsCpu(const typename Opt::Hyper& h) {
+  Model cpu(specs());
+  GpuModel gpu(cpu.params());
+  OptimizerOptions o;
+  o.threads = 2;
+  auto a = Opt::create(cpu.params(), h, o);
+  auto b = Opt::create(gpu.params, h, o);
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  ASSERT_TRUE((*b)->fuse().isOk());
+  cpu.fillGrads(7);
+  gpu.uploadGrads(cpu.params());
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE((*a)->plainStep().isOk());
+    Status s = (*b)->fuseStep();
+    ASSERT_TRUE(s.isOk()) << s.toString();
+  }
+  ASSERT_EQ(gpu.snapshot(), cpu.snapshot()) << Opt::RuleType::kName;
+  auto sa = (*a)->saveState();
+  auto sb = (*b)->saveState();
+  ASSERT_TRUE(sa.isOk() && sb.isOk());
+  EXPECT_EQ(*sa, *sb) << Opt::RuleType::kName;
+  EXPECT_EQ((*b)->stepCount(0), 20);
+}
+
+TEST(Cuda, BackToBackStepsWithoutSynchronisationEqualCpu) {
+  if (!haveGpu()) {
+    GTEST_SKIP() << "no CUDA device visible: checked on the GPU machine";
+  }
+  AdamRule::Hyper adam;
+  adam.amsgrad = true;
+  adam.weightDecay = 0.1;
+  expectBackToBackEqualsCpu<Adam>(adam);
+  SgdRule::Hyper sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  expectBackToBackEqualsCpu<Sgd>(sgd);
+  LambRule::Hyper lamb;
+  lamb.lr = 0.01;
+  expectBackToBackEqualsCpu<Lamb>(lamb);
 }
 
 TEST(Cuda, InfGradientSkipsTheStepOnTheGpu) {
