@@ -695,7 +695,8 @@ void FusedOptimizer::buildPlan() {
   for (size_t g = 0; g < groupParams_.size(); ++g) {
     plan.masks.push_back(stateMask(static_cast<int>(g)));
   }
-  for (size_t pi = 0; pi < params_.size(); ++pi) {
+  // Parameters appended to the trainer's list after creation are not managed (and not watched).
+  for (size_t pi = 0; pi < std::min(params_.size(), slotOfParam_.size()); ++pi) {
     if (slotOfParam_[pi] >= 0) {
       plan.watch.push_back({pi, params_[pi].data, params_[pi].grad});
     }
