@@ -1,0 +1,342 @@
+// bagua-autotune-net-live-bench: Bagua-Net's live knobs inside a real NCCL run (GPU variant of
+// the autotune benchmark). Two ranks (one process per GPU, NCCL forced onto the net plugin by the
+// caller's environment: NCCL_NET_PLUGIN=bagua, NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1, ...) run
+// float sum all-reduces of --bytes; between batches each rank switches the plugin that NCCL
+// loaded in its own process (autotune::NetPluginLive: baguaNetSetLive_v1 found with
+// dl_iterate_phdr + RTLD_NOLOAD) to another (active streams, chunk size) setting:
+//   1. grid: streams {1, 2, 4, 8} x chunk {128 KiB, 512 KiB, 2 MiB}, `rounds` passes, median;
+//   2. autotune: the GP optimiser (autotune::BayesianOptimizer) over streams 1..8 and chunk
+//      64 KiB..4 MiB (log), `samples` trials, every trial applied live;
+//   3. final: `rounds` alternating rounds of the plugin's default, the grid's best and the
+//      autotuned setting; medians.
+// Every batch's result is checked element by element. Scores are the mean over ranks of the
+// batch time (a one-element NCCL all-reduce), so both ranks take identical decisions.
+//
+// usage: bagua-autotune-net-live-bench [--bytes 32M] [--iters 10] [--rounds 3] [--samples 16]
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bagua/autotune/optimizer.h"
+#include "bagua/autotune/transport_knobs.h"
+#include "bagua/base/params.h"
+#include "bagua/base/status.h"
+
+namespace {
+
+using namespace bagua;
+using namespace bagua::autotune;
+
+int gRank = -1;
+
+#define LIVE_CHECK_CUDA(call)                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, cudaGetErrorString(e_)); \
+      std::exit(3);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+#define LIVE_CHECK_NCCL(call)                                                                 \
+  do {                                                                                        \
+    ncclResult_t r_ = (call);                                                                 \
+    if (r_ != ncclSuccess) {                                                                  \
+      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, ncclGetErrorString(r_)); \
+      std::exit(4);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+struct Options {
+  uint64_t bytes = 32 << 20;
+  int iters = 10;
+  int rounds = 3;
+  int samples = 16;
+};
+
+constexpr int kRanks = 2;
+
+bool ioAll(int fd, void* buf, size_t n, bool write) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = write ? ::write(fd, p, n) : ::read(fd, p, n);
+    if (r <= 0) {
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+float pattern(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * 5 + static_cast<int>((i * 11) % 31));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Setting {
+  int streams = 0;     // 0: the plugin's default (BAGUA_NET_NSTREAMS)
+  uint64_t chunk = 0;  // 0: the plugin's default chunk bounds
+  std::string str() const {
+    if (streams == 0 && chunk == 0) {
+      return "default";
+    }
+    return strPrintf("%d streams, chunk %llu KiB", streams,
+                     static_cast<unsigned long long>(chunk >> 10));
+  }
+};
+
+class Rank {
+ public:
+  Rank(const Options& o, int rank) : o_(o), rank_(rank) {}
+
+  int run(const ncclUniqueId& id) {
+    gRank = rank_;
+    LIVE_CHECK_CUDA(cudaSetDevice(rank_));
+    LIVE_CHECK_NCCL(ncclCommInitRank(&comm_, kRanks, id, rank_));
+    LIVE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    count_ = o_.bytes / sizeof(float);
+    LIVE_CHECK_CUDA(cudaMalloc(&send_, count_ * sizeof(float)));
+    LIVE_CHECK_CUDA(cudaMalloc(&recv_, count_ * sizeof(float)));
+    LIVE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(float)));
+    host_.resize(count_);
+    for (size_t i = 0; i < count_; ++i) {
+      host_[i] = pattern(rank_, i);
+    }
+    LIVE_CHECK_CUDA(
+        cudaMemcpy(send_, host_.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
+    LIVE_CHECK_CUDA(cudaEventCreate(&start_));
+    LIVE_CHECK_CUDA(cudaEventCreate(&stop_));
+    batch();  // NCCL connects (and so loads the plugin) on the first collective
+
+    Result<std::unique_ptr<NetPluginLive>> live = NetPluginLive::find();
+    if (!live.isOk()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank_, live.status().toString().c_str());
+      return 7;
+    }
+    plugin_ = std::move(*live);
+    say("plugin: %s\n", plugin_->path().c_str());
+
+    // 1. Grid.
+    std::vector<Setting> grid;
+    for (int s : {1, 2, 4, 8}) {
+      for (uint64_t c : {uint64_t{128} << 10, uint64_t{512} << 10, uint64_t{2} << 20}) {
+        grid.push_back({s, c});
+      }
+    }
+    std::vector<std::vector<double>> gridRuns(grid.size());
+    for (int r = 0; r < o_.rounds; ++r) {
+      for (size_t g = 0; g < grid.size(); ++g) {
+        gridRuns[g].push_back(measure(grid[g]));
+      }
+    }
+    size_t best = 0;
+    for (size_t g = 0; g < grid.size(); ++g) {
+      say("grid %-28s %8.2f GB/s\n", grid[g].str().c_str(), median(gridRuns[g]));
+      if (median(gridRuns[g]) > median(gridRuns[best])) {
+        best = g;
+      }
+    }
+
+    // 2. Autotune (identical decisions on both ranks: same seed, same mean scores).
+    Result<SearchSpace> space = SearchSpace::create(
+        {Dimension::integer("net_streams", 1, 8),
+         Dimension::logInteger("net_chunk_bytes", int64_t{64} << 10, int64_t{4} << 20)});
+    OptimizerOptions oo;
+    oo.seed = 7;
+    Result<BayesianOptimizer> bo = BayesianOptimizer::create(*space, oo);
+    if (!space.isOk() || !bo.isOk()) {
+      std::fprintf(stderr, "rank %d: optimiser set-up failed\n", rank_);
+      return 8;
+    }
+    for (int t = 0; t < o_.samples; ++t) {
+      Result<Point> p = bo->ask();
+      if (!p.isOk()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank_, p.status().toString().c_str());
+        return 8;
+      }
+      const Setting s{static_cast<int>((*p)[0]), static_cast<uint64_t>((*p)[1])};
+      const double score = measure(s);
+      say("trial %2d %-28s %8.2f GB/s\n", t, s.str().c_str(), score);
+      if (!bo->tell(*p, score).isOk()) {
+        return 8;
+      }
+    }
+    const Point tp = *bo->best();
+    const Setting tuned{static_cast<int>(tp[0]), static_cast<uint64_t>(tp[1])};
+
+    // 3. Final: alternate default, grid best, autotuned.
+    std::vector<double> d, g, a;
+    for (int r = 0; r < o_.rounds; ++r) {
+      d.push_back(measure(Setting{}));
+      g.push_back(measure(grid[best]));
+      a.push_back(measure(tuned));
+    }
+    say("bytes %llu, %d ranks, %d all-reduces per batch, every result checked: %s\n",
+        static_cast<unsigned long long>(o_.bytes), kRanks, o_.iters, wrong_ == 0 ? "ok" : "WRONG");
+    say("default                                   : %8.2f GB/s\n", median(d));
+    say("grid best (%-28s)  : %8.2f GB/s\n", grid[best].str().c_str(), median(g));
+    say("autotuned (%-28s)  : %8.2f GB/s\n", tuned.str().c_str(), median(a));
+    say("ratios: autotuned/default %.3f, autotuned/grid-best %.3f\n", median(a) / median(d),
+        median(a) / median(g));
+    (void)plugin_->set({});
+    LIVE_CHECK_CUDA(cudaFree(send_));
+    LIVE_CHECK_CUDA(cudaFree(recv_));
+    LIVE_CHECK_CUDA(cudaFree(scalar_));
+    LIVE_CHECK_NCCL(ncclCommDestroy(comm_));
+    return wrong_ == 0 ? 0 : 9;
+  }
+
+ private:
+  void say(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
+    if (rank_ == 0) {
+      va_list ap;
+      va_start(ap, fmt);
+      std::vprintf(fmt, ap);
+      va_end(ap);
+      std::fflush(stdout);
+    }
+  }
+
+  // One batch of `iters` all-reduces; returns this rank's seconds.
+  double batch() {
+    LIVE_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    LIVE_CHECK_CUDA(cudaEventRecord(start_, stream_));
+    for (int i = 0; i < o_.iters; ++i) {
+      LIVE_CHECK_NCCL(ncclAllReduce(send_, recv_, count_, ncclFloat, ncclSum, comm_, stream_));
+    }
+    LIVE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+    LIVE_CHECK_CUDA(cudaEventSynchronize(stop_));
+    float ms = 0;
+    LIVE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    LIVE_CHECK_CUDA(
+        cudaMemcpy(host_.data(), recv_, count_ * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count_; ++i) {
+      const float want = pattern(0, i) + pattern(1, i);
+      if (host_[i] != want) {
+        if (wrong_++ == 0) {
+          std::fprintf(stderr, "rank %d: element %zu is %g, want %g\n", rank_, i, host_[i], want);
+        }
+        break;
+      }
+    }
+    return ms / 1000.0;
+  }
+
+  // Applies `s` live, runs a warm-up batch and a timed one; returns algbw in GB/s from the mean
+  // time over ranks.
+  double measure(const Setting& s) {
+    Status st = plugin_->set({s.streams, s.chunk, s.chunk});
+    if (!st.isOk()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank_, st.toString().c_str());
+      std::exit(10);
+    }
+    batch();
+    auto secs = static_cast<float>(batch());
+    LIVE_CHECK_CUDA(cudaMemcpy(scalar_, &secs, sizeof(float), cudaMemcpyHostToDevice));
+    LIVE_CHECK_NCCL(ncclAllReduce(scalar_, scalar_, 1, ncclFloat, ncclSum, comm_, stream_));
+    LIVE_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    LIVE_CHECK_CUDA(cudaMemcpy(&secs, scalar_, sizeof(float), cudaMemcpyDeviceToHost));
+    const double mean = static_cast<double>(secs) / kRanks;
+    return static_cast<double>(o_.bytes) * o_.iters / mean / 1e9;
+  }
+
+  Options o_;
+  int rank_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  float* send_ = nullptr;
+  float* recv_ = nullptr;
+  float* scalar_ = nullptr;
+  size_t count_ = 0;
+  std::vector<float> host_;
+  std::unique_ptr<NetPluginLive> plugin_;
+  int wrong_ = 0;
+};
+
+bool parse(int argc, char** argv, Options* o) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--bytes") {
+      Result<uint64_t> b = parseBytes(v);
+      if (!b.isOk() || *b < 1024) {
+        return false;
+      }
+      o->bytes = *b;
+    } else {
+      Result<int64_t> n = parseInt(v);
+      if (!n.isOk() || *n < 1 || *n > 100000) {
+        return false;
+      }
+      if (k == "--iters") {
+        o->iters = static_cast<int>(*n);
+      } else if (k == "--rounds") {
+        o->rounds = static_cast<int>(*n);
+      } else if (k == "--samples") {
+        o->samples = static_cast<int>(*n);
+      } else {
+        return false;
+      }
+    }
+  }
+  return argc % 2 == 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, &o)) {
+    std::fprintf(stderr,
+                 "usage: bagua-autotune-net-live-bench [--bytes 32M] [--iters 10] [--rounds 3] "
+                 "[--samples 16]\n");
+    return 2;
+  }
+  // Rank 1 is forked before CUDA is touched; rank 0 makes the NCCL id and pipes it over.
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    std::perror("pipe");
+    return 1;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("fork");
+    return 1;
+  }
+  if (pid == 0) {
+    ncclUniqueId id;
+    if (!ioAll(fds[0], &id, sizeof(id), false)) {
+      _exit(5);
+    }
+    _exit(Rank(o, 1).run(id));
+  }
+  ncclUniqueId id;
+  gRank = 0;
+  LIVE_CHECK_NCCL(ncclGetUniqueId(&id));
+  if (!ioAll(fds[1], &id, sizeof(id), true)) {
+    std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank 1\n");
+    return 1;
+  }
+  const int rc = Rank(o, 0).run(id);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "rank 1 exited with status %d\n", status);
+    return rc != 0 ? rc : 1;
+  }
+  return rc;
+}
