@@ -57,6 +57,25 @@ void fetchMax(std::atomic<uint64_t>& a, uint64_t v) {
   }
 }
 
+// NCCL_COMM_BLOCKING=0 in the environment overrides config.blocking; then NCCL calls may return
+// ncclInProgress. Polls (bounded) until NCCL has settled; ncclInProgress if the deadline passed.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, Clock::time_point deadline) {
+  while (r == ncclInProgress) {
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) {
+      return ncclInternalError;
+    }
+    if (state != ncclInProgress) {
+      return state;
+    }
+    if (Clock::now() >= deadline) {
+      return ncclInProgress;
+    }
+    std::this_thread::yield();
+  }
+  return r;
+}
+
 ncclDataType_t toNccl(DataType t) {
   switch (t) {
   case DataType::kF32:
@@ -153,6 +172,7 @@ class NcclCommunicator final : public Communicator {
       const bool healthy =
           drained && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async == ncclSuccess;
       ncclResult_t r = healthy ? ncclCommFinalize(comm_) : ncclInternalError;
+      r = healthy ? settle(comm_, r, Clock::now() + timeout_) : r;  // finalize before destroy
       if (healthy && r == ncclSuccess) {
         ncclCommDestroy(comm_);
       } else {
@@ -345,7 +365,11 @@ class NcclCommunicator final : public Communicator {
       }
     }
     launchStartNs_.store(nowNs(), std::memory_order_release);
-    const ncclResult_t r = call();
+    ncclResult_t r = call();
+    if (r == ncclInProgress) {
+      std::lock_guard<std::mutex> nccl(commMu_);  // the watchdog polls the same state
+      r = settle(comm_, r, Clock::now() + timeout_);
+    }
     launchStartNs_.store(0, std::memory_order_release);
     if (r != ncclSuccess) {
       if (aborted_.load(std::memory_order_acquire)) {
@@ -699,6 +723,13 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
   config.blocking = 1;
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r == ncclInProgress) {
+    BAGUA_LOG_WARN(kInit,
+                   "rank %d: NCCL_COMM_BLOCKING=0 made the communicator non-blocking: every call "
+                   "then starts a thread inside NCCL (slower)",
+                   rank);
+    r = settle(comm, r, Clock::now() + options.rendezvousTimeout);
+  }
   if (r != ncclSuccess) {
     if (comm != nullptr) {
       ncclCommAbort(comm);
