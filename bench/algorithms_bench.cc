@@ -130,6 +130,7 @@ DeviceBuffers allocDevice(size_t n, size_t chunks) {
   (void)cudaMalloc(&b.y, n * sizeof(float));
   (void)cudaMalloc(&b.c, b.bytes);
   (void)cudaMalloc(&b.ws, b.wsBytes);
+  (void)cudaMemset(b.ws, 0, b.wsBytes);  // the per-chunk counters start at 0 (then self-reset)
   (void)cudaMemcpy(b.x, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
   return b;
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -34,8 +35,20 @@ class CudaCompression : public ::testing::Test {
   // Compresses and decompresses x on both sides and compares every byte and every float.
   // srcOffset (floats) and dstOffset (bytes, a multiple of 4) shift the device buffers off their
   // 256-byte cudaMalloc alignment, so the kernels' scalar paths run.
+  // Word 3 of every 16-byte workspace slot is 0 between calls (the per-chunk arrival counters
+  // reset themselves), so one zeroed workspace serves any later geometry.
+  static void expectCountersZero(const void* ws, size_t wsBytes, const std::string& what) {
+    std::vector<uint32_t> words(wsBytes / 4);
+    ASSERT_EQ(cudaMemcpy(words.data(), ws, words.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 3; i < words.size(); i += 4) {
+      ASSERT_EQ(words[i], 0u) << "workspace word " << i << " after " << what;
+    }
+  }
+
+  // sharedWs: a workspace zeroed once by the caller and reused (its bytes are checked to be
+  // enough); otherwise a fresh one, zeroed as the API asks.
   void compare(const std::vector<float>& x, size_t chunks, int target = -1, size_t srcOffset = 0,
-               size_t dstOffset = 0) {
+               size_t dstOffset = 0, void* sharedWs = nullptr, size_t sharedWsBytes = 0) {
     const size_t n = x.size();
     const size_t bytes = minMaxCompressedBytes(n, chunks);
     std::vector<uint8_t> cpu(bytes, 0x5A), gpu(bytes, 0x5A);
@@ -43,12 +56,17 @@ class CudaCompression : public ::testing::Test {
     float* dxBase = nullptr;
     uint8_t* dcBase = nullptr;
     float* dyBase = nullptr;
-    void* ws = nullptr;
-    const size_t wsBytes = minMaxCudaWorkspaceBytes(n, chunks);
+    void* ws = sharedWs;
+    const size_t wsBytes =
+        sharedWs != nullptr ? sharedWsBytes : minMaxCudaWorkspaceBytes(n, chunks);
+    ASSERT_GE(wsBytes, minMaxCudaWorkspaceBytes(n, chunks));
     ASSERT_EQ(cudaMalloc(&dxBase, (n + srcOffset + 1) * 4), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dcBase, bytes + dstOffset + 1), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dyBase, (n + srcOffset + 1) * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>(wsBytes, 16)), cudaSuccess);
+    if (sharedWs == nullptr) {
+      ASSERT_EQ(cudaMalloc(&ws, std::max<size_t>(wsBytes, 16)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(ws, 0, std::max<size_t>(wsBytes, 16)), cudaSuccess);
+    }
     float* dx = dxBase + srcOffset;
     uint8_t* dc = dcBase + dstOffset;
     float* dy = dyBase + srcOffset;
@@ -80,7 +98,9 @@ class CudaCompression : public ::testing::Test {
     cudaFree(dxBase);
     cudaFree(dcBase);
     cudaFree(dyBase);
-    cudaFree(ws);
+    if (sharedWs == nullptr) {
+      cudaFree(ws);
+    }
   }
 };
 
@@ -149,6 +169,112 @@ TEST_F(CudaCompression, TargetChunks) {
   for (int t = 0; t < 7; ++t) {
     compare(y, 7, t);
   }
+}
+
+// One workspace, zeroed once, through many geometries in a row (large, small, large again,
+// target chunks, repeats): a counter left non-zero by a call, or a slot word of one geometry
+// taken for a counter of the next, would give a wrong header and bytes.
+TEST_F(CudaCompression, WorkspaceReusedAcrossGeometries) {
+  struct Case {
+    size_t n;
+    size_t chunks;
+    int target;
+  };
+  const Case cases[] = {{(1u << 22) + 8u, 1, -1},
+                        {(1u << 22) + 8u, 8, -1},
+                        {4097, 7, -1},
+                        {1000, 3, -1},
+                        {(1u << 20) + 3u, 5, -1},
+                        {50000, 4, 2},
+                        {(1u << 22) + 8u, 8, -1},
+                        {100003, 2, -1},
+                        {(1u << 22) + 8u, 1, -1},
+                        {5, 8, -1},
+                        {(1u << 20) + 3u, 5, 4},
+                        {(1u << 20) + 3u, 5, -1}};
+  size_t wsBytes = 16;
+  for (const Case& c : cases) {
+    wsBytes = std::max(wsBytes, minMaxCudaWorkspaceBytes(c.n, c.chunks));
+  }
+  void* ws = nullptr;
+  ASSERT_EQ(cudaMalloc(&ws, wsBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0, wsBytes), cudaSuccess);
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    for (int rep = 0; rep < 2; ++rep) {
+      compare(data(c.n, ++seed, 1.0f + static_cast<float>(rep)), c.chunks, c.target, 0, 0, ws,
+              wsBytes);
+      if (HasFatalFailure()) {
+        cudaFree(ws);
+        return;
+      }
+      expectCountersZero(
+          ws, wsBytes, std::to_string(c.n) + " elements, " + std::to_string(c.chunks) + " chunks");
+    }
+  }
+  cudaFree(ws);
+}
+
+// Compress, decompress and compress again on one stream with no host synchronisation in between,
+// then a copy on the same stream: the operation after compress must see pass 1's headers even
+// though quantise overlaps pass 1 (programmatic dependent launch), and decompress must see both.
+TEST_F(CudaCompression, StreamOrderedWithoutSync) {
+  const size_t n = (1u << 22) + 8u;
+  const size_t chunks = 8;
+  const size_t bytes = minMaxCompressedBytes(n, chunks);
+  const auto a = data(n, 31, 2.0f);
+  const auto b = data(n, 32, 5.0f);
+  std::vector<uint8_t> ca(bytes), cb(bytes);
+  ASSERT_TRUE(minMaxCompress(a.data(), n, chunks, ca.data(), bytes).isOk());
+  ASSERT_TRUE(minMaxCompress(b.data(), n, chunks, cb.data(), bytes).isOk());
+  std::vector<float> ya(n);
+  ASSERT_TRUE(minMaxDecompress(ca.data(), bytes, n, chunks, ya.data()).isOk());
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float *da = nullptr, *db = nullptr, *dy = nullptr;
+  uint8_t *dc1 = nullptr, *dc2 = nullptr;
+  void* ws = nullptr;
+  const size_t wsBytes = minMaxCudaWorkspaceBytes(n, chunks);
+  ASSERT_EQ(cudaMalloc(&da, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&db, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dc1, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dc2, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ws, wsBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws, 0, wsBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<uint8_t> g1(bytes, 0x5A), g2(bytes, 0x5A);
+  std::vector<float> gy(n, 3.0f);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(dc1, 0xA5, bytes, s), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(dc2, 0xA5, bytes, s), cudaSuccess);
+    ASSERT_TRUE(minMaxCompressCuda(da, n, chunks, dc1, bytes, ws, wsBytes, -1, s).isOk());
+    ASSERT_TRUE(minMaxDecompressCuda(dc1, bytes, n, chunks, dy, -1, s).isOk());
+    ASSERT_TRUE(minMaxCompressCuda(db, n, chunks, dc2, bytes, ws, wsBytes, -1, s).isOk());
+    ASSERT_EQ(cudaMemcpyAsync(g2.data(), dc2, bytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(g1.data(), dc1, bytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(gy.data(), dy, n * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    for (size_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(g1[i], ca[i]) << "first compress, byte " << i << ", round " << round;
+      ASSERT_EQ(g2[i], cb[i]) << "second compress, byte " << i << ", round " << round;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t x = 0, y = 0;
+      std::memcpy(&x, &ya[i], 4);
+      std::memcpy(&y, &gy[i], 4);
+      ASSERT_EQ(x, y) << "decompressed element " << i << ", round " << round;
+    }
+  }
+  expectCountersZero(ws, wsBytes, "the stream-ordered rounds");
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dy);
+  cudaFree(dc1);
+  cudaFree(dc2);
+  cudaFree(ws);
+  cudaStreamDestroy(s);
 }
 
 TEST_F(CudaCompression, EdgeCases) {

@@ -4,19 +4,26 @@
 // differs, which cannot change the result: NaN never wins a comparison, a non-finite chunk is
 // replaced by the NaN header anyway, and -0/+0 is canonicalised to +0 as on the CPU.
 //
-// Shape, for bandwidth (the data is read twice by compress, once by decompress):
-//   pass 1 partialMinMax  grid (parts, chunks): each block strides over 4096-element tiles of its
+// Shape, for bandwidth (the data is read twice by compress, once by decompress), and for few
+// launches (a 16 MiB bucket compresses in about 10 us, so every launch gap counts):
+//   pass 1 minMaxHeaders  grid (parts, chunks): each block strides over 4096-element tiles of its
 //                         chunk with 16-byte loads (scalar head/tail up to the first 16-byte
-//                         boundary), warp-shuffle reduction, one partial per block;
-//   pass 2 writeHeaders   one block per chunk folds the partials into the 32-byte header;
-//   pass 3 quantise       grid (tiles, chunks): the block's chunk constants (scale, upper, lower)
-//                         computed once per thread from the header, 4 elements per thread step
-//                         (float4 load when the chunk is 16-byte aligned, else 4 scalar loads),
-//                         one uchar4 store; tiles visited last-to-first so that the tail pass 1
-//                         read last is still in L2.
+//                         boundary), warp-shuffle reduction, one partial per block in the
+//                         workspace; the chunk's last block to arrive (a per-chunk counter in the
+//                         workspace, self-resetting) folds the partials into the 32-byte header;
+//   pass 2 quantise       grid (tiles, chunks), launched with programmatic stream serialisation
+//                         (pass 1 lets it in at its start; it waits for pass 1's completion in
+//                         griddepcontrol.wait before reading a header), so its blocks are resident
+//                         when pass 1 ends: the chunk constants (scale, upper, lower) computed once
+//                         per thread from the header, 4 elements per thread step (float4 load when
+//                         the chunk is 16-byte aligned, else 4 scalar loads), one uchar4 store;
+//                         tiles visited last-to-first so that the tail pass 1 read last is still
+//                         in L2.
 //   decompress            grid (tiles, chunks): uchar4 loads, float4 stores where aligned.
 // Grids are one wave of the device (occupancy x SM count, queried once per kernel and device)
-// and stride, so no 65535 cap applies to the element count.
+// and stride, so no 65535 cap applies to the element count. At 4 Mi floats on 132 SMs (8 blocks
+// of 256 threads each), pass 1 and quantise both run 1024 blocks of one tile, with 1 chunk
+// (1024 x 1) and with 8 (128 x 8): 97% of the 1056 resident slots.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -116,11 +123,60 @@ __device__ MinMax blockReduce(MinMax m) {
   return m;
 }
 
+// Lets the dependent launch (quantise, launched with programmatic stream serialisation) be
+// scheduled as this grid's blocks retire; it reads nothing this grid writes before its
+// waitForPrimary(). No-op on a launch without the attribute.
+__device__ __forceinline__ void allowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until the preceding grid of the stream has completed and its writes are visible;
+// returns at once when the kernel was launched without programmatic stream serialisation.
+__device__ __forceinline__ void waitForPrimary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Writes chunk `chunk`'s 32-byte header from its folded min/max (thread 0 only).
+__device__ __forceinline__ void writeHeader(const MinMax& m, size_t chunk, size_t numel, size_t c,
+                                            size_t stride, uint8_t* dst) {
+  const Range r = chunkRange(chunk, numel, c);
+  float mn = 0.0f;
+  float mx = 0.0f;
+  if (r.n > 0) {
+    // +0.0f: -0 becomes +0, as on the CPU.
+    mn = m.mn + 0.0f;
+    mx = m.mx + 0.0f;
+    const float range = mx - mn + kEps;
+    if (m.bad != 0u || nonFinite(range)) {
+      mn = __uint_as_float(kNanBits);
+      mx = __uint_as_float(kNanBits);
+    }
+  }
+  float* h = reinterpret_cast<float*>(dst + chunk * stride);
+  h[0] = mn;
+  h[1] = mx;
+#pragma unroll
+  for (int i = 2; i < 8; ++i) {
+    h[i] = 0.0f;
+  }
+}
+
 // Pass 1: block (x, y) folds tiles x, x + gridDim.x, ... of chunk firstChunk + y into partial
-// y * gridDim.x + x: {min, max, non-finite flag, unused}.
+// slot y * gridDim.x + x of the workspace: {min, max, non-finite flag, -}. Word 3 of a chunk's
+// first slot is the chunk's arrival counter: each block publishes its partial (store,
+// __threadfence, atomicAdd); the block that arrives last folds the chunk's partials (read
+// through L2 with __ldcg after its own fence), writes the header and sets the counter back to 0.
+// Word 3 of every slot is therefore 0 before and after every call (the workspace is zeroed once
+// at allocation), whatever the geometry of the previous call on the same workspace.
 __global__ void __launch_bounds__(kThreads)
-    partialMinMax(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
-                  size_t count, float* __restrict__ partials) {
+    minMaxHeaders(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
+                  size_t count, size_t stride, float* partials, uint8_t* dst) {
+  allowDependentLaunch();
+  __shared__ bool lastBlock;
   const size_t parts = gridDim.x;
   for (size_t k = blockIdx.y; k < count; k += gridDim.y) {
     const Range r = chunkRange(firstChunk + k, numel, c);
@@ -157,49 +213,32 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     m = blockReduce(m);
+    float* slots = partials + 4 * (k * parts);
+    unsigned* counter = reinterpret_cast<unsigned*>(slots + 3);
     if (threadIdx.x == 0) {
-      float* o = partials + 4 * (k * parts + blockIdx.x);
+      float* o = slots + 4 * blockIdx.x;
       o[0] = m.mn;
       o[1] = m.mx;
       o[2] = m.bad != 0u ? 1.0f : 0.0f;
-      o[3] = 0.0f;
+      __threadfence();  // the partial is visible device-wide before the arrival is counted
+      lastBlock = atomicAdd(counter, 1u) == static_cast<unsigned>(parts - 1);
     }
-  }
-}
-
-// Pass 2: block k folds chunk firstChunk + k's `parts` partials and writes its 32-byte header.
-__global__ void __launch_bounds__(kThreads)
-    writeHeaders(const float* __restrict__ partials, size_t numel, size_t c, size_t firstChunk,
-                 size_t count, size_t parts, size_t stride, uint8_t* dst) {
-  for (size_t k = blockIdx.x; k < count; k += gridDim.x) {
-    MinMax m = identity();
-    for (size_t i = threadIdx.x; i < parts; i += blockDim.x) {
-      const float* q = partials + 4 * (k * parts + i);
-      merge(m, q[0], q[1], q[2] != 0.0f ? 1u : 0u);
-    }
-    m = blockReduce(m);
-    if (threadIdx.x == 0) {
-      const Range r = chunkRange(firstChunk + k, numel, c);
-      float mn = 0.0f;
-      float mx = 0.0f;
-      if (r.n > 0) {
-        // +0.0f: -0 becomes +0, as on the CPU.
-        mn = m.mn + 0.0f;
-        mx = m.mx + 0.0f;
-        const float range = mx - mn + kEps;
-        if (m.bad != 0u || nonFinite(range)) {
-          mn = __uint_as_float(kNanBits);
-          mx = __uint_as_float(kNanBits);
-        }
+    __syncthreads();
+    if (lastBlock) {  // uniform in the block
+      __threadfence();
+      MinMax f = identity();
+      for (size_t i = threadIdx.x; i < parts; i += blockDim.x) {
+        const float* q = slots + 4 * i;
+        merge(f, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2) != 0.0f ? 1u : 0u);
       }
-      float* h = reinterpret_cast<float*>(dst + (firstChunk + k) * stride);
-      h[0] = mn;
-      h[1] = mx;
-#pragma unroll
-      for (int i = 2; i < 8; ++i) {
-        h[i] = 0.0f;
+      f = blockReduce(f);
+      if (threadIdx.x == 0) {
+        writeHeader(f, firstChunk + k, numel, c, stride, dst);
+        *counter = 0u;  // every block of this chunk has arrived: ready for the next call
       }
     }
+    // lastBlock is rewritten for the next chunk only after the barriers of its blockReduce,
+    // which every thread reaches after reading it here.
   }
 }
 
@@ -215,13 +254,16 @@ __device__ __forceinline__ uint8_t quantiseOne(float x, bool valid, float scale,
   return static_cast<uint8_t>(static_cast<int>(v));
 }
 
-// Pass 3: every payload byte of the chunks (padding and non-finite chunks as zero). Chunks and
+// Pass 2: every payload byte of the chunks (padding and non-finite chunks as zero). Chunks and
 // tiles are visited in reverse so the first tiles read are the ones pass 1 read last.
 __global__ void __launch_bounds__(kThreads)
     quantise(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk, size_t count,
              size_t stride, uint8_t* dst) {
   const size_t payloadQuads = (stride - 32) / 4;
   const size_t tiles = (payloadQuads + kTileQuads - 1) / kTileQuads;
+  // Every block waits, even one with no tile: the stream's next operation (which waits only for
+  // this grid) must find pass 1's headers complete.
+  waitForPrimary();
   for (size_t ky = blockIdx.y; ky < count; ky += gridDim.y) {
     const size_t chunk = firstChunk + (count - 1 - ky);
     const Range r = chunkRange(chunk, numel, c);
@@ -373,7 +415,7 @@ __global__ void __launch_bounds__(kThreads)
 // Blocks of `kernel` that fit on the whole current device at once (occupancy x SM count),
 // queried once per (kernel, device): grids of exactly one wave, so no block starts late and
 // leaves a tail.
-enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kHeaderSlot, kSlots };
+enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kSlots };
 
 size_t residentBlocks(const void* kernel, KernelSlot slot) {
   constexpr int kCachedDevices = 64;
@@ -417,6 +459,35 @@ dim3 chunkGrid(size_t perChunkMax, size_t count, size_t resident) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y == 0 ? 1 : y), 1);
 }
 
+// Launches quantise with programmatic stream serialisation, so its blocks are scheduled while
+// pass 1 drains (they wait in waitForPrimary) instead of after a full launch gap. Falls back to a
+// plain launch, for good, where the attribute is refused.
+cudaError_t launchQuantise(dim3 grid, cudaStream_t s, const float* src, size_t numel, size_t c,
+                           size_t first, size_t count, size_t stride, uint8_t* dst) {
+  static std::atomic<bool> refused{false};
+  if (!refused.load(std::memory_order_relaxed)) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e =
+        cudaLaunchKernelEx(&cfg, quantise, src, numel, c, first, count, stride, dst);
+    if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) {
+      return e;
+    }
+    (void)cudaGetLastError();
+    refused.store(true, std::memory_order_relaxed);
+  }
+  quantise<<<grid, kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float* partials,
@@ -428,22 +499,19 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
   // Pass 1 uses at most partialsPerChunk(c) blocks per chunk (the workspace holds that many
-  // partials), fewer when one wave of the device is reached.
+  // partials), fewer when one wave of the device is reached; it also writes the headers.
   const dim3 g1 =
       chunkGrid(partialsPerChunk(c), count,
-                residentBlocks(reinterpret_cast<const void*>(&partialMinMax), kPartialSlot));
-  partialMinMax<<<g1, kThreads, 0, s>>>(src, numel, c, first, count, partials);
-  const size_t hmax = residentBlocks(reinterpret_cast<const void*>(&writeHeaders), kHeaderSlot);
-  const size_t hx = count < hmax ? count : hmax;
-  writeHeaders<<<static_cast<unsigned>(hx), kThreads, 0, s>>>(partials, numel, c, first, count,
-                                                              g1.x, stride, dst);
-  if (payload > 0) {
-    const size_t tiles = (payload / 4 + kTileQuads - 1) / kTileQuads;
-    const dim3 g3 = chunkGrid(
-        tiles, count, residentBlocks(reinterpret_cast<const void*>(&quantise), kQuantiseSlot));
-    quantise<<<g3, kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
+                residentBlocks(reinterpret_cast<const void*>(&minMaxHeaders), kPartialSlot));
+  minMaxHeaders<<<g1, kThreads, 0, s>>>(src, numel, c, first, count, stride, partials, dst);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || payload == 0) {
+    return static_cast<int>(e);
   }
-  return static_cast<int>(cudaGetLastError());
+  const size_t tiles = (payload / 4 + kTileQuads - 1) / kTileQuads;
+  const dim3 g2 = chunkGrid(
+      tiles, count, residentBlocks(reinterpret_cast<const void*>(&quantise), kQuantiseSlot));
+  return static_cast<int>(launchQuantise(g2, s, src, numel, c, first, count, stride, dst));
 }
 
 int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int targetChunk,
