@@ -88,23 +88,43 @@ class PyQAdam {
     check(s);
   }
   int64_t stepCount() const { return opt_->stepCount(); }
+  // m (second = false) or v of parameter i as host bytes. The state lives where the parameter
+  // does (device memory for a CUDA parameter), so it goes through readState / writeState, which
+  // copy from or to either side and wait for the copy; the GIL is released while they wait.
   pyb::bytes state(int i, bool second) {
     if (i < 0 || i >= static_cast<int>(params_.size())) {
       throw pyb::index_error("QAdamOptimizer: parameter index out of range");
     }
-    const float* p = second ? opt_->expAvgSq(i) : opt_->expAvg(i);
-    return pyb::bytes(reinterpret_cast<const char*>(p), params_[i].numel * sizeof(float));
+    std::vector<float> host(params_[static_cast<size_t>(i)].numel);
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = opt_->readState(i, second, host.data());
+    }
+    check(s);
+    return pyb::bytes(reinterpret_cast<const char*>(host.data()), host.size() * sizeof(float));
   }
   void setState(int i, bool second, const pyb::bytes& b) {
     if (i < 0 || i >= static_cast<int>(params_.size())) {
       throw pyb::index_error("QAdamOptimizer: parameter index out of range");
     }
-    std::string s = b;
-    if (s.size() != params_[i].numel * sizeof(float)) {
-      throw pyb::value_error("QAdamOptimizer: state of the wrong size");
+    const std::string bytes = b;
+    const size_t numel = params_[static_cast<size_t>(i)].numel;
+    if (bytes.size() != numel * sizeof(float)) {
+      throw pyb::value_error("QAdamOptimizer: state of " + std::to_string(bytes.size()) +
+                             " bytes for a parameter of " + std::to_string(numel) +
+                             " float32 elements");
     }
-    float* p = second ? opt_->expAvgSq(i) : opt_->expAvg(i);
-    std::memcpy(p, s.data(), s.size());
+    std::vector<float> host(numel);  // float-aligned copy of the Python bytes
+    if (!bytes.empty()) {
+      std::memcpy(host.data(), bytes.data(), bytes.size());
+    }
+    Status s;
+    {
+      pyb::gil_scoped_release nogil;
+      s = opt_->writeState(i, second, host.data());
+    }
+    check(s);
   }
   algo::QAdamOptimizer* get() { return opt_.get(); }
 
