@@ -150,6 +150,7 @@ void BM_Cuda(benchmark::State& state) {
   const int kind = static_cast<int>(state.range(0));
   const size_t n = static_cast<size_t>(state.range(1));
   const size_t chunks = static_cast<size_t>(state.range(2));
+  const int calls = static_cast<int>(state.range(3));
   DeviceBuffers b = allocDevice(n, chunks);
   if (!algo::minMaxCompressCuda(b.x, n, chunks, b.c, b.bytes, b.ws, b.wsBytes).isOk()) {
     state.SkipWithError("compress failed");
@@ -160,12 +161,14 @@ void BM_Cuda(benchmark::State& state) {
   for (auto _ : state) {
     cudaEventRecord(start);
     Status s;
-    if (kind == 0) {
-      (void)cudaMemcpyAsync(b.y, b.x, n * sizeof(float), cudaMemcpyDeviceToDevice);
-    } else if (kind == 1) {
-      s = algo::minMaxCompressCuda(b.x, n, chunks, b.c, b.bytes, b.ws, b.wsBytes);
-    } else {
-      s = algo::minMaxDecompressCuda(b.c, b.bytes, n, chunks, b.y);
+    for (int call = 0; call < calls && s.isOk(); ++call) {
+      if (kind == 0) {
+        (void)cudaMemcpyAsync(b.y, b.x, n * sizeof(float), cudaMemcpyDeviceToDevice);
+      } else if (kind == 1) {
+        s = algo::minMaxCompressCuda(b.x, n, chunks, b.c, b.bytes, b.ws, b.wsBytes);
+      } else {
+        s = algo::minMaxDecompressCuda(b.c, b.bytes, n, chunks, b.y);
+      }
     }
     cudaEventRecord(stop);
     cudaEventSynchronize(stop);
@@ -181,23 +184,29 @@ void BM_Cuda(benchmark::State& state) {
   cudaEventDestroy(stop);
   freeDevice(b);
   // Bytes of float input processed (the copy moves the same floats).
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(float)));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(state.iterations() * static_cast<size_t>(calls) * n * sizeof(float)));
 }
 
+// calls = 1 times one call between two events (the launch latency included, as a lone bucket
+// sees it); calls = 10 times ten back-to-back calls (the kernels' bandwidth, as a stream of
+// buckets sees it). Both for the copy and for the kernels.
 // Per size: the copy (peer) first, then compress and decompress with 1 and 8 chunks; the GPU
 // step script divides each rate by the copy of the same n.
 void cudaArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t n : {int64_t{1} << 22, int64_t{1} << 26}) {
-    b->Args({0, n, 1});
-    for (int64_t kind : {1, 2}) {
-      for (int64_t chunks : {1, 8}) {
-        b->Args({kind, n, chunks});
+  for (int64_t calls : {1, 10}) {
+    for (int64_t n : {int64_t{1} << 22, int64_t{1} << 26}) {
+      b->Args({0, n, 1, calls});
+      for (int64_t kind : {1, 2}) {
+        for (int64_t chunks : {1, 8}) {
+          b->Args({kind, n, chunks, calls});
+        }
       }
     }
   }
 }
 
-BENCHMARK(BM_Cuda)->ArgNames({"kind", "n", "chunks"})->Apply(cudaArgs)->UseManualTime();
+BENCHMARK(BM_Cuda)->ArgNames({"kind", "n", "chunks", "calls"})->Apply(cudaArgs)->UseManualTime();
 #endif
 
 // ---- Per-algorithm step -----------------------------------------------------------------------
