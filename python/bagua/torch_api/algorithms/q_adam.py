@@ -1,7 +1,15 @@
 """QAdam (arXiv 2102.02888): Adam in warm-up, then compressed momentum with v frozen.
 
-``QAdamOptimizer`` is a torch optimizer whose arithmetic runs in the C++ core (f32 CPU tensors),
-so it is exactly the optimizer the ``qadam`` algorithm writes the averaged momentum into.
+``QAdamOptimizer`` is a torch optimizer whose arithmetic runs in the C++ core, on float32 CPU
+tensors or float32 CUDA tensors (m and v then live on the parameters' device), so it is exactly
+the optimizer the ``qadam`` algorithm writes the averaged momentum into.
+
+CUDA ordering: the core runs a step's kernels on the calling thread's per-thread default stream
+and waits for them before ``step()`` returns. torch's work may be on another stream (a
+non-blocking side stream does not order with the per-thread default stream), so ``step()`` first
+waits for torch's current stream on every device that holds a parameter (the gradients, and the
+reducer's work that torch's stream was ordered after, are then complete). Later torch work on any
+stream sees the new weights because the core's step has finished on the host.
 """
 
 import torch
@@ -29,12 +37,23 @@ class QAdamOptimizer(torch.optim.Optimizer):
                         weight_decay=weight_decay)
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
-        for p in self._params:
-            if p.is_cuda or p.dtype != torch.float32:
+        for i, p in enumerate(self._params):
+            if p.dtype != torch.float32:
                 raise ValueError(
-                    "QAdamOptimizer: only float32 CPU parameters are supported in this version")
-        specs = [("p{}".format(i), p.data_ptr(), 0, p.numel(), dtype_code(p.dtype), 0, 0,
-                  p.requires_grad) for i, p in enumerate(self._params)]
+                    "QAdamOptimizer: parameter {} is {}; only float32 parameters (CPU or CUDA) "
+                    "are supported".format(i, p.dtype))
+            if p.device.type not in ("cpu", "cuda"):
+                raise ValueError("QAdamOptimizer: parameter {} is on {}; only CPU and CUDA "
+                                 "parameters are supported".format(i, p.device))
+            if not p.is_contiguous():
+                raise ValueError("QAdamOptimizer: parameter {} is not contiguous".format(i))
+        if len({p.device.type for p in self._params}) > 1:
+            raise ValueError("QAdamOptimizer: parameters on both CPU and CUDA; put them on one "
+                             "device type")
+        self._cuda_devices = sorted({p.device.index for p in self._params if p.is_cuda})
+        specs = [("p{}".format(i), p.data_ptr(), 0, p.numel(), dtype_code(p.dtype),
+                  1 if p.is_cuda else 0, p.device.index if p.is_cuda else 0, p.requires_grad)
+                 for i, p in enumerate(self._params)]
         self._ext = ext.QAdamOptimizer(specs, lr, warmup_steps, betas[0], betas[1], eps,
                                        weight_decay)
 
@@ -58,16 +77,25 @@ class QAdamOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._refresh()
+        for d in self._cuda_devices:
+            # The core steps on its own (per-thread default) stream: torch's pending work
+            # (gradients, the reducer's ordering) must be done first.
+            torch.cuda.current_stream(d).synchronize()
         self._ext.step()
         return loss
 
+    def _state(self, i, second):
+        p = self._params[i]
+        t = torch.frombuffer(bytearray(self._ext.state(i, second)), dtype=torch.float32)
+        return t.view_as(p).to(p.device)
+
     def exp_avg(self, i):
-        return torch.frombuffer(bytearray(self._ext.state(i, False)), dtype=torch.float32).view_as(
-            self._params[i])
+        """m of parameter i (a copy, on the parameter's device)."""
+        return self._state(i, False)
 
     def exp_avg_sq(self, i):
-        return torch.frombuffer(bytearray(self._ext.state(i, True)), dtype=torch.float32).view_as(
-            self._params[i])
+        """v of parameter i (a copy, on the parameter's device)."""
+        return self._state(i, True)
 
 
 class QAdamAlgorithm(Algorithm):
