@@ -14,8 +14,6 @@
 
 #include "bagua/algorithms/compression.h"
 #include "bagua/algorithms/cuda_compression.h"
-// Private to the library: the single-launch limit override and launch counter used below.
-#include "../../algorithms/src/cuda/minmax_kernels.h"
 
 namespace bagua::algo {
 namespace {
@@ -277,77 +275,6 @@ TEST_F(CudaCompression, StreamOrderedWithoutSync) {
   cudaFree(dc2);
   cudaFree(ws);
   cudaStreamDestroy(s);
-}
-
-// compress runs both passes in one cooperative launch up to a size limit and in two launches
-// above it (or where the device refuses cooperative launches). Each path is forced in turn
-// through the limit override and compared with the CPU bit for bit, over sizes, chunk counts
-// (more chunks than resident blocks too), target chunks, unaligned buffers, non-finite chunks
-// and one shared workspace; the launch counter proves which path ran.
-TEST_F(CudaCompression, SingleAndTwoLaunchPathsBitIdentical) {
-  int dev = 0;
-  int coop = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), cudaSuccess);
-  struct Restore {
-    size_t limit;
-    ~Restore() { (void)cudakernels::setSingleLaunchMaxElemsForTesting(limit); }
-  } restore{cudakernels::setSingleLaunchMaxElemsForTesting(cudakernels::kSingleLaunchMaxElems)};
-  ASSERT_EQ(restore.limit, cudakernels::kSingleLaunchMaxElems) << "default limit";
-
-  // The default limit takes a 16 MiB bucket through the single launch.
-  unsigned long long before = cudakernels::singleLaunchCountForTesting();
-  compare(data((1u << 22) + 8u, 41, 2.0f), 1);
-  ASSERT_FALSE(HasFatalFailure());
-  EXPECT_EQ(cudakernels::singleLaunchCountForTesting() - before, coop != 0 ? 1u : 0u)
-      << "4 Mi floats under the default limit";
-
-  auto nonFinite = data(100003, 43, 1.0f);
-  nonFinite[20000] = std::numeric_limits<float>::quiet_NaN();
-  nonFinite[99999] = -std::numeric_limits<float>::infinity();
-  for (const bool single : {true, false}) {
-    (void)cudakernels::setSingleLaunchMaxElemsForTesting(single ? ~size_t{0} : 0);
-    const std::string path = single ? "single launch" : "two launches";
-    before = cudakernels::singleLaunchCountForTesting();
-    unsigned long long calls = 0;
-    for (size_t n : {1u, 33u, 4097u, 100003u, (1u << 20) + 3u, (1u << 22) + 8u}) {
-      for (size_t chunks : {1u, 3u, 8u}) {
-        compare(data(n, static_cast<uint32_t>(n + 3 * chunks + (single ? 1 : 0)), 2.0f), chunks);
-        ASSERT_FALSE(HasFatalFailure()) << path;
-        ++calls;
-      }
-    }
-    compare(data(100003, 44, 1.0f), 3000);        // more chunks than resident blocks
-    compare(data(50000, 45, 1.0f), 4, 2);         // target chunk
-    compare(data(65536, 46, 1.0f), 3, -1, 1, 4);  // unaligned source and compressed buffer
-    compare(nonFinite, 5);
-    ASSERT_FALSE(HasFatalFailure()) << path;
-    calls += 4;
-    // One workspace, zeroed once, across geometries: counters back at 0 after each call.
-    const size_t wsBytes = minMaxCudaWorkspaceBytes((1u << 22) + 8u, 8);
-    void* ws = nullptr;
-    ASSERT_EQ(cudaMalloc(&ws, wsBytes), cudaSuccess);
-    ASSERT_EQ(cudaMemset(ws, 0, wsBytes), cudaSuccess);
-    for (size_t chunks : {8u, 1u, 7u, 8u}) {
-      compare(data((1u << 22) + 8u, static_cast<uint32_t>(50 + chunks), 3.0f), chunks, -1, 0, 0, ws,
-              wsBytes);
-      if (!HasFatalFailure()) {
-        expectCountersZero(ws, wsBytes, path + ", " + std::to_string(chunks) + " chunks");
-      }
-      if (HasFatalFailure()) {
-        cudaFree(ws);
-        FAIL() << path;
-      }
-      ++calls;
-    }
-    cudaFree(ws);
-    const unsigned long long singles = cudakernels::singleLaunchCountForTesting() - before;
-    if (single) {
-      EXPECT_EQ(singles, coop != 0 ? calls : 0u) << "every call of the forced single launch";
-    } else {
-      EXPECT_EQ(singles, 0u) << "no single launch with the limit at 0";
-    }
-  }
 }
 
 TEST_F(CudaCompression, EdgeCases) {

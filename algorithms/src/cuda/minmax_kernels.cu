@@ -19,18 +19,11 @@
 //                         the chunk is 16-byte aligned, else 4 scalar loads), one uchar4 store;
 //                         tiles visited last-to-first so that the tail pass 1 read last is still
 //                         in L2.
-//   single launch         up to kSingleLaunchMaxElems (input resident in L2 between the passes),
-//                         where the device allows cooperative launches: compressSingleLaunch
-//                         runs pass 1 and quantise in ONE cooperative launch of at most the
-//                         co-resident blocks (grid (parts, chunks) as pass 1's), separated by a
-//                         grid-wide barrier (cooperative_groups, no -rdc needed), quantise visiting
-//                         each block's own pass-1 tiles; the 2-launch path above is the fallback;
 //   decompress            grid (tiles, chunks): uchar4 loads, float4 stores where aligned.
 // Grids are one wave of the device (occupancy x SM count, queried once per kernel and device)
 // and stride, so no 65535 cap applies to the element count. At 4 Mi floats on 132 SMs (8 blocks
 // of 256 threads each), pass 1 and quantise both run 1024 blocks of one tile, with 1 chunk
 // (1024 x 1) and with 8 (128 x 8): 97% of the 1056 resident slots.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -179,9 +172,10 @@ __device__ __forceinline__ void writeHeader(const MinMax& m, size_t chunk, size_
 // through L2 with __ldcg after its own fence), writes the header and sets the counter back to 0.
 // Word 3 of every slot is therefore 0 before and after every call (the workspace is zeroed once
 // at allocation), whatever the geometry of the previous call on the same workspace.
-__device__ __forceinline__ void headersBody(const float* __restrict__ src, size_t numel, size_t c,
-                                            size_t firstChunk, size_t count, size_t stride,
-                                            float* partials, uint8_t* dst) {
+__global__ void __launch_bounds__(kThreads)
+    minMaxHeaders(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
+                  size_t count, size_t stride, float* partials, uint8_t* dst) {
+  allowDependentLaunch();
   __shared__ bool lastBlock;
   const size_t parts = gridDim.x;
   for (size_t k = blockIdx.y; k < count; k += gridDim.y) {
@@ -248,13 +242,6 @@ __device__ __forceinline__ void headersBody(const float* __restrict__ src, size_
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    minMaxHeaders(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
-                  size_t count, size_t stride, float* partials, uint8_t* dst) {
-  allowDependentLaunch();
-  headersBody(src, numel, c, firstChunk, count, stride, partials, dst);
-}
-
 __device__ __forceinline__ uint8_t quantiseOne(float x, bool valid, float scale, float upper,
                                                float lower) {
   if (!valid) {
@@ -267,23 +254,22 @@ __device__ __forceinline__ uint8_t quantiseOne(float x, bool valid, float scale,
   return static_cast<uint8_t>(static_cast<int>(v));
 }
 
-// Pass 2: every payload byte of the chunks (padding and non-finite chunks as zero). kReverse (the
-// separate quantise launch): chunks and tiles visited in reverse so the first tiles read are the
-// ones pass 1 read last. Forward (the single launch, same grid as pass 1): a block quantises the
-// tiles it read itself in pass 1 when the chunk is 16-byte aligned, so they may still be in its
-// SM's L1. The header is read through L2 (__ldcg): in the single launch another block wrote it.
-template <bool kReverse>
-__device__ __forceinline__ void quantiseBody(const float* __restrict__ src, size_t numel, size_t c,
-                                             size_t firstChunk, size_t count, size_t stride,
-                                             uint8_t* dst) {
+// Pass 2: every payload byte of the chunks (padding and non-finite chunks as zero). Chunks and
+// tiles are visited in reverse so the first tiles read are the ones pass 1 read last.
+__global__ void __launch_bounds__(kThreads)
+    quantise(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk, size_t count,
+             size_t stride, uint8_t* dst) {
   const size_t payloadQuads = (stride - 32) / 4;
   const size_t tiles = (payloadQuads + kTileQuads - 1) / kTileQuads;
+  // Every block waits, even one with no tile: the stream's next operation (which waits only for
+  // this grid) must find pass 1's headers complete.
+  waitForPrimary();
   for (size_t ky = blockIdx.y; ky < count; ky += gridDim.y) {
-    const size_t chunk = firstChunk + (kReverse ? count - 1 - ky : ky);
+    const size_t chunk = firstChunk + (count - 1 - ky);
     const Range r = chunkRange(chunk, numel, c);
     uint8_t* seg = dst + chunk * stride;
-    const float mn = __ldcg(reinterpret_cast<const float*>(seg));
-    const float mx = __ldcg(reinterpret_cast<const float*>(seg) + 1);
+    const float mn = reinterpret_cast<const float*>(seg)[0];
+    const float mx = reinterpret_cast<const float*>(seg)[1];
     const bool skip = r.n == 0 || mn != mn;
     float scale = 0.0f;
     float upper = 0.0f;
@@ -297,7 +283,7 @@ __device__ __forceinline__ void quantiseBody(const float* __restrict__ src, size
     const bool vec = (reinterpret_cast<uintptr_t>(p) & 15) == 0;
     uchar4* out = reinterpret_cast<uchar4*>(seg + 32);
     for (size_t tx = blockIdx.x; tx < tiles; tx += gridDim.x) {
-      const size_t t = (kReverse ? tiles - 1 - tx : tx) * kTileQuads;
+      const size_t t = (tiles - 1 - tx) * kTileQuads;
       if (!skip && vec && 4 * (t + kTileQuads) <= r.n) {
         // Whole tile inside the chunk, 16-byte aligned: no bounds checks.
         const float4* p4 = reinterpret_cast<const float4*>(p);
@@ -345,27 +331,6 @@ __device__ __forceinline__ void quantiseBody(const float* __restrict__ src, size
       }
     }
   }
-}
-
-__global__ void __launch_bounds__(kThreads)
-    quantise(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk, size_t count,
-             size_t stride, uint8_t* dst) {
-  // Every block waits, even one with no tile: the stream's next operation (which waits only for
-  // this grid) must find pass 1's headers complete.
-  waitForPrimary();
-  quantiseBody<true>(src, numel, c, firstChunk, count, stride, dst);
-}
-
-// Both passes in one cooperative launch (every block resident at once): pass 1 exactly as in
-// minMaxHeaders (partials, the chunk's last block writes the header and resets the counter),
-// a grid-wide barrier (which orders the header stores before every block's later loads), then
-// quantise. Saves the second launch's gap, which at 16 MiB is a large share of the call.
-__global__ void __launch_bounds__(kThreads)
-    compressSingleLaunch(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
-                         size_t count, size_t stride, float* partials, uint8_t* dst) {
-  headersBody(src, numel, c, firstChunk, count, stride, partials, dst);
-  cooperative_groups::this_grid().sync();
-  quantiseBody<false>(src, numel, c, firstChunk, count, stride, dst);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -450,7 +415,7 @@ __global__ void __launch_bounds__(kThreads)
 // Blocks of `kernel` that fit on the whole current device at once (occupancy x SM count),
 // queried once per (kernel, device): grids of exactly one wave, so no block starts late and
 // leaves a tail.
-enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kSingleLaunchSlot, kSlots };
+enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kSlots };
 
 size_t residentBlocks(const void* kernel, KernelSlot slot) {
   constexpr int kCachedDevices = 64;
@@ -523,82 +488,7 @@ cudaError_t launchQuantise(dim3 grid, cudaStream_t s, const float* src, size_t n
   return cudaGetLastError();
 }
 
-std::atomic<size_t> gSingleLaunchMaxElems{kSingleLaunchMaxElems};
-std::atomic<unsigned long long> gSingleLaunches{0};
-
-// Whether the current device takes cooperative launches: cudaDevAttrCooperativeLaunch, queried
-// once per device; set to "no" for good when such a launch is refused.
-constexpr int kCoopUnknown = 0;
-constexpr int kCoopYes = 1;
-constexpr int kCoopNo = 2;
-constexpr int kCoopDevices = 64;
-std::atomic<int> gCoop[kCoopDevices] = {};
-
-int cooperativeState(int* devOut) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kCoopDevices) {
-    (void)cudaGetLastError();
-    return kCoopNo;
-  }
-  *devOut = dev;
-  int state = gCoop[dev].load(std::memory_order_relaxed);
-  if (state == kCoopUnknown) {
-    int yes = 0;
-    if (cudaDeviceGetAttribute(&yes, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      yes = 0;
-    }
-    state = yes != 0 ? kCoopYes : kCoopNo;
-    gCoop[dev].store(state, std::memory_order_relaxed);
-  }
-  return state;
-}
-
-// Both passes in one cooperative launch. Grid: `count` chunks (y) by at most `perChunkMax` blocks
-// (x, the workspace's partial slots per chunk), never more blocks than are resident at once (a
-// cooperative grid must be). Returns false, with no error left pending, where the launch cannot
-// be made: the caller then takes the 2-launch path.
-bool launchSingle(cudaStream_t s, const float* src, size_t numel, size_t c, size_t first,
-                  size_t count, size_t stride, size_t perChunkMax, float* partials, uint8_t* dst) {
-  int dev = -1;
-  if (cooperativeState(&dev) != kCoopYes) {
-    return false;
-  }
-  const size_t resident =
-      residentBlocks(reinterpret_cast<const void*>(&compressSingleLaunch), kSingleLaunchSlot);
-  size_t x = 1;
-  size_t y = count;
-  if (count >= resident) {
-    y = resident;
-  } else {
-    x = resident / count;
-    x = x < perChunkMax ? x : perChunkMax;
-    x = x == 0 ? 1 : x;
-  }
-  y = y < kMaxGridY ? y : kMaxGridY;
-  y = y == 0 ? 1 : y;
-  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(y), 1);
-  void* args[] = {&src, &numel, &c, &first, &count, &stride, &partials, &dst};
-  const cudaError_t e = cudaLaunchCooperativeKernel(
-      reinterpret_cast<const void*>(&compressSingleLaunch), grid, dim3(kThreads, 1, 1), args, 0, s);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    gCoop[dev].store(kCoopNo, std::memory_order_relaxed);
-    return false;
-  }
-  gSingleLaunches.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
 }  // namespace
-
-size_t setSingleLaunchMaxElemsForTesting(size_t maxElems) {
-  return gSingleLaunchMaxElems.exchange(maxElems, std::memory_order_relaxed);
-}
-
-unsigned long long singleLaunchCountForTesting() {
-  return gSingleLaunches.load(std::memory_order_relaxed);
-}
 
 int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float* partials,
              int targetChunk, void* stream) {
@@ -608,12 +498,6 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
   const size_t stride = payload + 32;
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
-  // Up to kSingleLaunchMaxElems (the input then stays in L2 for the second read) one cooperative
-  // launch does both passes; elsewhere, or where that launch is refused, two launches.
-  if (numel <= gSingleLaunchMaxElems.load(std::memory_order_relaxed) &&
-      launchSingle(s, src, numel, c, first, count, stride, partialsPerChunk(c), partials, dst)) {
-    return 0;
-  }
   // Pass 1 uses at most partialsPerChunk(c) blocks per chunk (the workspace holds that many
   // partials), fewer when one wave of the device is reached; it also writes the headers.
   const dim3 g1 =

@@ -24,16 +24,6 @@ inline size_t partialsPerChunk(size_t c) {
   return p > kMaxPartials ? kMaxPartials : p;
 }
 
-// compress does both passes in one cooperative launch for numel up to this (32 MiB of floats:
-// the input stays in the H100/H200's 50 MB L2 between the passes), two launches above it or
-// where the device refuses cooperative launches.
-constexpr size_t kSingleLaunchMaxElems = size_t{8} << 20;
-
-// Tests only: sets the single-launch limit (returns the previous one; 0 forces the 2-launch
-// path) and counts the single launches made so far, so a test knows which path ran.
-size_t setSingleLaunchMaxElemsForTesting(size_t maxElems);
-unsigned long long singleLaunchCountForTesting();
-
 int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float* partials,
              int targetChunk, void* stream);
 int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int targetChunk,
