@@ -29,31 +29,12 @@
 #include "bagua/autotune/transport_knobs.h"
 #include "bagua/base/params.h"
 #include "bagua/base/status.h"
+#include "bagua/gpu_tool_support/gpu_tool.h"
 
 namespace {
 
 using namespace bagua;
 using namespace bagua::autotune;
-
-int gRank = -1;
-
-#define LIVE_CHECK_CUDA(call)                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, cudaGetErrorString(e_)); \
-      std::exit(3);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-#define LIVE_CHECK_NCCL(call)                                                                 \
-  do {                                                                                        \
-    ncclResult_t r_ = (call);                                                                 \
-    if (r_ != ncclSuccess) {                                                                  \
-      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, ncclGetErrorString(r_)); \
-      std::exit(4);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 struct Options {
   uint64_t bytes = 32 << 20;
@@ -63,19 +44,6 @@ struct Options {
 };
 
 constexpr int kRanks = 2;
-
-bool ioAll(int fd, void* buf, size_t n, bool write) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = write ? ::write(fd, p, n) : ::read(fd, p, n);
-    if (r <= 0) {
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 float pattern(int rank, size_t i) {
   return static_cast<float>((rank + 1) * 5 + static_cast<int>((i * 11) % 31));
@@ -103,22 +71,22 @@ class Rank {
   Rank(const Options& o, int rank) : o_(o), rank_(rank) {}
 
   int run(const ncclUniqueId& id) {
-    gRank = rank_;
-    LIVE_CHECK_CUDA(cudaSetDevice(rank_));
-    LIVE_CHECK_NCCL(ncclCommInitRank(&comm_, kRanks, id, rank_));
-    LIVE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    bagua::tools::toolRank() = rank_;
+    BAGUA_TOOL_CHECK_CUDA(cudaSetDevice(rank_));
+    BAGUA_TOOL_CHECK_NCCL(ncclCommInitRank(&comm_, kRanks, id, rank_));
+    BAGUA_TOOL_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     count_ = o_.bytes / sizeof(float);
-    LIVE_CHECK_CUDA(cudaMalloc(&send_, count_ * sizeof(float)));
-    LIVE_CHECK_CUDA(cudaMalloc(&recv_, count_ * sizeof(float)));
-    LIVE_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(float)));
+    BAGUA_TOOL_CHECK_CUDA(cudaMalloc(&send_, count_ * sizeof(float)));
+    BAGUA_TOOL_CHECK_CUDA(cudaMalloc(&recv_, count_ * sizeof(float)));
+    BAGUA_TOOL_CHECK_CUDA(cudaMalloc(&scalar_, sizeof(float)));
     host_.resize(count_);
     for (size_t i = 0; i < count_; ++i) {
       host_[i] = pattern(rank_, i);
     }
-    LIVE_CHECK_CUDA(
+    BAGUA_TOOL_CHECK_CUDA(
         cudaMemcpy(send_, host_.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
-    LIVE_CHECK_CUDA(cudaEventCreate(&start_));
-    LIVE_CHECK_CUDA(cudaEventCreate(&stop_));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventCreate(&start_));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventCreate(&stop_));
     batch();  // NCCL connects (and so loads the plugin) on the first collective
 
     Result<std::unique_ptr<NetPluginLive>> live = NetPluginLive::find();
@@ -192,10 +160,10 @@ class Rank {
     say("ratios: autotuned/default %.3f, autotuned/grid-best %.3f\n", median(a) / median(d),
         median(a) / median(g));
     (void)plugin_->set({});
-    LIVE_CHECK_CUDA(cudaFree(send_));
-    LIVE_CHECK_CUDA(cudaFree(recv_));
-    LIVE_CHECK_CUDA(cudaFree(scalar_));
-    LIVE_CHECK_NCCL(ncclCommDestroy(comm_));
+    BAGUA_TOOL_CHECK_CUDA(cudaFree(send_));
+    BAGUA_TOOL_CHECK_CUDA(cudaFree(recv_));
+    BAGUA_TOOL_CHECK_CUDA(cudaFree(scalar_));
+    BAGUA_TOOL_CHECK_NCCL(ncclCommDestroy(comm_));
     return wrong_ == 0 ? 0 : 9;
   }
 
@@ -212,16 +180,17 @@ class Rank {
 
   // One batch of `iters` all-reduces; returns this rank's seconds.
   double batch() {
-    LIVE_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    LIVE_CHECK_CUDA(cudaEventRecord(start_, stream_));
+    BAGUA_TOOL_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventRecord(start_, stream_));
     for (int i = 0; i < o_.iters; ++i) {
-      LIVE_CHECK_NCCL(ncclAllReduce(send_, recv_, count_, ncclFloat, ncclSum, comm_, stream_));
+      BAGUA_TOOL_CHECK_NCCL(
+          ncclAllReduce(send_, recv_, count_, ncclFloat, ncclSum, comm_, stream_));
     }
-    LIVE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
-    LIVE_CHECK_CUDA(cudaEventSynchronize(stop_));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventSynchronize(stop_));
     float ms = 0;
-    LIVE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-    LIVE_CHECK_CUDA(
+    BAGUA_TOOL_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    BAGUA_TOOL_CHECK_CUDA(
         cudaMemcpy(host_.data(), recv_, count_ * sizeof(float), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count_; ++i) {
       const float want = pattern(0, i) + pattern(1, i);
@@ -245,10 +214,10 @@ class Rank {
     }
     batch();
     auto secs = static_cast<float>(batch());
-    LIVE_CHECK_CUDA(cudaMemcpy(scalar_, &secs, sizeof(float), cudaMemcpyHostToDevice));
-    LIVE_CHECK_NCCL(ncclAllReduce(scalar_, scalar_, 1, ncclFloat, ncclSum, comm_, stream_));
-    LIVE_CHECK_CUDA(cudaStreamSynchronize(stream_));
-    LIVE_CHECK_CUDA(cudaMemcpy(&secs, scalar_, sizeof(float), cudaMemcpyDeviceToHost));
+    BAGUA_TOOL_CHECK_CUDA(cudaMemcpy(scalar_, &secs, sizeof(float), cudaMemcpyHostToDevice));
+    BAGUA_TOOL_CHECK_NCCL(ncclAllReduce(scalar_, scalar_, 1, ncclFloat, ncclSum, comm_, stream_));
+    BAGUA_TOOL_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    BAGUA_TOOL_CHECK_CUDA(cudaMemcpy(&secs, scalar_, sizeof(float), cudaMemcpyDeviceToHost));
     const double mean = static_cast<double>(secs) / kRanks;
     return static_cast<double>(o_.bytes) * o_.iters / mean / 1e9;
   }
@@ -319,15 +288,15 @@ int main(int argc, char** argv) {
   }
   if (pid == 0) {
     ncclUniqueId id;
-    if (!ioAll(fds[0], &id, sizeof(id), false)) {
+    if (!bagua::tools::readAll(fds[0], &id, sizeof(id))) {
       _exit(5);
     }
     _exit(Rank(o, 1).run(id));
   }
   ncclUniqueId id;
-  gRank = 0;
-  LIVE_CHECK_NCCL(ncclGetUniqueId(&id));
-  if (!ioAll(fds[1], &id, sizeof(id), true)) {
+  bagua::tools::toolRank() = 0;
+  BAGUA_TOOL_CHECK_NCCL(ncclGetUniqueId(&id));
+  if (!bagua::tools::writeAll(fds[1], &id, sizeof(id))) {
     std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank 1\n");
     return 1;
   }

@@ -27,28 +27,9 @@
 
 #include "bagua/base/params.h"
 #include "bagua/base/status.h"
+#include "bagua/gpu_tool_support/gpu_tool.h"
 
 namespace {
-
-#define CHECK_CUDA(call)                                                                      \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, cudaGetErrorString(e_)); \
-      std::exit(3);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-#define CHECK_NCCL(call)                                                                      \
-  do {                                                                                        \
-    ncclResult_t r_ = (call);                                                                 \
-    if (r_ != ncclSuccess) {                                                                  \
-      std::fprintf(stderr, "rank %d: %s failed: %s\n", gRank, #call, ncclGetErrorString(r_)); \
-      std::exit(4);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-int gRank = -1;
 
 struct Options {
   int ranks = 2;
@@ -66,32 +47,6 @@ struct Row {
   bool correct;
 };
 
-bool readAll(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r <= 0) {
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-bool writeAll(int fd, const void* buf, size_t n) {
-  const auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::write(fd, p, n);
-    if (r <= 0) {
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
 // Values small enough that sums over a few ranks are exact in fp32.
 float pattern(int rank, size_t i) {
   return static_cast<float>((rank + 1) * 3 + static_cast<int>((i * 7) % 29));
@@ -99,45 +54,47 @@ float pattern(int rank, size_t i) {
 
 std::vector<double> runRank(const Options& o, int rank, const ncclUniqueId& id,
                             std::vector<char>* correct) {
-  gRank = rank;
-  CHECK_CUDA(cudaSetDevice(rank));
+  bagua::tools::toolRank() = rank;
+  BAGUA_TOOL_CHECK_CUDA(cudaSetDevice(rank));
   ncclComm_t comm;
-  CHECK_NCCL(ncclCommInitRank(&comm, o.ranks, id, rank));
+  BAGUA_TOOL_CHECK_NCCL(ncclCommInitRank(&comm, o.ranks, id, rank));
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BAGUA_TOOL_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   size_t maxCount = o.maxBytes / sizeof(float);
   float* send = nullptr;
   float* recv = nullptr;
-  CHECK_CUDA(cudaMalloc(&send, maxCount * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&recv, maxCount * sizeof(float)));
+  BAGUA_TOOL_CHECK_CUDA(cudaMalloc(&send, maxCount * sizeof(float)));
+  BAGUA_TOOL_CHECK_CUDA(cudaMalloc(&recv, maxCount * sizeof(float)));
   std::vector<float> host(maxCount);
   for (size_t i = 0; i < maxCount; ++i) {
     host[i] = pattern(rank, i);
   }
-  CHECK_CUDA(cudaMemcpy(send, host.data(), maxCount * sizeof(float), cudaMemcpyHostToDevice));
+  BAGUA_TOOL_CHECK_CUDA(
+      cudaMemcpy(send, host.data(), maxCount * sizeof(float), cudaMemcpyHostToDevice));
   cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  BAGUA_TOOL_CHECK_CUDA(cudaEventCreate(&start));
+  BAGUA_TOOL_CHECK_CUDA(cudaEventCreate(&stop));
 
   std::vector<double> times;
   for (uint64_t bytes = o.minBytes; bytes <= o.maxBytes; bytes *= 2) {
     size_t count = bytes / sizeof(float);
     for (int i = 0; i < o.warmup; ++i) {
-      CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
+      BAGUA_TOOL_CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
     }
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    CHECK_CUDA(cudaEventRecord(start, stream));
+    BAGUA_TOOL_CHECK_CUDA(cudaStreamSynchronize(stream));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventRecord(start, stream));
     for (int i = 0; i < o.iters; ++i) {
-      CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
+      BAGUA_TOOL_CHECK_NCCL(ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, stream));
     }
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventRecord(stop, stream));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    BAGUA_TOOL_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     times.push_back(1000.0 * ms / o.iters);
 
     // Check every element of the last result against the closed form.
-    CHECK_CUDA(cudaMemcpy(host.data(), recv, count * sizeof(float), cudaMemcpyDeviceToHost));
+    BAGUA_TOOL_CHECK_CUDA(
+        cudaMemcpy(host.data(), recv, count * sizeof(float), cudaMemcpyDeviceToHost));
     bool ok = true;
     for (size_t i = 0; i < count && ok; ++i) {
       float want = 0;
@@ -152,9 +109,9 @@ std::vector<double> runRank(const Options& o, int rank, const ncclUniqueId& id,
     }
     correct->push_back(ok ? 1 : 0);
   }
-  CHECK_CUDA(cudaFree(send));
-  CHECK_CUDA(cudaFree(recv));
-  CHECK_NCCL(ncclCommDestroy(comm));
+  BAGUA_TOOL_CHECK_CUDA(cudaFree(send));
+  BAGUA_TOOL_CHECK_CUDA(cudaFree(recv));
+  BAGUA_TOOL_CHECK_NCCL(ncclCommDestroy(comm));
   return times;
 }
 
@@ -244,31 +201,31 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       ncclUniqueId id;
-      if (!readAll(idPipes[2 * r], &id, sizeof(id))) {
+      if (!bagua::tools::readAll(idPipes[2 * r], &id, sizeof(id))) {
         std::fprintf(stderr, "rank %d: no NCCL id from rank 0\n", r);
         _exit(5);
       }
       std::vector<char> correct;
       std::vector<double> t = runRank(o, r, id, &correct);
       uint32_t n = static_cast<uint32_t>(t.size());
-      bool ok = writeAll(resultPipes[2 * r + 1], &n, sizeof(n)) &&
-                writeAll(resultPipes[2 * r + 1], t.data(), n * sizeof(double)) &&
-                writeAll(resultPipes[2 * r + 1], correct.data(), n);
+      bool ok = bagua::tools::writeAll(resultPipes[2 * r + 1], &n, sizeof(n)) &&
+                bagua::tools::writeAll(resultPipes[2 * r + 1], t.data(), n * sizeof(double)) &&
+                bagua::tools::writeAll(resultPipes[2 * r + 1], correct.data(), n);
       _exit(ok ? 0 : 6);
     }
     children.push_back(pid);
   }
   ncclUniqueId id;
-  gRank = 0;
-  CHECK_NCCL(ncclGetUniqueId(&id));
+  bagua::tools::toolRank() = 0;
+  BAGUA_TOOL_CHECK_NCCL(ncclGetUniqueId(&id));
   for (int r = 1; r < o.ranks; ++r) {
-    if (!writeAll(idPipes[2 * r + 1], &id, sizeof(id))) {
+    if (!bagua::tools::writeAll(idPipes[2 * r + 1], &id, sizeof(id))) {
       std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank %d\n", r);
       return 1;
     }
   }
   int version = 0;
-  CHECK_NCCL(ncclGetVersion(&version));
+  BAGUA_TOOL_CHECK_NCCL(ncclGetVersion(&version));
   std::vector<char> correct;
   std::vector<double> mine = runRank(o, 0, id, &correct);
   std::vector<double> sum = mine;
@@ -277,12 +234,12 @@ int main(int argc, char** argv) {
     uint32_t n = 0;
     std::vector<double> t;
     std::vector<char> c;
-    bool ok = readAll(resultPipes[2 * r], &n, sizeof(n)) && n == mine.size();
+    bool ok = bagua::tools::readAll(resultPipes[2 * r], &n, sizeof(n)) && n == mine.size();
     if (ok) {
       t.resize(n);
       c.resize(n);
-      ok = readAll(resultPipes[2 * r], t.data(), n * sizeof(double)) &&
-           readAll(resultPipes[2 * r], c.data(), n);
+      ok = bagua::tools::readAll(resultPipes[2 * r], t.data(), n * sizeof(double)) &&
+           bagua::tools::readAll(resultPipes[2 * r], c.data(), n);
     }
     if (!ok) {
       std::fprintf(stderr, "rank 0: no results from rank %d\n", r);
