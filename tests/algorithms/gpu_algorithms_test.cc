@@ -25,6 +25,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Frees every device allocation listed in `m` when the scope ends (the tests' buffers).
+struct DeviceFreeAll {
+  std::vector<void*>& m;
+  ~DeviceFreeAll() {
+    for (void* p : m) {
+      cudaFree(p);
+    }
+  }
+};
+
 constexpr int kWorld = 2;
 // Sizes that exercise padding (not multiples of the world size or of 32) and several buckets.
 const std::vector<size_t> kSizes = {1000003, 257, 31, 4099};
@@ -159,14 +169,7 @@ std::string train(bool device,
           }
           p.setGrad = [&params, t](void* ng) { params[t].grad = ng; };
         }
-        struct Free {
-          std::vector<void*>& m;
-          ~Free() {
-            for (void* p : m) {
-              cudaFree(p);
-            }
-          }
-        } freeGuard{deviceMem};
+        DeviceFreeAll freeGuard{deviceMem};
         CopySgd opt(params, device);
         core::Optimizer* stepping = &opt;
         std::unique_ptr<QAdamOptimizer> qadamOpt;
@@ -419,14 +422,7 @@ TEST(GpuAlgorithms, QAdamOptimizerStepBitIdenticalToHost) {
     dev[t].grad = g;
     dev[t].device = {core::DeviceType::kCuda, 0};
   }
-  struct Free {
-    std::vector<void*>& m;
-    ~Free() {
-      for (void* p : m) {
-        cudaFree(p);
-      }
-    }
-  } freeGuard{mem};
+  DeviceFreeAll freeGuard{mem};
   auto qh = QAdamOptimizer::create(host, o);
   auto qd = QAdamOptimizer::create(dev, o);
   ASSERT_TRUE(qh.isOk()) << qh.status().toString();
@@ -526,14 +522,7 @@ TEST(GpuAlgorithms, AsyncAveragesDeviceWeightsAndShutsDownCleanly) {
         cudaSetDevice(r);
         std::vector<core::Parameter> params(kSizes.size());
         std::vector<void*> mem;
-        struct Free {
-          std::vector<void*>& m;
-          ~Free() {
-            for (void* p : m) {
-              cudaFree(p);
-            }
-          }
-        } freeGuard{mem};
+        DeviceFreeAll freeGuard{mem};
         for (size_t t = 0; t < kSizes.size(); ++t) {
           const size_t n = kSizes[t];
           std::vector<float> w(n);
