@@ -129,6 +129,14 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
       return BAGUA_ERROR(kInvalidArgument,
                          "qadam: pass the QAdamOptimizer that steps the model (qadam.h)");
     }
+    // An optimizer option (QAdamOptions::holdZeroVariance), settable here so that the demos'
+    // --algo_arg and string-configured front ends reach it; absent: the optimizer's own setting.
+    const bool holdGiven = args.count("hold_zero_variance") != 0;
+    BAGUA_ASSIGN_OR_RETURN(bool hold, a.getBool("hold_zero_variance", true));
+    BAGUA_RETURN_IF_ERROR(a.checkNoneLeft());
+    if (holdGiven) {
+      qadamOptimizer->setHoldZeroVariance(hold);
+    }
     out = std::make_shared<QAdam>(qadamOptimizer, hierarchical);
   } else if (name == "async") {
     BAGUA_ASSIGN_OR_RETURN(std::string mode, a.getEnum("peer_selection_mode", "all", {"all"}));

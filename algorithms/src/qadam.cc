@@ -98,7 +98,8 @@ Status QAdamOptimizer::step() {
   a.stepSize = static_cast<float>(static_cast<double>(o.lr) / bc1);
   a.bc2Sqrt = static_cast<float>(std::sqrt(bc2));
   a.eps = o.eps;
-  std::vector<int> devices;  // to wait for
+  a.holdZeroVariance = o.holdZeroVariance;  // vec_ops applies it outside warm-up only
+  std::vector<int> devices;                 // to wait for
   for (size_t k = 0; k < params_.size(); ++k) {
     core::Parameter& p = params_[k];
     if (!p.requiresGrad || p.grad == nullptr) {

@@ -287,15 +287,20 @@ Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float*
         v[i] = v[i] * a.b2 + g * g * a.ob2;
       }
     }
+    const bool hold = a.holdZeroVariance && !a.warm;
     for (size_t i = 0; i < n; ++i) {
+      if (hold && v[i] == 0.0f) {
+        continue;
+      }
       const float denom = std::sqrt(v[i]) / a.bc2Sqrt + a.eps;
       x[i] = x[i] + (-a.stepSize) * (m[i] / denom);
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "qadam step", n,
-                  cudakernels::qadamStep(x, grad, m, v, n, a.warm, a.weightDecay, a.b1, a.b2, a.ob1,
-                                         a.ob2, a.stepSize, a.bc2Sqrt, a.eps));
+  BAGUA_ON_DEVICE(
+      exec, "qadam step", n,
+      cudakernels::qadamStep(x, grad, m, v, n, a.warm, a.weightDecay, a.b1, a.b2, a.ob1, a.ob2,
+                             a.stepSize, a.bc2Sqrt, a.eps, a.holdZeroVariance && !a.warm));
 }
 
 Status momentumMix(const Exec& exec, float* slot, const float* m, float b1, float ob1, size_t n) {

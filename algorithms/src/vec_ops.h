@@ -93,9 +93,11 @@ struct QAdamStepArgs {
   float stepSize = 0.0f;  // lr / (1 - b1^t)
   float bc2Sqrt = 0.0f;   // sqrt(1 - b2^t)
   float eps = 0.0f;
+  bool holdZeroVariance = false;  // skip the update of elements with v == 0 (not with warm)
 };
 // if warm: g = grad[i] (+ x[i] * weightDecay); m = m*b1 + g*ob1; v = v*b2 + g*g*ob2;
-// then x[i] = x[i] + (-stepSize) * (m / (sqrt(v) / bc2Sqrt + eps)).
+// then, unless holdZeroVariance and v == 0 (x[i] stays as it is),
+// x[i] = x[i] + (-stepSize) * (m / (sqrt(v) / bc2Sqrt + eps)).
 [[nodiscard]] Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float* v,
                                size_t n, const QAdamStepArgs& a);
 // slot[i] = m[i] * b1 + slot[i] * ob1 (QAdam's momentum from the local gradient in slot).

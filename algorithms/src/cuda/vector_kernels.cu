@@ -73,7 +73,7 @@ __global__ void divideInPlaceKernel(float* a, float divisor, size_t n) {
 // sqrtf and the division are IEEE correctly rounded without -use_fast_math).
 __global__ void qadamStepKernel(float* x, const float* grad, float* m, float* v, size_t n, int warm,
                                 float weightDecay, float b1, float b2, float ob1, float ob2,
-                                float stepSize, float bc2Sqrt, float eps) {
+                                float stepSize, float bc2Sqrt, float eps, int hold) {
   BAGUA_GRID_LOOP(i, n) {
     float mi = m[i];
     float vi = v[i];
@@ -87,6 +87,9 @@ __global__ void qadamStepKernel(float* x, const float* grad, float* m, float* v,
       vi = vi * b2 + g * g * ob2;
       m[i] = mi;
       v[i] = vi;
+    }
+    if (hold && vi == 0.0f) {
+      continue;  // zero frozen variance: no update (qadam.h)
     }
     const float denom = sqrtf(vi) / bc2Sqrt + eps;
     x[i] = xi + (-stepSize) * (mi / denom);
@@ -271,12 +274,13 @@ int divideInPlace(float* a, float divisor, size_t n) {
 
 int qadamStep(float* x, const float* grad, float* m, float* v, size_t n, bool warm,
               float weightDecay, float b1, float b2, float ob1, float ob2, float stepSize,
-              float bc2Sqrt, float eps) {
+              float bc2Sqrt, float eps, bool hold) {
   if (n == 0) {
     return 0;
   }
   qadamStepKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(
-      x, grad, m, v, n, warm ? 1 : 0, weightDecay, b1, b2, ob1, ob2, stepSize, bc2Sqrt, eps);
+      x, grad, m, v, n, warm ? 1 : 0, weightDecay, b1, b2, ob1, ob2, stepSize, bc2Sqrt, eps,
+      hold ? 1 : 0);
   return launched();
 }
 

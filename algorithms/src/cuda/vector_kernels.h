@@ -32,10 +32,11 @@ int lowPrecisionDiff(float* d, const float* x, const float* l, const float* r, c
 int addInPlace(float* a, const float* b, size_t n);
 int addAndCopy(float* w, const float* d, float* x, size_t n);
 int divideInPlace(float* a, float divisor, size_t n);
-// QAdam (vec_ops.h qadamStep / momentumMix).
+// QAdam (vec_ops.h qadamStep / momentumMix). hold: elements with v == 0 keep x (only passed
+// true outside warm-up).
 int qadamStep(float* x, const float* grad, float* m, float* v, size_t n, bool warm,
               float weightDecay, float b1, float b2, float ob1, float ob2, float stepSize,
-              float bc2Sqrt, float eps);
+              float bc2Sqrt, float eps, bool hold);
 int momentumMix(float* slot, const float* m, float b1, float ob1, size_t n);
 // Async model average (vec_ops.h addMeanMinusSnapshot).
 int addMeanMinusSnapshot(float* w, const float* sum, const float* snap, float n, size_t count);

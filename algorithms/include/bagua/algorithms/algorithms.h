@@ -8,7 +8,9 @@
 //   decentralized                hierarchical=true, peer_selection_mode=all|shift_one,
 //                                communication_interval=1
 //   low_precision_decentralized  hierarchical=true, communication_interval=1
-//   qadam                        hierarchical=true (needs a QAdamOptimizer, see qadam.h)
+//   qadam                        hierarchical=true (needs a QAdamOptimizer, see qadam.h),
+//                                hold_zero_variance=true|false (sets the optimizer's
+//                                QAdamOptions::holdZeroVariance; absent: left as it is)
 //   async                        peer_selection_mode=all, sync_interval_ms=500, warmup_steps=0
 //
 // Thread model: see each class and algorithms/README.md. Algorithms are declarations: reify()

@@ -13,6 +13,19 @@
 // operation (m = b1*m + (1-b1)*grad, then averaged with MinMaxUInt8 compression) and v stays
 // frozen, as in Bagua.
 //
+// Zero variance (Bagua #654 "QAdam NaN"): an element whose gradient was exactly zero through
+// the whole warm-up (a dead ReLU unit, an embedding row no batch touched) has frozen v = 0, so
+// Bagua's update there is lr/(1-b1^t) * m / eps, i.e. m * 1e8 * lr with the default eps, and its
+// m is not zero in the compression stage (MinMaxUInt8 clamps 0 to the chunk's minimum when the
+// chunk does not straddle 0, and the unit may revive): training diverges. With
+// QAdamOptions::holdZeroVariance (default on) such elements are held in the compression stage
+// (t >= warmup_steps and v == 0 exactly: no parameter update; m and v are still kept): QAdam has
+// no variance estimate for them and their momentum is quantisation noise. v and the averaged m
+// are identical on every rank, so replicas stay bitwise identical. Nothing else changes: the
+// warm-up is still exactly Adam, and elements with v != 0 get Bagua's update bit for bit. Off
+// gives Bagua's exact math everywhere. A held element stays held (v is frozen): a unit that
+// revives after warm-up keeps its warm-up weights; lengthen the warm-up if that matters.
+//
 // Device parameters: step() and zeroGrad() enqueue on the calling thread's per-thread default
 // stream and wait for it (bounded by QAdamOptions::deviceTimeout) before returning, so the
 // parameters are updated when they return, as on the CPU.
@@ -39,6 +52,9 @@ struct QAdamOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weightDecay = 0.0f;
+  // Compression stage: no update for elements whose frozen v is exactly 0 (see above). Off:
+  // Bagua's exact update (which diverges on such elements with a small eps).
+  bool holdZeroVariance = true;
   // Bound on waiting for a step's device work (CUDA parameters): DeadlineExceeded past it.
   std::chrono::milliseconds deviceTimeout{300000};
 };
@@ -64,6 +80,9 @@ class QAdamOptimizer final : public core::Optimizer {
 
   int64_t stepCount() const { return step_; }
   const QAdamOptions& options() const { return options_; }
+  // Changes QAdamOptions::holdZeroVariance (the `qadam` algorithm's hold_zero_variance argument
+  // sets it); on the trainer's thread, between steps.
+  void setHoldZeroVariance(bool on) { options_.holdZeroVariance = on; }
   // The momentum and variance of parameter `param` (index into the parameter list), where the
   // parameter lives: host memory for a CPU parameter, device memory for a CUDA one.
   float* expAvg(int param);
