@@ -387,88 +387,128 @@ TEST(GpuAlgorithms, LowPrecisionDecentralizedBitIdenticalToHostWithReplicaInvari
 // QAdamOptimizer on CUDA parameters against the same optimizer on host copies: identical
 // inputs, so weights, m and v must agree bit for bit (the kernel does the host loop's float
 // operations in the same order, -fmad=false, IEEE sqrt and division), through the warm-up and
-// the frozen-variance stage, with weight decay. Needs one GPU.
+// the frozen-variance stage, with weight decay, for holdZeroVariance on and off. Every 13th
+// element starts at 0 with a zero gradient through the warm-up (so v = 0 exactly there, weight
+// decay included), and gets a non-zero m written after it (what the compressed momentum of an
+// element first touched after warm-up looks like): on, both sides hold it at 0; off, both take
+// Bagua's m / eps step. Needs one GPU.
+bool zeroVariance(size_t i) {
+  return i % 13 == 5;
+}
+
 TEST(GpuAlgorithms, QAdamOptimizerStepBitIdenticalToHost) {
   if (gpuCount() < 1) {
     GTEST_SKIP() << "needs a CUDA device (found none): runs on the GPU machine";
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  QAdamOptions o;
-  o.lr = 0.01f;
-  o.warmupSteps = 4;
-  o.weightDecay = 0.01f;
-  std::vector<core::Parameter> host(kSizes.size()), dev(kSizes.size());
-  std::vector<std::vector<float>> hw(kSizes.size()), hg(kSizes.size());
-  std::vector<void*> mem;
-  for (size_t t = 0; t < kSizes.size(); ++t) {
-    const size_t n = kSizes[t];
-    hw[t].resize(n);
-    hg[t].assign(n, 0.0f);
-    for (size_t i = 0; i < n; ++i) {
-      hw[t][i] = initialWeight(1, t, i);
-    }
-    host[t].name = dev[t].name = "p" + std::to_string(t);
-    host[t].numel = dev[t].numel = n;
-    host[t].data = hw[t].data();
-    host[t].grad = hg[t].data();
-    void* d = nullptr;
-    void* g = nullptr;
-    ASSERT_EQ(cudaMalloc(&d, n * 4), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&g, n * 4), cudaSuccess);
-    mem.push_back(d);
-    mem.push_back(g);
-    ASSERT_EQ(cudaMemcpy(d, hw[t].data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    dev[t].data = d;
-    dev[t].grad = g;
-    dev[t].device = {core::DeviceType::kCuda, 0};
-  }
-  DeviceFreeAll freeGuard{mem};
-  auto qh = QAdamOptimizer::create(host, o);
-  auto qd = QAdamOptimizer::create(dev, o);
-  ASSERT_TRUE(qh.isOk()) << qh.status().toString();
-  ASSERT_TRUE(qd.isOk()) << qd.status().toString();
-  for (int step = 1; step <= 7; ++step) {
-    for (size_t t = 0; t < kSizes.size(); ++t) {
-      for (size_t i = 0; i < kSizes[t]; ++i) {
-        hg[t][i] = gradient(static_cast<int>(t % 2), step, t, i);
-      }
-      ASSERT_EQ(cudaMemcpy(dev[t].grad, hg[t].data(), kSizes[t] * 4, cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-    ASSERT_TRUE((*qh)->step().isOk());
-    const Status s = (*qd)->step();
-    ASSERT_TRUE(s.isOk()) << s.toString();
+  for (bool hold : {true, false}) {
+    SCOPED_TRACE(hold ? "holdZeroVariance on" : "holdZeroVariance off");
+    QAdamOptions o;
+    o.lr = 0.01f;
+    o.warmupSteps = 4;  // steps 1-3 Adam, 4-7 the frozen-variance stage
+    o.weightDecay = 0.01f;
+    o.holdZeroVariance = hold;
+    std::vector<core::Parameter> host(kSizes.size()), dev(kSizes.size());
+    std::vector<std::vector<float>> hw(kSizes.size()), hg(kSizes.size());
+    std::vector<void*> mem;
+    DeviceFreeAll freeGuard{mem};
     for (size_t t = 0; t < kSizes.size(); ++t) {
       const size_t n = kSizes[t];
-      std::vector<float> w(n), m(n), v(n), mh(n), vh(n);
-      ASSERT_EQ(cudaMemcpy(w.data(), dev[t].data, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_TRUE((*qd)->readState(static_cast<int>(t), false, m.data()).isOk());
-      ASSERT_TRUE((*qd)->readState(static_cast<int>(t), true, v.data()).isOk());
-      ASSERT_TRUE((*qh)->readState(static_cast<int>(t), false, mh.data()).isOk());
-      ASSERT_TRUE((*qh)->readState(static_cast<int>(t), true, vh.data()).isOk());
-      ASSERT_EQ(compare({w}, {hw[t]}, 0.0, "weights"), "") << "step " << step << " tensor " << t;
-      ASSERT_EQ(compare({m}, {mh}, 0.0, "exp_avg"), "") << "step " << step << " tensor " << t;
-      ASSERT_EQ(compare({v}, {vh}, 0.0, "exp_avg_sq"), "") << "step " << step << " tensor " << t;
-      EXPECT_NE(w[n / 2], initialWeight(1, t, n / 2)) << "weights never moved";
+      hw[t].resize(n);
+      hg[t].assign(n, 0.0f);
+      for (size_t i = 0; i < n; ++i) {
+        hw[t][i] = zeroVariance(i) ? 0.0f : initialWeight(1, t, i);
+      }
+      host[t].name = dev[t].name = "p" + std::to_string(t);
+      host[t].numel = dev[t].numel = n;
+      host[t].data = hw[t].data();
+      host[t].grad = hg[t].data();
+      void* d = nullptr;
+      void* g = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, n * 4), cudaSuccess);
+      mem.push_back(d);
+      ASSERT_EQ(cudaMalloc(&g, n * 4), cudaSuccess);
+      mem.push_back(g);
+      ASSERT_EQ(cudaMemcpy(d, hw[t].data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      dev[t].data = d;
+      dev[t].grad = g;
+      dev[t].device = {core::DeviceType::kCuda, 0};
     }
-  }
-  // State round trip through host memory, and zeroGrad on the device.
-  std::vector<float> m(kSizes[1]);
-  for (size_t i = 0; i < m.size(); ++i) {
-    m[i] = static_cast<float>(i) * 0.5f;
-  }
-  ASSERT_TRUE((*qd)->writeState(1, false, m.data()).isOk());
-  std::vector<float> back(kSizes[1]);
-  ASSERT_TRUE((*qd)->readState(1, false, back.data()).isOk());
-  EXPECT_EQ(back, m);
-  EXPECT_FALSE((*qd)->readState(99, false, back.data()).isOk());
-  (*qd)->zeroGrad();
-  std::vector<float> g(kSizes[0], 1.0f);
-  ASSERT_EQ(cudaMemcpy(g.data(), dev[0].grad, g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(g, std::vector<float>(kSizes[0], 0.0f));
-  // State tensors point at device memory and say so (the reducer broadcasts them over NCCL).
-  for (const core::Parameter& p : (*qd)->stateTensors()) {
-    EXPECT_EQ(p.device.type, core::DeviceType::kCuda) << p.name;
+    auto qh = QAdamOptimizer::create(host, o);
+    auto qd = QAdamOptimizer::create(dev, o);
+    ASSERT_TRUE(qh.isOk()) << qh.status().toString();
+    ASSERT_TRUE(qd.isOk()) << qd.status().toString();
+    for (int step = 1; step <= 7; ++step) {
+      const bool warm = step < o.warmupSteps;
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        for (size_t i = 0; i < kSizes[t]; ++i) {
+          hg[t][i] = warm && zeroVariance(i) ? 0.0f : gradient(static_cast<int>(t % 2), step, t, i);
+        }
+        ASSERT_EQ(cudaMemcpy(dev[t].grad, hg[t].data(), kSizes[t] * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      }
+      if (step == o.warmupSteps) {
+        // The compressed momentum of the zero-variance elements: non-zero, same on both sides.
+        for (size_t t = 0; t < kSizes.size(); ++t) {
+          std::vector<float> m(kSizes[t]);
+          ASSERT_TRUE((*qh)->readState(static_cast<int>(t), false, m.data()).isOk());
+          for (size_t i = 0; i < m.size(); ++i) {
+            if (zeroVariance(i)) {
+              m[i] = 0.001f * static_cast<float>(i % 7 + 1) * (i % 2 == 0 ? 1.0f : -1.0f);
+            }
+          }
+          ASSERT_TRUE((*qh)->writeState(static_cast<int>(t), false, m.data()).isOk());
+          ASSERT_TRUE((*qd)->writeState(static_cast<int>(t), false, m.data()).isOk());
+        }
+      }
+      ASSERT_TRUE((*qh)->step().isOk());
+      const Status s = (*qd)->step();
+      ASSERT_TRUE(s.isOk()) << s.toString();
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        const size_t n = kSizes[t];
+        std::vector<float> w(n), m(n), v(n), mh(n), vh(n);
+        ASSERT_EQ(cudaMemcpy(w.data(), dev[t].data, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_TRUE((*qd)->readState(static_cast<int>(t), false, m.data()).isOk());
+        ASSERT_TRUE((*qd)->readState(static_cast<int>(t), true, v.data()).isOk());
+        ASSERT_TRUE((*qh)->readState(static_cast<int>(t), false, mh.data()).isOk());
+        ASSERT_TRUE((*qh)->readState(static_cast<int>(t), true, vh.data()).isOk());
+        ASSERT_EQ(compare({w}, {hw[t]}, 0.0, "weights"), "") << "step " << step << " tensor " << t;
+        ASSERT_EQ(compare({m}, {mh}, 0.0, "exp_avg"), "") << "step " << step << " tensor " << t;
+        ASSERT_EQ(compare({v}, {vh}, 0.0, "exp_avg_sq"), "") << "step " << step << " tensor " << t;
+        EXPECT_NE(w[n / 2], initialWeight(1, t, n / 2)) << "weights never moved";
+        // Element 5 of every tensor: v = 0 exactly; held at 0 (on) or moved by m / eps (off)
+        // once its momentum is non-zero.
+        EXPECT_EQ(vh[5], 0.0f) << "tensor " << t;
+        if (step >= o.warmupSteps) {
+          if (hold) {
+            EXPECT_EQ(hw[t][5], 0.0f) << "held element moved, step " << step << " tensor " << t;
+          } else {
+            EXPECT_GT(std::fabs(hw[t][5]), 1e3f) << "step " << step << " tensor " << t;
+          }
+        }
+      }
+    }
+    if (!hold) {
+      continue;
+    }
+    // State round trip through host memory, and zeroGrad on the device.
+    std::vector<float> m(kSizes[1]);
+    for (size_t i = 0; i < m.size(); ++i) {
+      m[i] = static_cast<float>(i) * 0.5f;
+    }
+    ASSERT_TRUE((*qd)->writeState(1, false, m.data()).isOk());
+    std::vector<float> back(kSizes[1]);
+    ASSERT_TRUE((*qd)->readState(1, false, back.data()).isOk());
+    EXPECT_EQ(back, m);
+    EXPECT_FALSE((*qd)->readState(99, false, back.data()).isOk());
+    (*qd)->zeroGrad();
+    std::vector<float> g(kSizes[0], 1.0f);
+    ASSERT_EQ(cudaMemcpy(g.data(), dev[0].grad, g.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(g, std::vector<float>(kSizes[0], 0.0f));
+    // State tensors point at device memory and say so (the reducer broadcasts them over NCCL).
+    for (const core::Parameter& p : (*qd)->stateTensors()) {
+      EXPECT_EQ(p.device.type, core::DeviceType::kCuda) << p.name;
+    }
   }
 }
 
