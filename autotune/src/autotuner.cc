@@ -4,12 +4,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <set>
 #include <sstream>
 #include <type_traits>
 
+#include "bagua/autotune/knob_owners.h"
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
 
@@ -189,9 +191,15 @@ struct Autotuner::Resolved {
 
 Autotuner::Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm,
                      AutotuneOptions options)
-    : ddp_(ddp), algo_(algorithm), options_(std::move(options)), r_(std::make_unique<Resolved>()) {}
+    : ddp_(ddp),
+      algo_(algorithm),
+      options_(std::move(options)),
+      r_(std::make_unique<Resolved>()),
+      ownerId_(KnobOwners::newOwnerId()) {}
 
-Autotuner::~Autotuner() = default;
+Autotuner::~Autotuner() {
+  releaseKnobs();
+}
 
 Result<std::unique_ptr<Autotuner>> Autotuner::create(core::DistributedDataParallel& ddp,
                                                      Tunable& algorithm, AutotuneOptions options) {
@@ -202,6 +210,118 @@ Result<std::unique_ptr<Autotuner>> Autotuner::create(core::DistributedDataParall
 
 std::string Autotuner::key(const std::string& what) const {
   return "autotune/" + options_.model + "/" + what;
+}
+
+std::vector<std::string> Autotuner::knobNames() const {
+  std::vector<std::string> out;
+  for (const Knob& k : options_.knobs) {
+    out.push_back(k.dimension.name);
+  }
+  return out;
+}
+
+namespace {
+
+std::string joinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += (i ? "," : "") + names[i];
+  }
+  return out;
+}
+
+std::string showNames(const std::string& joined) {
+  std::string out = "[";
+  for (char c : joined) {
+    out += c == ',' ? std::string(", ") : std::string(1, c);
+  }
+  return out + "]";
+}
+
+constexpr const char* kKnobsPrefix = "knobs=";
+
+}  // namespace
+
+void Autotuner::claimKnobs() {
+  std::vector<Knob> kept;
+  for (Knob& k : options_.knobs) {
+    std::optional<std::string> owner =
+        KnobOwners::process().claim(k.resource, ownerId_, options_.model);
+    if (owner) {
+      BAGUA_LOG_INFO(kTune,
+                     "autotune: knob %s dropped from model %s: model %s already tunes it (%s); "
+                     "one tuner per shared knob in a process",
+                     k.dimension.name.c_str(), options_.model.c_str(), owner->c_str(),
+                     k.resource.c_str());
+      continue;
+    }
+    kept.push_back(std::move(k));
+  }
+  options_.knobs = std::move(kept);
+}
+
+void Autotuner::releaseKnobs() {
+  const std::vector<std::string> freed = KnobOwners::process().releaseAll(ownerId_);
+  if (!freed.empty()) {
+    BAGUA_LOG_INFO(kTune, "autotune: model %s gives back shared knob(s) %s", options_.model.c_str(),
+                   showNames(joinNames(freed)).c_str());
+  }
+}
+
+Status Autotuner::checkKnobsAgree(const std::string& rank0Names) {
+  core::Store& store = *ddp_.group().store();
+  const std::string mine = joinNames(knobNames());
+  auto mismatch = [&](int rank, const std::string& theirs) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "autotune: model %s: rank %d tunes knobs %s but rank 0 tunes %s; every rank "
+                       "must tune the same knobs (on one rank another tuner of the process may "
+                       "own a shared knob: see the INFO lines 'knob ... dropped')",
+                       options_.model.c_str(), rank, showNames(theirs).c_str(),
+                       showNames(rank0Names).c_str());
+  };
+  if (rank_ != 0) {
+    BAGUA_RETURN_IF_ERROR(
+        store.set(key("knobs" + std::to_string(rank_)), core::toBytes(kKnobsPrefix + mine)));
+    if (mine != rank0Names) {
+      return mismatch(rank_, mine);
+    }
+    Result<core::Bytes> v = store.get(key("verdict"), r_->wait);
+    if (!v.isOk()) {
+      return v.takeStatus().withContext(
+          strPrintf("autotune: model %s: waiting for rank 0's verdict on the knob lists",
+                    options_.model.c_str()));
+    }
+    const std::string verdict = core::toString(*v);
+    if (verdict != "ok") {
+      return BAGUA_ERROR(kFailedPrecondition, "%s", verdict.c_str());
+    }
+    return Status::ok();
+  }
+  std::vector<std::string> keys;
+  for (int r = 1; r < world_; ++r) {
+    keys.push_back(key("knobs" + std::to_string(r)));
+  }
+  Status st = store.wait(keys, r_->wait);
+  if (!st.isOk()) {
+    return st.withContext(strPrintf("autotune: model %s: waiting for the other ranks' knob lists",
+                                    options_.model.c_str()));
+  }
+  Status verdict = Status::ok();
+  for (int r = 1; r < world_ && verdict.isOk(); ++r) {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(keys[r - 1], r_->wait));
+    std::string theirs = core::toString(b);
+    if (theirs.rfind(kKnobsPrefix, 0) != 0) {
+      return BAGUA_ERROR(kInternal, "autotune: model %s: rank %d sent a malformed knob list",
+                         options_.model.c_str(), r);
+    }
+    theirs.erase(0, std::strlen(kKnobsPrefix));
+    if (theirs != rank0Names) {
+      verdict = mismatch(r, theirs);
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(
+      store.set(key("verdict"), core::toBytes(verdict.isOk() ? "ok" : verdict.message())));
+  return verdict;
 }
 
 Status Autotuner::init() {
@@ -262,9 +382,6 @@ Status Autotuner::init() {
   }
   current_.bucketBytes = static_cast<uint64_t>(ddp_.options().bucketCapMb * 1024.0 * 1024.0);
   current_.buckets = ddp_.bucketLayout();
-  for (const Knob& k : o.knobs) {
-    current_.knobs[k.dimension.name] = k.initial;
-  }
   windowStart_ = Clock::now();
   startedAt_ = windowStart_;
   subStart_ = windowStart_;
@@ -272,10 +389,12 @@ Status Autotuner::init() {
 
   if (!r.enabled && r.loadFile.empty()) {
     state_ = State::kDone;
+    options_.knobs.clear();  // nothing is tuned, nothing claimed
     return Status::ok();
   }
   if (tensorNames_.empty()) {
     state_ = State::kSkipped;
+    options_.knobs.clear();
     BAGUA_LOG_INFO(kTune,
                    "autotune: model %s: the algorithm communicates no gradient buckets "
                    "(decentralized, low-precision decentralized and async average weights "
@@ -292,7 +411,6 @@ Status Autotuner::init() {
   const int64_t loKib = std::max<int64_t>(1, static_cast<int64_t>(o.minBucketBytes / 1024));
   const uint64_t maxBytes = o.maxBucketBytes ? o.maxBucketBytes : total;
   const int64_t hiKib = std::max<int64_t>(loKib, static_cast<int64_t>((maxBytes + 1023) / 1024));
-  std::vector<Dimension> dims = {Dimension::logInteger("bucket_kib", loKib, hiKib)};
   for (const Knob& k : o.knobs) {
     if (!k.apply) {
       return BAGUA_ERROR(kInvalidArgument, "autotune: knob %s has no apply function",
@@ -304,6 +422,12 @@ Status Autotuner::init() {
                          static_cast<long long>(k.dimension.lo),
                          static_cast<long long>(k.dimension.hi));
     }
+  }
+  // Only now, with the options known good: a knob another live tuner owns is dropped here.
+  claimKnobs();
+  std::vector<Dimension> dims = {Dimension::logInteger("bucket_kib", loKib, hiKib)};
+  for (const Knob& k : o.knobs) {
+    current_.knobs[k.dimension.name] = k.initial;
     dims.push_back(k.dimension);
   }
   BAGUA_ASSIGN_OR_RETURN(SearchSpace space, SearchSpace::create(std::move(dims)));
@@ -313,8 +437,10 @@ Status Autotuner::init() {
     currentPoint_.push_back(k.initial);
   }
 
-  // Rank 0 reads the saved setting (if any) and tells everyone where to start.
+  // Rank 0 reads the saved setting (if any) and tells everyone where to start and which knobs it
+  // tunes; the others check that they tune the same (checkKnobsAgree).
   core::Store& store = *ddp_.group().store();
+  const std::string knobList = joinNames(knobNames());
   std::string start = "none\n";
   if (rank_ == 0) {
     if (!r.loadFile.empty()) {
@@ -339,7 +465,8 @@ Status Autotuner::init() {
                      o.model.c_str(), r.loadFile.c_str(),
                      static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
     }
-    BAGUA_RETURN_IF_ERROR(store.set(key("start"), core::toBytes(start)));
+    BAGUA_RETURN_IF_ERROR(
+        store.set(key("start"), core::toBytes(kKnobsPrefix + knobList + "\n" + start)));
     OptimizerOptions bo;
     bo.seed = r.seed;
     bo.initialSamples = r.initialSamples;
@@ -348,6 +475,19 @@ Status Autotuner::init() {
   } else {
     BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(key("start"), r.wait));
     start = core::toString(b);
+  }
+  std::string rank0Knobs = knobList;
+  if (rank_ != 0) {
+    const size_t nl = start.find('\n');
+    if (start.rfind(kKnobsPrefix, 0) != 0 || nl == std::string::npos) {
+      return BAGUA_ERROR(kInternal, "autotune: model %s: malformed start data from rank 0",
+                         o.model.c_str());
+    }
+    rank0Knobs = start.substr(std::strlen(kKnobsPrefix), nl - std::strlen(kKnobsPrefix));
+    start.erase(0, nl + 1);
+  }
+  if (world_ > 1) {
+    BAGUA_RETURN_IF_ERROR(checkKnobsAgree(rank0Knobs));
   }
   if (start.rfind("load\n", 0) == 0) {
     BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(start.substr(5)), "rank 0's start"));
@@ -364,7 +504,8 @@ Status Autotuner::init() {
     }
   }
   if (!r.enabled) {
-    state_ = State::kDone;
+    state_ = State::kDone;  // the loaded setting is applied; nothing more to tune
+    releaseKnobs();
     return Status::ok();
   }
   state_ = r.warmupS > 0 ? State::kWarmup : State::kMeasuring;
@@ -394,6 +535,11 @@ Status Autotuner::schedule(const Setting& s) {
     }
   }
   current_ = s;
+  // A knob this tuner dropped (another tuner owns it) is not part of its settings.
+  std::erase_if(current_.knobs, [&](const auto& kv) {
+    return std::none_of(options_.knobs.begin(), options_.knobs.end(),
+                        [&](const Knob& k) { return k.dimension.name == kv.first; });
+  });
   pendingSwitch_ = at;
   switchSteps_.push_back(at);
   return Status::ok();
@@ -582,6 +728,9 @@ Status Autotuner::applyDecision(const std::string& decision) {
   BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(decision.substr(nl + 1)), "decision"));
   BAGUA_RETURN_IF_ERROR(schedule(s));
   state_ = kind == "final" ? State::kDone : State::kMeasuring;
+  if (state_ == State::kDone) {
+    releaseKnobs();  // the final values stay in force; a later tuner may claim the knobs
+  }
   return Status::ok();
 }
 
@@ -670,6 +819,7 @@ Status Autotuner::onIterationEnd() {
                    "autotune: model %s: the algorithm now communicates %zu tensors instead of %zu; "
                    "tuning stopped",
                    options_.model.c_str(), ddp_.tensors().size(), tensorNames_.size());
+    releaseKnobs();
     return Status::ok();
   }
   ++iterations_;

@@ -111,6 +111,14 @@ Result<NetPluginLive::Values> NetPluginLive::get() const {
 
 // ---- knobs -------------------------------------------------------------------------------------
 
+std::string hostGroupResource(const core::ProcessGroup& group, const std::string& knob) {
+  return strPrintf("host-group@%p/%s", static_cast<const void*>(&group), knob.c_str());
+}
+
+std::string netPluginResource(int rank, const std::string& knob) {
+  return strPrintf("bagua-net-plugin/rank%d/%s", rank, knob.c_str());
+}
+
 std::optional<Knob> hostSegmentKnob(core::ProcessGroup& group, const TransportKnobRanges& r) {
   Result<core::HostTuningState> st = hostState(group);
   if (!st.isOk()) {
@@ -126,6 +134,7 @@ std::optional<Knob> hostSegmentKnob(core::ProcessGroup& group, const TransportKn
     t.segmentBytes = static_cast<size_t>(v);
     return core::setHostTuning(group, t, kApplyTimeout);
   };
+  k.resource = hostGroupResource(group, k.dimension.name);
   return k;
 }
 
@@ -146,6 +155,7 @@ std::optional<Knob> netStreamsKnob(core::ProcessGroup& group, const TransportKno
       t.engineStreams = static_cast<int>(v);
       return core::setHostTuning(group, t, kApplyTimeout);
     };
+    k.resource = hostGroupResource(group, k.dimension.name);
     return k;
   }
   if (group.options().backend != core::Backend::kNccl) {
@@ -166,6 +176,7 @@ std::optional<Knob> netStreamsKnob(core::ProcessGroup& group, const TransportKno
     cur.activeStreams = static_cast<int>(v);
     return plugin->set(cur);
   };
+  k.resource = netPluginResource(group.rank(), k.dimension.name);
   return k;
 }
 
@@ -193,6 +204,7 @@ std::optional<Knob> netChunkKnob(core::ProcessGroup& group, const TransportKnobR
       t.engineChunkBytes = static_cast<size_t>(v);
       return core::setHostTuning(group, t, kApplyTimeout);
     };
+    k.resource = hostGroupResource(group, k.dimension.name);
     return k;
   }
   if (group.options().backend != core::Backend::kNccl) {
@@ -214,6 +226,7 @@ std::optional<Knob> netChunkKnob(core::ProcessGroup& group, const TransportKnobR
     cur.maxChunkBytes = static_cast<uint64_t>(v);
     return plugin->set(cur);
   };
+  k.resource = netPluginResource(group.rank(), k.dimension.name);
   return k;
 }
 

@@ -4,7 +4,9 @@
 // the tuned layouts follow the observed gradient-ready order, the hierarchical knob switches on
 // every rank together; the saved setting round-trips through the file and a later run starts
 // from it; two reducers in one process tune independently; algorithms without buckets are
-// skipped; a bad saved file is an error.
+// skipped; a bad saved file is an error. Shared transport knobs: one owner per resource
+// (KnobOwners), a second tuner on the same group drops them, the owner's decisions are what is
+// in force, a later tuner takes them over; ranks that keep different knobs all fail create().
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include <set>
 
 #include "bagua/autotune/autotuner.h"
+#include "bagua/autotune/knob_owners.h"
 #include "bagua/autotune/transport_knobs.h"
 #include "bagua/core/host_tuning.h"
 #include "multi_rank.h"
@@ -811,6 +814,294 @@ TEST(TransportKnobs, EngineKnobsSkippedWithoutTheEngine) {
   ASSERT_TRUE(solo.isOk());
   EXPECT_TRUE(transportKnobs(**solo).empty());
   EXPECT_FALSE(NetPluginLive::find().isOk()) << "no NCCL net plugin is loaded in this test";
+}
+
+// ---- shared knobs: one owner per resource -------------------------------------------------------
+
+TEST(KnobOwners, ClaimConflictReleaseAndPerRankKeys) {
+  KnobOwners owners;
+  const uint64_t g = KnobOwners::newOwnerId();
+  const uint64_t d = KnobOwners::newOwnerId();
+  const uint64_t g1 = KnobOwners::newOwnerId();
+  EXPECT_NE(g, 0u);
+  EXPECT_NE(g, d);
+  const std::string r0 = netPluginResource(0, "net_streams");
+  const std::string r1 = netPluginResource(1, "net_streams");
+  EXPECT_EQ(r0, "bagua-net-plugin/rank0/net_streams");
+  EXPECT_NE(r0, r1);
+  EXPECT_NE(r0, netPluginResource(0, "net_chunk_bytes"));
+
+  EXPECT_EQ(owners.claim(r0, g, "G"), std::nullopt);
+  EXPECT_EQ(owners.claim(r0, g, "G"), std::nullopt) << "claiming again is idempotent";
+  EXPECT_EQ(owners.claim(r0, d, "D"), std::optional<std::string>("G")) << "same rank: conflict";
+  EXPECT_EQ(owners.claim(r1, g1, "G"), std::nullopt) << "another rank's key: its own owner";
+  EXPECT_EQ(owners.claim(r1, d, "D"), std::optional<std::string>("G"));
+  EXPECT_EQ(owners.claim("", d, "D"), std::nullopt) << "a private knob is always granted";
+  EXPECT_EQ(owners.size(), 2u) << "the private knob is not recorded, the refused claims neither";
+  EXPECT_EQ(owners.holder(r0), std::optional<std::string>("G"));
+
+  EXPECT_TRUE(owners.releaseAll(d).empty()) << "D holds nothing";
+  EXPECT_EQ(owners.releaseAll(g), std::vector<std::string>{r0});
+  EXPECT_EQ(owners.holder(r0), std::nullopt);
+  EXPECT_EQ(owners.holder(r1), std::optional<std::string>("G")) << "rank 1's owner keeps it";
+  EXPECT_EQ(owners.claim(r0, d, "D"), std::nullopt) << "free again after the release";
+  EXPECT_EQ(owners.holder(r0), std::optional<std::string>("D"));
+  EXPECT_EQ(owners.releaseAll(d), std::vector<std::string>{r0});
+  EXPECT_EQ(owners.releaseAll(g1), std::vector<std::string>{r1});
+  EXPECT_EQ(owners.size(), 0u);
+
+  // The host route's key is per ProcessGroup object.
+  auto a = core::ProcessGroup::create(std::make_shared<core::InMemoryStore>(), groupOptions(0, 1));
+  auto b = core::ProcessGroup::create(std::make_shared<core::InMemoryStore>(), groupOptions(0, 1));
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  EXPECT_NE(hostGroupResource(**a, "net_streams"), hostGroupResource(**b, "net_streams"));
+  EXPECT_EQ(hostGroupResource(**a, "net_streams"), hostGroupResource(**a, "net_streams"));
+  EXPECT_NE(hostGroupResource(**a, "net_streams"), hostGroupResource(**a, "net_chunk_bytes"));
+}
+
+// Two reducers (a GAN's G and D) on one group both ask for the transport knobs: the first tuner
+// owns them and the second tunes its buckets only; after every iteration the live transport
+// settings on every rank are the first tuner's decision (never overwritten by the second), both
+// reach their final decision with exact gradients, and once the first tuner is gone a third one
+// on the same group takes the knobs over, starting from what the first left in force.
+TEST(TransportKnobs, TwoTunersOnOneGroupShareTheTransportKnobsByOwnership) {
+  constexpr int kWorld = 3;
+  constexpr int kMaxSteps = 120;
+  const std::vector<std::string> kAll = {"host_segment_bytes", "net_streams", "net_chunk_bytes"};
+  auto store = std::make_shared<core::InMemoryStore>();
+  struct Log {
+    std::vector<std::string> namesG, namesD, namesC;
+    std::vector<core::HostTuningState> live;  // after each iteration (both tuners called)
+    std::vector<std::map<std::string, int64_t>> knobsG;
+    std::vector<bool> decidedG;
+    std::vector<int64_t> switchesG, switchesD;
+    int steps = 0;
+    std::map<std::string, int64_t> finalG, startC;
+    std::vector<std::map<std::string, int64_t>> knobsC;
+    std::vector<core::HostTuningState> liveC;
+    int decidedC = 0;
+  };
+  std::vector<Log> logs(kWorld);
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        auto pg = core::ProcessGroup::create(store, engineGroup(r, kWorld));
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Log& L = logs[r];
+        Model g("g.", 7, 40), d("d.", 9, 30);
+        auto algoG = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto algoD = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto ddpG = core::withBagua(g.params, g.buffers, {}, algoG, **pg);
+        auto ddpD = core::withBagua(d.params, d.buffers, {}, algoD, **pg);
+        if (!ddpG.isOk() || !ddpD.isOk()) {
+          return "reducer creation failed";
+        }
+        TransportKnobRanges ranges;
+        ranges.maxSegmentBytes = 1 << 20;
+        ranges.minChunkBytes = 8 << 10;
+        ranges.maxChunkBytes = 512 << 10;
+        AutotuneOptions og = fastOptions(5), od = fastOptions(4);
+        og.model = "G";
+        og.minBucketBytes = 64 << 10;
+        og.knobs = transportKnobs(**pg, ranges);
+        for (const Knob& k : og.knobs) {
+          if (k.resource != hostGroupResource(**pg, k.dimension.name)) {
+            return "knob " + k.dimension.name + " has resource '" + k.resource + "'";
+          }
+        }
+        od.model = "D";
+        od.minBucketBytes = 64 << 10;
+        od.checkInterval = 3;
+        od.knobs = transportKnobs(**pg, ranges);
+        auto tg = Autotuner::create(**ddpG, *algoG, og);
+        if (!tg.isOk()) {
+          return tg.status().toString();
+        }
+        auto td = Autotuner::create(**ddpD, *algoD, od);
+        if (!td.isOk()) {
+          return td.status().toString();
+        }
+        L.namesG = (*tg)->knobNames();
+        L.namesD = (*td)->knobNames();
+        if (KnobOwners::process().holder(hostGroupResource(**pg, "net_streams")) != "G") {
+          return "G does not own net_streams while tuning";
+        }
+        int i = 0;
+        for (; i < kMaxSteps && ((*tg)->tuning() || (*td)->tuning()); ++i) {
+          for (int k = 0; k < 2; ++k) {
+            std::string e = trainStep(k == 0 ? **ddpG : **ddpD, k == 0 ? g : d, r, kWorld);
+            if (!e.empty()) {
+              return strPrintf("iteration %d, model %s: %s", i, k == 0 ? "G" : "D", e.c_str());
+            }
+            Status s = (k == 0 ? *tg : *td)->onIterationEnd();
+            if (!s.isOk()) {
+              return s.toString();
+            }
+          }
+          if (!(*td)->current().knobs.empty()) {
+            return "D's setting carries transport knobs";
+          }
+          auto st = core::hostTuning(**pg);
+          if (!st.isOk()) {
+            return st.status().toString();
+          }
+          L.live.push_back(*st);
+          L.knobsG.push_back((*tg)->current().knobs);
+          L.decidedG.push_back(!(*tg)->switchSteps().empty());
+        }
+        L.steps = i;
+        L.switchesG = (*tg)->switchSteps();
+        L.switchesD = (*td)->switchSteps();
+        L.finalG = (*tg)->current().knobs;
+        if (KnobOwners::process().holder(hostGroupResource(**pg, "net_streams")).has_value()) {
+          return "G still owns net_streams after its final decision";
+        }
+        tg->reset();  // G is gone; D keeps running without transport knobs
+        AutotuneOptions oc = fastOptions(3);
+        oc.model = "C";
+        oc.minBucketBytes = 64 << 10;
+        oc.knobs = transportKnobs(**pg, ranges);
+        Model c("c.", 6, 40);
+        auto algoC = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto ddpC = core::withBagua(c.params, c.buffers, {}, algoC, **pg);
+        if (!ddpC.isOk()) {
+          return ddpC.status().toString();
+        }
+        auto tc = Autotuner::create(**ddpC, *algoC, oc);
+        if (!tc.isOk()) {
+          return tc.status().toString();
+        }
+        L.namesC = (*tc)->knobNames();
+        L.startC = (*tc)->current().knobs;
+        for (int j = 0; j < 40 && (*tc)->tuning(); ++j) {
+          std::string e = trainStep(**ddpC, c, r, kWorld);
+          if (e.empty()) {
+            e = trainStep(**ddpD, d, r, kWorld);  // D (done) still trains next to C
+          }
+          if (!e.empty()) {
+            return strPrintf("C's iteration %d: %s", j, e.c_str());
+          }
+          Status s = (*tc)->onIterationEnd();
+          if (s.isOk()) {
+            s = (*td)->onIterationEnd();
+          }
+          if (!s.isOk()) {
+            return s.toString();
+          }
+          if ((*tc)->switchSteps().empty()) {
+            continue;
+          }
+          auto st = core::hostTuning(**pg);
+          if (!st.isOk()) {
+            return st.status().toString();
+          }
+          L.liveC.push_back(*st);
+          L.knobsC.push_back((*tc)->current().knobs);
+        }
+        if ((*tc)->tuning()) {
+          return "C did not reach its final decision in 40 iterations";
+        }
+        return "";
+      },
+      150s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  std::set<size_t> segments;
+  for (int r = 0; r < kWorld; ++r) {
+    const Log& L = logs[r];
+    EXPECT_EQ(L.namesG, kAll) << "rank " << r;
+    EXPECT_TRUE(L.namesD.empty()) << "rank " << r << ": D keeps " << L.namesD.size();
+    EXPECT_EQ(L.namesC, kAll) << "rank " << r;
+    EXPECT_LT(L.steps, kMaxSteps) << "rank " << r << ": both tuners should have finished";
+    EXPECT_EQ(L.steps, logs[0].steps);
+    EXPECT_EQ(L.switchesG, logs[0].switchesG) << "rank " << r;
+    EXPECT_EQ(L.switchesD, logs[0].switchesD) << "rank " << r;
+    EXPECT_FALSE(L.switchesD.empty()) << "D tuned its buckets";
+    ASSERT_EQ(L.live.size(), static_cast<size_t>(L.steps));
+    for (size_t i = 0; i < L.live.size(); ++i) {
+      const core::HostTuningState& a = L.live[i];
+      ASSERT_EQ(a.segmentBytes, logs[0].live[i].segmentBytes) << "rank " << r << " it " << i;
+      ASSERT_EQ(a.activeStreams, logs[0].live[i].activeStreams) << "rank " << r << " it " << i;
+      ASSERT_EQ(a.engineChunkBytes, logs[0].live[i].engineChunkBytes) << "rank " << r;
+      const auto& k = L.knobsG[i];
+      ASSERT_EQ(a.segmentBytes, static_cast<size_t>(k.at("host_segment_bytes"))) << "it " << i;
+      ASSERT_EQ(a.activeStreams, k.at("net_streams")) << "it " << i;
+      if (L.decidedG[i]) {  // before G's first decision the engine chunk is its default rule
+        ASSERT_EQ(a.engineChunkBytes, static_cast<size_t>(k.at("net_chunk_bytes"))) << "it " << i;
+      }
+      segments.insert(a.segmentBytes);
+    }
+    // C starts from what G left in force and then owns the knobs.
+    EXPECT_EQ(L.startC, L.finalG) << "rank " << r;
+    ASSERT_FALSE(L.liveC.empty());
+    for (size_t j = 0; j < L.liveC.size(); ++j) {
+      const auto& k = L.knobsC[j];
+      ASSERT_EQ(L.liveC[j].segmentBytes, static_cast<size_t>(k.at("host_segment_bytes")));
+      ASSERT_EQ(L.liveC[j].activeStreams, k.at("net_streams"));
+      ASSERT_EQ(L.liveC[j].engineChunkBytes, static_cast<size_t>(k.at("net_chunk_bytes")));
+    }
+  }
+  EXPECT_GE(segments.size(), 2u) << "G should have switched the segment size";
+}
+
+// Ranks that keep different knobs (here rank 1 drops host_segment_bytes, held on that rank by
+// another owner) would decide divergently: every rank's create() fails with the same
+// FailedPrecondition naming the model, the rank and both lists, within the wait time.
+TEST(TransportKnobs, RanksKeepingDifferentKnobsAllFailCreate) {
+  constexpr int kWorld = 3;
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<std::string> errors(kWorld);
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions po = groupOptions(r, kWorld);
+        po.hostTransport = core::HostTransport::kSocket;
+        auto pg = core::ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Model m("", 5);
+        auto algo = std::make_shared<Tunable>(std::make_shared<core::GradientAllReduce>());
+        auto ddp = core::withBagua(m.params, m.buffers, {}, algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        const std::string res0 = hostGroupResource(**pg, "host_segment_bytes");
+        const uint64_t other = KnobOwners::newOwnerId();
+        if (r == 1 && KnobOwners::process().claim(res0, other, "other").has_value()) {
+          return "could not plant the other owner";
+        }
+        AutotuneOptions o = fastOptions(3);
+        o.model = "gen";
+        o.waitTimeout = 5000ms;
+        o.knobs = transportKnobs(**pg);
+        const auto t0 = std::chrono::steady_clock::now();
+        auto tuner = Autotuner::create(**ddp, *algo, o);
+        const auto took = std::chrono::steady_clock::now() - t0;
+        const auto holder = KnobOwners::process().holder(res0);
+        KnobOwners::process().releaseAll(other);
+        if (tuner.isOk()) {
+          return "create() succeeded although rank 1 keeps other knobs";
+        }
+        if (took > 10s) {
+          return "create() took too long to fail";
+        }
+        if (r != 1 && holder.has_value()) {
+          return "a failed create() left its claim behind";
+        }
+        errors[r] = tuner.status().toString();
+        return tuner.status().code() == StatusCode::kFailedPrecondition
+                   ? ""
+                   : "expected FailedPrecondition: " + errors[r];
+      },
+      60s);
+  ASSERT_EQ(bagua::testing::joinFailures(res), "");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_NE(errors[r].find("model gen"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 1 tunes knobs []"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("rank 0 tunes [host_segment_bytes]"), std::string::npos) << errors[r];
+  }
 }
 
 }  // namespace

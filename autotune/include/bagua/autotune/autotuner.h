@@ -22,7 +22,14 @@
 // window starts after the first iteration on the new layout, so re-bucketing is not measured).
 //
 // Several reducers (models) in one process: one Autotuner each, with distinct model names
-// (their store keys and log lines carry the name). Algorithms that communicate no gradient
+// (their store keys and log lines carry the name). A knob that acts on shared state names it in
+// Knob::resource (the transport knobs do); create() claims those resources in the process-wide
+// KnobOwners registry, and a knob whose resource another live tuner holds is dropped from this
+// tuner (one INFO line naming the knob, the owner and this model; the tuner still tunes its
+// buckets and other knobs). The claim ends when the owner is destroyed or stops tuning for good
+// (final decision, skipped); what it last applied stays in force. knobNames() says what is
+// tuned. create() checks that every rank kept the same knobs (FailedPrecondition otherwise, on
+// every rank). Algorithms that communicate no gradient
 // buckets (decentralized, low-precision decentralized, async after warm-up: Bagua #101/#311)
 // are skipped: the tuner logs why and every call is a no-op.
 //
@@ -59,8 +66,14 @@ namespace bagua::autotune {
 // (called on every rank, between iterations, at the switch iteration).
 struct Knob {
   Dimension dimension;
+  // The value in force when the knob is built (build knobs right before Autotuner::create: a
+  // tuner that owned the resource before leaves its last value in force).
   int64_t initial = 0;
   std::function<Status(int64_t value)> apply;
+  // The shared state `apply` acts on, unique in the process (e.g. transport_knobs.h's
+  // hostGroupResource / netPluginResource); at most one live tuner owns it (KnobOwners). Empty:
+  // the knob acts on state private to this tuner's reducer.
+  std::string resource;
 };
 
 // A setting as decided and as saved: the bucket size, the bucket assignment (tensor names,
@@ -157,8 +170,13 @@ struct Trial {
 
 class Autotuner {
  public:
-  // Collective over the reducer's group (one store exchange). Reads the options' unset fields
-  // from the catalogue. With tuning off and no load file, returns a tuner whose calls do nothing.
+  // Collective over the reducer's group (rank 0 writes the start data, including its knob names;
+  // the others compare and acknowledge; rank 0 writes the verdict: two store round trips, bounded
+  // by the wait time). Reads the options' unset fields from the catalogue. With tuning off and no
+  // load file, returns a tuner whose calls do nothing (it claims nothing). Knobs whose resource
+  // another live tuner of this process owns are dropped (see knobNames()). Errors: bad options
+  // (InvalidArgument); ranks whose kept knob names differ (FailedPrecondition on every rank,
+  // naming the model, the first differing rank and both lists); store failures and timeouts.
   // `algorithm` is the Tunable the reducer was built with.
   static Result<std::unique_ptr<Autotuner>> create(core::DistributedDataParallel& ddp,
                                                    Tunable& algorithm,
@@ -182,6 +200,9 @@ class Autotuner {
   const std::vector<int64_t>& switchSteps() const { return switchSteps_; }
   // Seconds this rank spent inside onIterationEnd (store waits, the GP on rank 0).
   double overheadSeconds() const { return overheadS_; }
+  // The extra knobs this tuner tunes (or tuned), in the options' order, without those dropped
+  // because another tuner owns their resource; empty when tuning is off or skipped.
+  std::vector<std::string> knobNames() const;
 
  private:
   enum class State { kWarmup, kMeasuring, kDone, kSkipped };
@@ -203,11 +224,18 @@ class Autotuner {
   Status schedule(const Setting& s);
   std::string key(const std::string& what) const;
   void logTrial(const Trial& t);
+  // Drops the knobs whose resource another tuner owns; claims the others.
+  void claimKnobs();
+  // Rank 0 compares every rank's knob names (create()'s second round trip).
+  Status checkKnobsAgree(const std::string& rank0Names);
+  // Tuning is over for good: give the shared resources back.
+  void releaseKnobs();
 
   core::DistributedDataParallel& ddp_;
   Tunable& algo_;
   AutotuneOptions options_;
   std::unique_ptr<Resolved> r_;
+  uint64_t ownerId_ = 0;  // in KnobOwners::process()
   State state_ = State::kWarmup;
   int rank_ = 0;
   int world_ = 1;

@@ -8,6 +8,13 @@
 //                                     NCCL net plugin (baguaNetSetLive_v1)
 //   "net_chunk_bytes" (log scale)     the engine's chunk size (min = max chunk), same two routes
 //
+// They act on state shared in the process, so each knob names its resource (Knob::resource):
+// the host route the group's communicators (hostGroupResource: this ProcessGroup object), the
+// NCCL route the plugin's process-wide settings, per rank of the process (netPluginResource). Of
+// several tuners in one process that are given the same resource, the first live one tunes it
+// and the others drop it (KnobOwners, Autotuner::create). Build the knobs right before create():
+// `initial` is what is in force then (possibly what an earlier owner left).
+//
 // Each factory returns std::nullopt, with an INFO line saying why, when the run does not use that
 // transport (e.g. the host backend over shared memory, or NCCL without Bagua-Net), so a training
 // script can ask for all of them and get those that apply.
@@ -69,6 +76,13 @@ struct TransportKnobRanges {
   uint64_t maxChunkBytes = 4 << 20;
   int maxPluginStreams = 8;  // NCCL route: the plugin's stream count is not visible from here
 };
+
+// "host-group@<address of the ProcessGroup>/<knob>": unique per group object while it lives (a
+// tuner cannot outlive the group its reducer runs on).
+std::string hostGroupResource(const core::ProcessGroup& group, const std::string& knob);
+// "bagua-net-plugin/rank<rank>/<knob>": the loaded plugin's settings as seen by one rank (ranks as
+// threads of one test process each own their rank's; two tuners of one rank conflict).
+std::string netPluginResource(int rank, const std::string& knob);
 
 std::optional<Knob> hostSegmentKnob(core::ProcessGroup& group, const TransportKnobRanges& r = {});
 std::optional<Knob> netStreamsKnob(core::ProcessGroup& group, const TransportKnobRanges& r = {});
