@@ -59,7 +59,7 @@ std::vector<Parameter> toParams(const std::vector<ParamSpec>& specs) {
 class PyQAdam {
  public:
   PyQAdam(const std::vector<ParamSpec>& specs, float lr, int warmupSteps, float beta1, float beta2,
-          float eps, float weightDecay)
+          float eps, float weightDecay, bool holdZeroVariance)
       : params_(toParams(specs)) {
     algo::QAdamOptions o;
     o.lr = lr;
@@ -68,6 +68,7 @@ class PyQAdam {
     o.beta2 = beta2;
     o.eps = eps;
     o.weightDecay = weightDecay;
+    o.holdZeroVariance = holdZeroVariance;
     opt_ = take(algo::QAdamOptimizer::create(params_, o));
   }
   void setPointers(const std::vector<std::pair<uintptr_t, uintptr_t>>& ptrs) {
@@ -88,6 +89,7 @@ class PyQAdam {
     check(s);
   }
   int64_t stepCount() const { return opt_->stepCount(); }
+  bool holdZeroVariance() const { return opt_->options().holdZeroVariance; }
   // m (second = false) or v of parameter i as host bytes. The state lives where the parameter
   // does (device memory for a CUDA parameter), so it goes through readState / writeState, which
   // copy from or to either side and wait for the copy; the GIL is released while they wait.
@@ -293,12 +295,14 @@ class PyReducer {
 
 void bindDdp(pyb::module_& m) {
   pyb::class_<PyQAdam>(m, "QAdamOptimizer")
-      .def(pyb::init<const std::vector<ParamSpec>&, float, int, float, float, float, float>(),
+      .def(pyb::init<const std::vector<ParamSpec>&, float, int, float, float, float, float, bool>(),
            pyb::arg("params"), pyb::arg("lr"), pyb::arg("warmup_steps"), pyb::arg("beta1"),
-           pyb::arg("beta2"), pyb::arg("eps"), pyb::arg("weight_decay"))
+           pyb::arg("beta2"), pyb::arg("eps"), pyb::arg("weight_decay"),
+           pyb::arg("hold_zero_variance") = true)
       .def("set_pointers", &PyQAdam::setPointers)
       .def("step", &PyQAdam::step)
       .def_property_readonly("step_count", &PyQAdam::stepCount)
+      .def_property_readonly("hold_zero_variance", &PyQAdam::holdZeroVariance)
       .def("state", &PyQAdam::state, pyb::arg("index"), pyb::arg("second"))
       .def("set_state", &PyQAdam::setState, pyb::arg("index"), pyb::arg("second"),
            pyb::arg("data"));

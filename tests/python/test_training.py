@@ -24,6 +24,15 @@ SCENARIOS_2 = {
                      "kwargs": {"opt": {"warmup_steps": 100}, "algo": {"hierarchical": False}}},
     "qadam_compressed": {"algorithm": "qadam", "steps": 12, "lr": 1e-2,
                          "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
+    # Bagua #654 "QAdam NaN": the default eps (1e-8) on a model with units that get no gradient
+    # through the warm-up. hold_zero_variance (default True) keeps it training; False is Bagua's
+    # exact update, which diverges here.
+    "qadam_default_eps": {"algorithm": "qadam", "steps": 16, "lr": 1e-2,
+                          "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
+    "qadam_default_eps_nohold": {"algorithm": "qadam", "steps": 16, "lr": 1e-2,
+                                 "kwargs": {"opt": {"warmup_steps": 4,
+                                                    "hold_zero_variance": False},
+                                            "algo": {"hierarchical": False}}},
     "async": {"algorithm": "async", "steps": 30,
               "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}},
 }
@@ -160,6 +169,35 @@ def test_qadam_compression_stage_runs(runs2):
     outs = runs2["qadam_compressed"]
     _assert_ranks_equal(outs)
     assert torch.isfinite(outs[0]["final"]).all()
+
+
+def _train_loss(weights, steps):
+    """MSE of the test model with `weights` over every batch both ranks trained on."""
+    import workers
+    model = workers.Net()
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(weights.clone(), model.parameters())
+        xs, ys = zip(*[workers.data(r, s) for r in range(2) for s in range(steps)])
+        return torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).item()
+
+
+def test_qadam_default_eps_trains(runs2):
+    # 16 steps, warm-up 4, default eps: the elements whose gradient was exactly zero through the
+    # warm-up (v = 0) are held, so the loss over the training batches falls and every rank ends
+    # bitwise equal. Without the hold (Bagua's exact update) the same run's loss rises: the
+    # option is what fixes it.
+    outs = runs2["qadam_default_eps"]
+    _assert_ranks_equal(outs)
+    assert torch.isfinite(outs[0]["final"]).all()
+    assert all(l == l for o in outs for l in o["losses"])
+    before = _train_loss(outs[0]["init"], 16)
+    after = _train_loss(outs[0]["final"], 16)
+    assert after < before, "loss {} -> {}".format(before, after)
+    off = runs2["qadam_default_eps_nohold"]
+    assert torch.equal(off[0]["init"], outs[0]["init"])
+    off_after = _train_loss(off[0]["final"], 16)
+    assert not off_after < before, "Bagua's update did not diverge: {} -> {}".format(
+        before, off_after)
 
 
 def test_async_model_average_runs_and_aborts(runs2):

@@ -10,7 +10,15 @@ non-blocking side stream does not order with the per-thread default stream), so 
 waits for torch's current stream on every device that holds a parameter (the gradients, and the
 reducer's work that torch's stream was ordered after, are then complete). Later torch work on any
 stream sees the new weights because the core's step has finished on the host.
+
+``hold_zero_variance`` (an addition to Bagua's signature, default True): in the compression stage
+an element whose frozen second moment is exactly 0 (its gradient was exactly zero through the
+whole warm-up: a dead ReLU unit, an unused embedding row) is not updated. Bagua's update there is
+``lr / (1 - beta1^t) * m / eps``, i.e. ``m * 1e8 * lr`` with the default eps, and m is not zero
+once the element gets a gradient: training diverged (Bagua #654 "QAdam NaN"). Elements with a
+non-zero variance and the warm-up are unchanged bit for bit; ``False`` gives Bagua's exact math.
 """
+
 
 import torch
 
@@ -28,13 +36,14 @@ class QAdamOptimizer(torch.optim.Optimizer):
         betas=(0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        hold_zero_variance: bool = True,
     ):
         if warmup_steps <= 0:
             raise ValueError("QAdamOptimizer: warmup_steps must be > 0, got {}".format(warmup_steps))
         if lr < 0.0:
             raise ValueError("QAdamOptimizer: invalid learning rate {}".format(lr))
         defaults = dict(lr=lr, warmup_steps=warmup_steps, betas=betas, eps=eps,
-                        weight_decay=weight_decay)
+                        weight_decay=weight_decay, hold_zero_variance=bool(hold_zero_variance))
         super().__init__(params, defaults)
         self._params = [p for g in self.param_groups for p in g["params"]]
         for i, p in enumerate(self._params):
@@ -55,7 +64,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
                   1 if p.is_cuda else 0, p.device.index if p.is_cuda else 0, p.requires_grad)
                  for i, p in enumerate(self._params)]
         self._ext = ext.QAdamOptimizer(specs, lr, warmup_steps, betas[0], betas[1], eps,
-                                       weight_decay)
+                                       weight_decay, bool(hold_zero_variance))
 
     @property
     def step_id(self):
