@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -111,12 +112,19 @@ struct RankResult {
 // Trains kSteps on `kWorld` ranks; device: NCCL + CUDA tensors, else host backend + host tensors.
 // Returns per-rank failure texts; fills results.
 // qadam: train with a QAdamOptimizer of these options and the `qadam` algorithm built with
-// qadamArgs (make is then unused).
+// qadamArgs (make is then unused). reviveLate (qadam only): every 13th element (i % 13 == 5)
+// starts at 0 and gets a zero gradient up to iteration warmupSteps, so its v is exactly 0, and a
+// gradient afterwards (QAdam's zero-variance case).
+bool revivesLate(size_t i) {
+  return i % 13 == 5;
+}
+
 std::string train(bool device,
                   const std::function<Result<std::shared_ptr<core::Algorithm>>()>& make,
                   std::vector<RankResult>& results, bool viewGrads = false,
                   bool hierarchicalGroup = false, const QAdamOptions* qadam = nullptr,
-                  const AlgorithmArgs& qadamArgs = {}) {
+                  const AlgorithmArgs& qadamArgs = {}, bool reviveLate = false) {
+  reviveLate = reviveLate && qadam != nullptr;
   auto store = std::make_shared<core::InMemoryStore>();
   results.assign(kWorld, {});
   auto res = bagua::testing::runRanks(
@@ -145,7 +153,7 @@ std::string train(bool device,
           hostData[t].resize(n);
           hostGrad[t].assign(n, 0.0f);
           for (size_t i = 0; i < n; ++i) {
-            hostData[t][i] = initialWeight(r, t, i);
+            hostData[t][i] = reviveLate && revivesLate(i) ? 0.0f : initialWeight(r, t, i);
           }
           core::Parameter& p = params[t];
           p.name = "layer" + std::to_string(t) + ".weight";
@@ -200,7 +208,8 @@ std::string train(bool device,
           for (int t = static_cast<int>(kSizes.size()) - 1; s.isOk() && t >= 0; --t) {
             std::vector<float> g(kSizes[t]);
             for (size_t i = 0; i < g.size(); ++i) {
-              g[i] = gradient(r, step, static_cast<size_t>(t), i);
+              const bool silent = reviveLate && revivesLate(i) && step <= qadam->warmupSteps;
+              g[i] = silent ? 0.0f : gradient(r, step, static_cast<size_t>(t), i);
             }
             opt.copyIn(params[t].grad, g.data(), g.size());
             s = (*ddp)->markGradReady(t);
@@ -534,6 +543,43 @@ TEST(GpuAlgorithms, QAdamMatchesHost) {
   }
   EXPECT_EQ(compare(dev[0].weights, dev[1].weights, 0.0, "rank 0 vs rank 1"), "");
   EXPECT_EQ(compare(host[0].weights, host[1].weights, 0.0, "host rank 0 vs rank 1"), "");
+  // Zero variance through the reducer: every 13th element has v = 0 exactly and gets its first
+  // gradient in the compressed iteration. holdZeroVariance on: held at 0 on both sides; off:
+  // Bagua's m / eps step, and device and host still agree.
+  for (bool hold : {true, false}) {
+    SCOPED_TRACE(hold ? "holdZeroVariance on" : "holdZeroVariance off");
+    QAdamOptions oz = o;
+    oz.holdZeroVariance = hold;
+    std::vector<RankResult> hz, dz;
+    ASSERT_EQ(train(false, unused, hz, false, false, &oz, args, true), "");
+    ASSERT_EQ(train(true, unused, dz, false, false, &oz, args, true), "");
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_EQ(compare(dz[r].weights, hz[r].weights, 1e-6, "weights (device vs host)"), "")
+          << "rank " << r;
+    }
+    EXPECT_EQ(compare(dz[0].weights, dz[1].weights, 0.0, "rank 0 vs rank 1"), "");
+    for (const auto* run : {&hz, &dz}) {
+      size_t count = 0;
+      size_t moved = 0;
+      float largest = 0.0f;
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        for (size_t i = 5; i < kSizes[t]; i += 13) {
+          const float w = (*run)[0].weights[t][i];
+          ++count;
+          moved += w != 0.0f ? 1 : 0;
+          largest = std::max(largest, std::fabs(w));
+          if (hold) {
+            ASSERT_EQ(w, 0.0f) << "held element moved: tensor " << t << " element " << i;
+          }
+        }
+      }
+      if (!hold) {
+        // m / eps: ~0.05 * m * 1e8 (a momentum quantised to exactly 0 leaves an element put).
+        EXPECT_GT(largest, 1e3f);
+        EXPECT_GT(moved, count / 2) << "of " << count;
+      }
+    }
+  }
 }
 
 // Async model average on CUDA tensors over NCCL (Bagua's test_async_model_average on GPUs): each
