@@ -15,13 +15,14 @@
 //
 // Zero variance (Bagua #654 "QAdam NaN"): an element whose gradient was exactly zero through
 // the whole warm-up (a dead ReLU unit, an embedding row no batch touched) has frozen v = 0, so
-// Bagua's update there is lr/(1-b1^t) * m / eps, i.e. m * 1e8 * lr with the default eps, and its
-// m is not zero in the compression stage (MinMaxUInt8 clamps 0 to the chunk's minimum when the
-// chunk does not straddle 0, and the unit may revive): training diverges. With
+// Bagua's update there is lr/(1-b1^t) * m / eps, i.e. m * 1e8 * lr with the default eps. Its m
+// stays exactly 0 while no rank has a gradient for it (a 0 makes its chunk straddle 0, and
+// MinMaxUInt8 then returns 0 exactly), but the first gradient it gets after the warm-up (the
+// unit revives, the row is used) is divided by eps: training diverges. With
 // QAdamOptions::holdZeroVariance (default on) such elements are held in the compression stage
 // (t >= warmup_steps and v == 0 exactly: no parameter update; m and v are still kept): QAdam has
-// no variance estimate for them and their momentum is quantisation noise. v and the averaged m
-// are identical on every rank, so replicas stay bitwise identical. Nothing else changes: the
+// no variance estimate to scale their step by. v and the averaged m are identical on every rank,
+// so replicas stay bitwise identical. Nothing else changes: the
 // warm-up is still exactly Adam, and elements with v != 0 get Bagua's update bit for bit. Off
 // gives Bagua's exact math everywhere. A held element stays held (v is frozen): a unit that
 // revives after warm-up keeps its warm-up weights; lengthen the warm-up if that matters.
