@@ -423,9 +423,14 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     double t0 = 0;
     {
       if (a.engine) {
-        BAGUA_RETURN_IF_ERROR(setTx(Tx{static_cast<uint64_t>(tuned.knobs.at("host_segment_bytes")),
-                                       static_cast<int>(tuned.knobs.at("net_streams")),
-                                       static_cast<uint64_t>(tuned.knobs.at("net_chunk_bytes"))}));
+        for (const char* k : {"host_segment_bytes", "net_streams", "net_chunk_bytes"}) {
+          if (tuned.knobs.count(k) == 0) {
+            return BAGUA_ERROR(kInternal, "the tuned setting has no '%s' knob", k);
+          }
+        }
+        BAGUA_RETURN_IF_ERROR(setTx(Tx{static_cast<uint64_t>(tuned.knobs["host_segment_bytes"]),
+                                       static_cast<int>(tuned.knobs["net_streams"]),
+                                       static_cast<uint64_t>(tuned.knobs["net_chunk_bytes"])}));
       }
       auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
       BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));

@@ -43,7 +43,8 @@ struct Args {
   int hidden = 256;
   int features = 32;
   int classes = 10;
-  float lr = 0.05f;
+  float lr = 0.05f;  // SGD's; QAdam's default (1e-3) unless --lr is given
+  bool lrGiven = false;
   float momentum = 0.9f;
   double bucketCapMb = 25.0;
   bool hierarchical = false;
@@ -93,6 +94,7 @@ bool parseArgs(int argc, char** argv, Args* a) {
       a->hidden = static_cast<int>(number(1, 1e5));
     } else if (k == "--lr") {
       a->lr = static_cast<float>(number(0, 100));
+      a->lrGiven = true;
     } else if (k == "--momentum") {
       a->momentum = static_cast<float>(number(0, 1));
     } else if (k == "--bucket_cap_mb") {
@@ -139,7 +141,9 @@ Status run(const Args& a) {
     BAGUA_RETURN_IF_ERROR(algo::createAlgorithm(a.algorithm, algoArgs, probe.get()).status());
   }
   ProcessGroupOptions po;
-  po.hierarchical = a.hierarchical || algoArgs.at("hierarchical") == "true";
+  // async takes no "hierarchical" argument.
+  const auto h = algoArgs.find("hierarchical");
+  po.hierarchical = a.hierarchical || (h != algoArgs.end() && h->second == "true");
   po.name = "torch_demo";
   BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> pg, ProcessGroup::initFromEnv(po));
   const int rank = pg->rank();
@@ -166,7 +170,8 @@ Status run(const Args& a) {
   algo::QAdamOptimizer* qadam = nullptr;
   if (a.algorithm == "qadam") {
     algo::QAdamOptions qo;
-    qo.lr = a.lr;
+    // Adam at SGD's 0.05 diverges within the warm-up: QAdam's own default unless --lr is given.
+    qo.lr = a.lrGiven ? a.lr : algo::QAdamOptions{}.lr;
     qo.warmupSteps = std::max(1, a.steps / 5);
     BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(tm->parameters(), qo));
     qadam = q.get();

@@ -41,7 +41,8 @@ struct Args {
   int hidden = 512;
   int features = 64;
   int classes = 10;
-  float lr = 0.05f;
+  float lr = 0.05f;  // SGD's; QAdam's default (1e-3) unless --lr is given
+  bool lrGiven = false;
   float momentum = 0.9f;
   double bucketCapMb = 25.0;
   bool hierarchical = false;
@@ -58,7 +59,8 @@ void usage() {
       "                        [--algorithm NAME] [--algo_arg key=value ...]\n"
       "Data-parallel training of an MLP on generated data. Run under baguarun (env://).\n"
       "Algorithms: gradient_allreduce (default), bytegrad, decentralized,\n"
-      "low_precision_decentralized, qadam (trains with QAdam; --lr is its learning rate),\n"
+      "low_precision_decentralized, qadam (trains with QAdam; --lr is its learning rate, default "
+      "1e-3),\n"
       "async. --algo_arg passes an algorithm parameter, e.g. --algo_arg\n"
       "peer_selection_mode=shift_one; --hierarchical sets hierarchical=true (default false).\n");
 }
@@ -109,6 +111,7 @@ bool parseArgs(int argc, char** argv, Args* a) {
       if (!dblArg(&d, 0, 10))
         return false;
       a->lr = static_cast<float>(d);
+      a->lrGiven = true;
     } else if (k == "--momentum") {
       if (!dblArg(&d, 0, 1))
         return false;
@@ -246,7 +249,8 @@ Status run(const Args& a) {
   algo::QAdamOptimizer* qadam = nullptr;
   if (a.algorithm == "qadam") {
     algo::QAdamOptions qo;
-    qo.lr = a.lr;
+    // Adam at SGD's 0.05 diverges within the warm-up: QAdam's own default unless --lr is given.
+    qo.lr = a.lrGiven ? a.lr : algo::QAdamOptions{}.lr;
     qo.warmupSteps = std::max(1, a.steps / 5);
     BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(model.parameters(), qo));
     qadam = q.get();
