@@ -47,17 +47,17 @@ bool cudaCompressionAvailable() {
   return true;
 }
 
-// Per chunk, 16 bytes per pass-1 block: that block's partial {min, max, flag} and one word that
-// is the chunk's arrival counter in the first slot (unused, and 0, in the others). Counters
-// reset themselves at the end of pass 1, so the caller zero-fills the workspace once when it
-// allocates it (detail::Buffer does, cudaMemset after cudaMalloc) and may then reuse it for any
-// numel and chunks, one call at a time per workspace (the next call on the same stream).
+// Per chunk, one 16-byte accumulator (max, min, non-finite flag, a counter; see
+// cuda/minmax_kernels.cu). The last quantise block of each chunk sets its four words back to 0,
+// so the caller zero-fills the workspace once when it allocates it (detail::Buffer does,
+// cudaMemset after cudaMalloc) and may then reuse it for any numel and chunks, one call at a time
+// per workspace (the next call on the same stream).
 size_t minMaxCudaWorkspaceBytes(size_t numel, size_t chunks) {
   if (chunks == 0) {
     return 0;
   }
-  return chunks * cudakernels::partialsPerChunk(minMaxChunkElements(numel, chunks)) * 4 *
-         sizeof(float);
+  (void)numel;
+  return chunks * 4 * sizeof(uint32_t);
 }
 
 Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t* dst,

@@ -35,12 +35,13 @@ class CudaCompression : public ::testing::Test {
   // Compresses and decompresses x on both sides and compares every byte and every float.
   // srcOffset (floats) and dstOffset (bytes, a multiple of 4) shift the device buffers off their
   // 256-byte cudaMalloc alignment, so the kernels' scalar paths run.
-  // Word 3 of every 16-byte workspace slot is 0 between calls (the per-chunk arrival counters
-  // reset themselves), so one zeroed workspace serves any later geometry.
+  // Every word of the workspace (the per-chunk accumulators and counters) is 0 between calls:
+  // the last quantise block of each chunk resets them, so one zeroed workspace serves any later
+  // geometry.
   static void expectCountersZero(const void* ws, size_t wsBytes, const std::string& what) {
     std::vector<uint32_t> words(wsBytes / 4);
     ASSERT_EQ(cudaMemcpy(words.data(), ws, words.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (size_t i = 3; i < words.size(); i += 4) {
+    for (size_t i = 0; i < words.size(); ++i) {
       ASSERT_EQ(words[i], 0u) << "workspace word " << i << " after " << what;
     }
   }

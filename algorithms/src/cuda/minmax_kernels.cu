@@ -6,19 +6,26 @@
 //
 // Shape, for bandwidth (the data is read twice by compress, once by decompress), and for few
 // launches (a 16 MiB bucket compresses in about 10 us, so every launch gap counts):
-//   pass 1 minMaxHeaders  grid (parts, chunks): each block strides over 4096-element tiles of its
+//   pass 1 minMaxFold     grid (parts, chunks): each block strides over 4096-element tiles of its
 //                         chunk with 16-byte loads (scalar head/tail up to the first 16-byte
-//                         boundary), warp-shuffle reduction, one partial per block in the
-//                         workspace; the chunk's last block to arrive (a per-chunk counter in the
-//                         workspace, self-resetting) folds the partials into the 32-byte header;
+//                         boundary), warp-shuffle reduction, then thread 0 folds the block's
+//                         min/max into the chunk's accumulator in the workspace with two
+//                         atomicMax on order-preserving integer encodings (and an atomicOr for a
+//                         non-finite element). No block waits for another and there is no
+//                         serial fold at the end: the previous shape (one partial per block, the
+//                         last block to arrive folding them all and writing the header) spent a
+//                         few microseconds of a 16 MiB call in that one block;
 //   pass 2 quantise       grid (tiles, chunks), launched with programmatic stream serialisation
 //                         (pass 1 lets it in at its start; it waits for pass 1's completion in
-//                         griddepcontrol.wait before reading a header), so its blocks are resident
-//                         when pass 1 ends: the chunk constants (scale, upper, lower) computed once
-//                         per thread from the header, 4 elements per thread step (float4 load when
-//                         the chunk is 16-byte aligned, else 4 scalar loads), one uchar4 store;
-//                         tiles visited last-to-first so that the tail pass 1 read last is still
-//                         in L2.
+//                         griddepcontrol.wait before reading an accumulator), so its blocks are
+//                         resident when pass 1 ends: the chunk's min/max decoded and the chunk
+//                         constants (scale, upper, lower) computed once per thread, the 32-byte
+//                         header written by the chunk's block x = 0, 4 elements per thread step
+//                         (float4 load when the chunk is 16-byte aligned, else 4 scalar loads),
+//                         one uchar4 store; tiles visited last-to-first so that the tail pass 1
+//                         read last is still in L2. Each block counts itself on the chunk's
+//                         counter after reading the accumulator; the last one sets the chunk's
+//                         four words back to 0 for the next call;
 //   decompress            grid (tiles, chunks): uchar4 loads, float4 stores where aligned.
 // Grids are one wave of the device (occupancy x SM count, queried once per kernel and device)
 // and stride, so no 65535 cap applies to the element count. At 4 Mi floats on 132 SMs (8 blocks
@@ -140,46 +147,57 @@ __device__ __forceinline__ void waitForPrimary() {
 #endif
 }
 
-// Writes chunk `chunk`'s 32-byte header from its folded min/max (thread 0 only).
-__device__ __forceinline__ void writeHeader(const MinMax& m, size_t chunk, size_t numel, size_t c,
-                                            size_t stride, uint8_t* dst) {
-  const Range r = chunkRange(chunk, numel, c);
+// The chunk accumulator: 4 words of the workspace per chunk, all 0 between calls.
+//   word 0  max, as keyOf(v) ^ 0x80000000 (unsigned order = float order; 0 below every key)
+//   word 1  min, as ~(keyOf(v) ^ 0x80000000) (so atomicMax keeps the minimum; 0 = none yet)
+//   word 2  1 when the chunk holds a non-finite element
+//   word 3  quantise blocks that have read words 0-2 (the last one zeroes all four)
+// keyOf maps a non-NaN float to a signed integer of the same order (-0 below +0; NaN never
+// reaches it: fold() keeps NaN out of min/max and flags it instead).
+__device__ __forceinline__ unsigned keyOf(float v) {
+  const int i = __float_as_int(v);
+  return static_cast<unsigned>(i >= 0 ? i : i ^ 0x7fffffff) ^ 0x80000000u;
+}
+
+__device__ __forceinline__ float floatOfKey(unsigned key) {
+  const int i = static_cast<int>(key ^ 0x80000000u);
+  return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff);
+}
+
+// The header's min and max from a chunk's accumulator words, exactly as the CPU computes them
+// from its sequential fold: 0/0 for an empty chunk, -0 canonicalised to +0, the NaN pair for a
+// chunk with a non-finite element or a non-finite range.
+__device__ __forceinline__ void headerOf(unsigned maxWord, unsigned minWord, unsigned bad, size_t n,
+                                         float* mnOut, float* mxOut) {
   float mn = 0.0f;
   float mx = 0.0f;
-  if (r.n > 0) {
+  if (n > 0) {
     // +0.0f: -0 becomes +0, as on the CPU.
-    mn = m.mn + 0.0f;
-    mx = m.mx + 0.0f;
+    mn = floatOfKey(~minWord) + 0.0f;
+    mx = floatOfKey(maxWord) + 0.0f;
     const float range = mx - mn + kEps;
-    if (m.bad != 0u || nonFinite(range)) {
+    if (bad != 0u || nonFinite(range)) {
       mn = __uint_as_float(kNanBits);
       mx = __uint_as_float(kNanBits);
     }
   }
-  float* h = reinterpret_cast<float*>(dst + chunk * stride);
-  h[0] = mn;
-  h[1] = mx;
-#pragma unroll
-  for (int i = 2; i < 8; ++i) {
-    h[i] = 0.0f;
-  }
+  *mnOut = mn;
+  *mxOut = mx;
 }
 
-// Pass 1: block (x, y) folds tiles x, x + gridDim.x, ... of chunk firstChunk + y into partial
-// slot y * gridDim.x + x of the workspace: {min, max, non-finite flag, -}. Word 3 of a chunk's
-// first slot is the chunk's arrival counter: each block publishes its partial (store,
-// __threadfence, atomicAdd); the block that arrives last folds the chunk's partials (read
-// through L2 with __ldcg after its own fence), writes the header and sets the counter back to 0.
-// Word 3 of every slot is therefore 0 before and after every call (the workspace is zeroed once
-// at allocation), whatever the geometry of the previous call on the same workspace.
+// Pass 1: block (x, y) folds tiles x, x + gridDim.x, ... of chunk firstChunk + y and adds its
+// min/max to the chunk's accumulator (workspace words 4k .. 4k + 2 for the k-th chunk of the
+// call). A block that saw no element of a non-empty chunk adds the identity, which changes
+// nothing; an empty chunk is not touched (the words stay 0).
 __global__ void __launch_bounds__(kThreads)
-    minMaxHeaders(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
-                  size_t count, size_t stride, float* partials, uint8_t* dst) {
+    minMaxFold(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk,
+               size_t count, unsigned* acc) {
   allowDependentLaunch();
-  __shared__ bool lastBlock;
-  const size_t parts = gridDim.x;
   for (size_t k = blockIdx.y; k < count; k += gridDim.y) {
     const Range r = chunkRange(firstChunk + k, numel, c);
+    if (r.n == 0) {
+      continue;  // uniform in the block
+    }
     const float* p = src + r.begin;
     // Elements before the first 16-byte boundary (p is 4-byte aligned as a float pointer).
     size_t head = ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15) / 4;
@@ -196,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
         fold(m, p[tailStart + threadIdx.x]);
       }
     }
-    for (size_t t = blockIdx.x * kTileQuads; t < quads; t += parts * kTileQuads) {
+    for (size_t t = blockIdx.x * kTileQuads; t < quads; t += gridDim.x * kTileQuads) {
       float4 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -213,32 +231,14 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     m = blockReduce(m);
-    float* slots = partials + 4 * (k * parts);
-    unsigned* counter = reinterpret_cast<unsigned*>(slots + 3);
     if (threadIdx.x == 0) {
-      float* o = slots + 4 * blockIdx.x;
-      o[0] = m.mn;
-      o[1] = m.mx;
-      o[2] = m.bad != 0u ? 1.0f : 0.0f;
-      __threadfence();  // the partial is visible device-wide before the arrival is counted
-      lastBlock = atomicAdd(counter, 1u) == static_cast<unsigned>(parts - 1);
-    }
-    __syncthreads();
-    if (lastBlock) {  // uniform in the block
-      __threadfence();
-      MinMax f = identity();
-      for (size_t i = threadIdx.x; i < parts; i += blockDim.x) {
-        const float* q = slots + 4 * i;
-        merge(f, __ldcg(q), __ldcg(q + 1), __ldcg(q + 2) != 0.0f ? 1u : 0u);
-      }
-      f = blockReduce(f);
-      if (threadIdx.x == 0) {
-        writeHeader(f, firstChunk + k, numel, c, stride, dst);
-        *counter = 0u;  // every block of this chunk has arrived: ready for the next call
+      unsigned* a = acc + 4 * k;
+      atomicMax(a, keyOf(m.mx));
+      atomicMax(a + 1, ~keyOf(m.mn));
+      if (m.bad != 0u) {
+        atomicOr(a + 2, 1u);
       }
     }
-    // lastBlock is rewritten for the next chunk only after the barriers of its blockReduce,
-    // which every thread reaches after reading it here.
   }
 }
 
@@ -258,18 +258,40 @@ __device__ __forceinline__ uint8_t quantiseOne(float x, bool valid, float scale,
 // tiles are visited in reverse so the first tiles read are the ones pass 1 read last.
 __global__ void __launch_bounds__(kThreads)
     quantise(const float* __restrict__ src, size_t numel, size_t c, size_t firstChunk, size_t count,
-             size_t stride, uint8_t* dst) {
+             size_t stride, unsigned* acc, uint8_t* dst) {
+  __shared__ unsigned words[3];
   const size_t payloadQuads = (stride - 32) / 4;
   const size_t tiles = (payloadQuads + kTileQuads - 1) / kTileQuads;
-  // Every block waits, even one with no tile: the stream's next operation (which waits only for
-  // this grid) must find pass 1's headers complete.
+  // Every block waits before reading an accumulator (pass 1 complete and visible).
   waitForPrimary();
   for (size_t ky = blockIdx.y; ky < count; ky += gridDim.y) {
     const size_t chunk = firstChunk + (count - 1 - ky);
     const Range r = chunkRange(chunk, numel, c);
     uint8_t* seg = dst + chunk * stride;
-    const float mn = reinterpret_cast<const float*>(seg)[0];
-    const float mx = reinterpret_cast<const float*>(seg)[1];
+    unsigned* a = acc + 4 * (chunk - firstChunk);
+    if (threadIdx.x == 0) {
+      // Through L2: pass 1's atomics live there.
+      words[0] = __ldcg(a);
+      words[1] = __ldcg(a + 1);
+      words[2] = __ldcg(a + 2);
+      __threadfence();  // the reads are done before this block is counted
+      if (atomicAdd(a + 3, 1u) == gridDim.x - 1) {
+        // Every block of this chunk has read the accumulator: ready for the next call.
+        a[0] = 0u;
+        a[1] = 0u;
+        a[2] = 0u;
+        a[3] = 0u;
+      }
+    }
+    __syncthreads();
+    float mn = 0.0f;
+    float mx = 0.0f;
+    headerOf(words[0], words[1], words[2], r.n, &mn, &mx);
+    __syncthreads();  // words[] is rewritten for the next chunk of this block only after this
+    if (blockIdx.x == 0 && threadIdx.x < 8) {
+      float* h = reinterpret_cast<float*>(seg);
+      h[threadIdx.x] = threadIdx.x == 0 ? mn : (threadIdx.x == 1 ? mx : 0.0f);
+    }
     const bool skip = r.n == 0 || mn != mn;
     float scale = 0.0f;
     float upper = 0.0f;
@@ -415,7 +437,7 @@ __global__ void __launch_bounds__(kThreads)
 // Blocks of `kernel` that fit on the whole current device at once (occupancy x SM count),
 // queried once per (kernel, device): grids of exactly one wave, so no block starts late and
 // leaves a tail.
-enum KernelSlot { kPartialSlot = 0, kQuantiseSlot, kDequantiseSlot, kSlots };
+enum KernelSlot { kFoldSlot = 0, kQuantiseSlot, kDequantiseSlot, kSlots };
 
 size_t residentBlocks(const void* kernel, KernelSlot slot) {
   constexpr int kCachedDevices = 64;
@@ -463,7 +485,7 @@ dim3 chunkGrid(size_t perChunkMax, size_t count, size_t resident) {
 // pass 1 drains (they wait in waitForPrimary) instead of after a full launch gap. Falls back to a
 // plain launch, for good, where the attribute is refused.
 cudaError_t launchQuantise(dim3 grid, cudaStream_t s, const float* src, size_t numel, size_t c,
-                           size_t first, size_t count, size_t stride, uint8_t* dst) {
+                           size_t first, size_t count, size_t stride, unsigned* acc, uint8_t* dst) {
   static std::atomic<bool> refused{false};
   if (!refused.load(std::memory_order_relaxed)) {
     cudaLaunchAttribute attr[1];
@@ -477,14 +499,14 @@ cudaError_t launchQuantise(dim3 grid, cudaStream_t s, const float* src, size_t n
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     const cudaError_t e =
-        cudaLaunchKernelEx(&cfg, quantise, src, numel, c, first, count, stride, dst);
+        cudaLaunchKernelEx(&cfg, quantise, src, numel, c, first, count, stride, acc, dst);
     if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) {
       return e;
     }
     (void)cudaGetLastError();
     refused.store(true, std::memory_order_relaxed);
   }
-  quantise<<<grid, kThreads, 0, s>>>(src, numel, c, first, count, stride, dst);
+  quantise<<<grid, kThreads, 0, s>>>(src, numel, c, first, count, stride, acc, dst);
   return cudaGetLastError();
 }
 
@@ -498,20 +520,23 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
   const size_t stride = payload + 32;
   const size_t first = targetChunk >= 0 ? static_cast<size_t>(targetChunk) : 0;
   const size_t count = targetChunk >= 0 ? 1 : chunks;
-  // Pass 1 uses at most partialsPerChunk(c) blocks per chunk (the workspace holds that many
-  // partials), fewer when one wave of the device is reached; it also writes the headers.
-  const dim3 g1 =
-      chunkGrid(partialsPerChunk(c), count,
-                residentBlocks(reinterpret_cast<const void*>(&minMaxHeaders), kPartialSlot));
-  minMaxHeaders<<<g1, kThreads, 0, s>>>(src, numel, c, first, count, stride, partials, dst);
+  // The chunk accumulators: 4 words per chunk of this call, in the caller's workspace (sized
+  // for partialsPerChunk(c) >= 1 slots of 4 words per chunk).
+  // c == 0 (no element) still runs both: quantise writes the zero headers.
+  unsigned* acc = reinterpret_cast<unsigned*>(partials);
+  // Pass 1: at most partialsPerChunk(c) blocks per chunk, fewer when one wave of the device is
+  // reached.
+  const dim3 g1 = chunkGrid(partialsPerChunk(c), count,
+                            residentBlocks(reinterpret_cast<const void*>(&minMaxFold), kFoldSlot));
+  minMaxFold<<<g1, kThreads, 0, s>>>(src, numel, c, first, count, acc);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || payload == 0) {
+  if (e != cudaSuccess) {
     return static_cast<int>(e);
   }
   const size_t tiles = (payload / 4 + kTileQuads - 1) / kTileQuads;
   const dim3 g2 = chunkGrid(
       tiles, count, residentBlocks(reinterpret_cast<const void*>(&quantise), kQuantiseSlot));
-  return static_cast<int>(launchQuantise(g2, s, src, numel, c, first, count, stride, dst));
+  return static_cast<int>(launchQuantise(g2, s, src, numel, c, first, count, stride, acc, dst));
 }
 
 int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int targetChunk,

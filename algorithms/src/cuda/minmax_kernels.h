@@ -10,14 +10,13 @@ namespace bagua::algo::cudakernels {
 constexpr int kThreads = 256;
 // Pass 1 of compress: at most one block per kElemsPerPartial elements of a chunk (one tile) and
 // at most kMaxPartials per chunk (the launch uses fewer once one wave of the device is full).
-// The workspace holds 4 words per partial slot: min, max, non-finite flag, and a word that is 0
-// except during a call, where the first slot of each chunk counts its arriving blocks. The
-// workspace must be zero-filled once before its first use; every completed call leaves word 3 of
-// every slot 0 again, whatever numel and chunks were.
+// The workspace holds one 4-word accumulator per chunk (max, min, non-finite flag, a counter),
+// all 0 between calls: it must be zero-filled once before its first use, and every completed
+// call leaves every word 0 again, whatever numel and chunks were.
 constexpr size_t kElemsPerPartial = 4096;
 constexpr size_t kMaxPartials = 2048;
 
-// Upper bound of the partial min/max blocks per chunk of c elements (sizes the workspace).
+// Upper bound of the pass-1 blocks per chunk of c elements.
 inline size_t partialsPerChunk(size_t c) {
   size_t p = (c + kElemsPerPartial - 1) / kElemsPerPartial;
   p = p == 0 ? 1 : p;

@@ -5,9 +5,9 @@
 //
 // All pointers are device pointers; `stream` is a cudaStream_t (nullptr: the legacy default
 // stream). Calls enqueue work and return; synchronise the stream before reading the results.
-// The workspace (minMaxCudaWorkspaceBytes) holds per-block partial min/max values and a per-chunk
-// arrival counter: zero-fill it once when you allocate it (cudaMemset); every call leaves the
-// counters at zero again, whatever the size or chunk count. Every pointer
+// The workspace (minMaxCudaWorkspaceBytes: 16 bytes per chunk) holds each chunk's min/max
+// accumulator and a counter: zero-fill it once when you allocate it (cudaMemset); every call
+// leaves it all zero again, whatever the size or chunk count. Every pointer
 // must be 4-byte aligned (InvalidArgument otherwise); 16-byte aligned chunks take the vector path
 // (cudaMalloc'd buffers with chunk sizes that are multiples of 4), others a scalar path with the
 // same bytes.
