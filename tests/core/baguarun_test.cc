@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,6 +148,24 @@ TEST_F(Baguarun, ReportsAWorkerKilledByASignal) {
   EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("signal 11"), std::string::npos) << r.err;
   EXPECT_LT(r.took, 10s);
+}
+
+// A rank killed from outside while its peers fail a moment later because its connection closed
+// (here: EOF on a FIFO it held open): the launcher must blame the killed rank, not the lowest
+// rank that exited with an error in the same polling interval.
+TEST_F(Baguarun, BlamesTheKilledRankNotThePeersThatFailedAfterIt) {
+  const std::string fifo = dir_ + "/f";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  LaunchResult r =
+      runLauncher({"--nproc_per_node", "3", "--master_port", "0", "--grace_s", "2", "sh", "-c",
+                   "if [ $RANK = 1 ]; then exec 3>" + fifo +
+                       "; sleep 0.3; kill -KILL $$; fi; cat " + fifo + " >/dev/null; exit 1"});
+  const size_t at = r.err.find("FAILED:");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string failed = r.err.substr(at, r.err.find('\n', at) - at);
+  EXPECT_NE(failed.find("rank 1 was killed by signal 9"), std::string::npos) << r.err;
+  EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 128 + 9) << r.err;
+  EXPECT_LT(r.took, 10s) << r.err;
 }
 
 TEST_F(Baguarun, ForwardsSigtermToTheWorkers) {

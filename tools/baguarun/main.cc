@@ -282,9 +282,20 @@ int main(int argc, char** argv) {
         killAt = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.graceS * 1000));
       }
     }
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
+    // Reap every worker that has ended since the last poll before picking the first failure:
+    // when one rank dies, its peers fail within milliseconds (connection closed), and waitpid
+    // returns the lowest rank first, so taking the first reaped one would blame a peer. Within
+    // one poll a worker killed by a signal is taken as the cause over one that exited with an
+    // error code.
+    int candidate = -1;
+    int reaped = 0;
+    for (;;) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        break;
+      }
+      ++reaped;
       for (size_t i = 0; i < workers.size(); ++i) {
         Worker& w = workers[i];
         if (w.pid != pid || !w.running) {
@@ -294,20 +305,26 @@ int main(int argc, char** argv) {
         w.status = status;
         --running;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && failedIndex < 0 && !(stopping && gSignal != 0)) {
-          failedIndex = static_cast<int>(i);
-          std::fprintf(stderr,
-                       "baguarun: rank %d (local rank %d, pid %d) %s; stopping the other "
-                       "workers\n",
-                       w.rank, w.localRank, static_cast<int>(pid), describe(status).c_str());
-          if (!stopping) {
-            stopping = true;
-            stopAll(SIGTERM);
-            killAt =
-                Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.graceS * 1000));
-          }
+        if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
+            (candidate < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(workers[candidate].status)))) {
+          candidate = static_cast<int>(i);
         }
       }
+    }
+    if (candidate >= 0) {
+      failedIndex = candidate;
+      const Worker& w = workers[candidate];
+      std::fprintf(stderr,
+                   "baguarun: rank %d (local rank %d, pid %d) %s; stopping the other "
+                   "workers\n",
+                   w.rank, w.localRank, static_cast<int>(w.pid), describe(w.status).c_str());
+      if (!stopping) {
+        stopping = true;
+        stopAll(SIGTERM);
+        killAt = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.graceS * 1000));
+      }
+    }
+    if (reaped > 0) {
       continue;
     }
     if (stopping && Clock::now() >= killAt) {
