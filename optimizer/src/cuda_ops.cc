@@ -2,6 +2,8 @@
 // in cuda/optimizer_kernels.cu.
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -69,31 +71,54 @@ Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, 
   return Status::ok();
 }
 
+// A range's norm-block layout on the device, uploaded once: the block table, then per tensor the
+// index of its first block (numSegments + 1 entries: tensor s owns blocks [first[s], first[s+1])).
+struct TrustLayout {
+  std::vector<size_t> sizes;        // the tensor sizes it was cut from: the cache key
+  std::vector<unsigned char> host;  // the uploaded bytes, kept until `device` is freed
+  size_t numBlocks = 0;
+  void* device = nullptr;
+  uint64_t lastUse = 0;
+
+  const cudakernels::NormBlock* blocks() const {
+    return static_cast<const cudakernels::NormBlock*>(device);
+  }
+  const size_t* segFirst() const {
+    return reinterpret_cast<const size_t*>(static_cast<const unsigned char*>(device) +
+                                           numBlocks * sizeof(cudakernels::NormBlock));
+  }
+};
+
 struct CudaTrustScratch::Impl {
+  // Layouts kept per optimizer (one per fused run or single tensor it steps on CUDA); past this
+  // the least recently used one is freed (cudaFree waits for the device: only on such churn).
+  static constexpr size_t kMaxLayouts = 256;
   int device = -1;
-  // Device buffers, grown as needed.
+  // Device buffers shared by every range (stream-ordered), grown as needed.
   void* u = nullptr;
-  void* blocks = nullptr;
   void* partials = nullptr;
   void* trust = nullptr;
-  size_t uBytes = 0, blocksBytes = 0, partialsBytes = 0, trustBytes = 0;
-  // Host side: the block table (and what was last uploaded), sums and factors.
-  std::vector<cudakernels::NormBlock> table, uploaded;
-  std::vector<size_t> segOfBlock;
-  std::vector<double> host, pn, un, perBlock;
+  size_t uBytes = 0, partialsBytes = 0, trustBytes = 0;
+  std::vector<TrustLayout> layouts;
+  uint64_t clock = 0;
 
   ~Impl() { release(); }
   void release() {
     if (device >= 0 && cudaSetDevice(device) == cudaSuccess) {
-      for (void* p : {u, blocks, partials, trust}) {
+      for (void* p : {u, partials, trust}) {
         if (p != nullptr) {
           cudaFree(p);
         }
       }
+      for (TrustLayout& l : layouts) {
+        if (l.device != nullptr) {
+          cudaFree(l.device);
+        }
+      }
     }
-    u = blocks = partials = trust = nullptr;
-    uBytes = blocksBytes = partialsBytes = trustBytes = 0;
-    uploaded.clear();
+    u = partials = trust = nullptr;
+    uBytes = partialsBytes = trustBytes = 0;
+    layouts.clear();
   }
   static Status grow(void** p, size_t* have, size_t need) {
     if (*have >= need) {
@@ -108,14 +133,68 @@ struct CudaTrustScratch::Impl {
     *have = need;
     return Status::ok();
   }
+
+  // The device layout of `segments` (found, or cut and uploaded with an async copy on the stream
+  // the kernels use). Steady state: a compare of numSegments sizes, no CUDA call.
+  Status layoutFor(const size_t* segments, size_t numSegments, const TrustLayout** out) {
+    ++clock;
+    for (TrustLayout& l : layouts) {
+      if (l.sizes.size() == numSegments &&
+          std::memcmp(l.sizes.data(), segments, numSegments * sizeof(size_t)) == 0) {
+        l.lastUse = clock;
+        *out = &l;
+        return Status::ok();
+      }
+    }
+    if (layouts.size() >= kMaxLayouts) {
+      size_t oldest = 0;
+      for (size_t i = 1; i < layouts.size(); ++i) {
+        if (layouts[i].lastUse < layouts[oldest].lastUse) {
+          oldest = i;
+        }
+      }
+      cudaFree(layouts[oldest].device);  // synchronises: kernels reading it have finished
+      layouts.erase(layouts.begin() + static_cast<std::ptrdiff_t>(oldest));
+    }
+    TrustLayout l;
+    l.sizes.assign(segments, segments + numSegments);
+    std::vector<cudakernels::NormBlock> table;
+    std::vector<size_t> first(numSegments + 1, 0);
+    forEachNormBlock(segments, numSegments, [&](size_t s, size_t b, size_t e) {
+      table.push_back({b, e});
+      first[s + 1] = table.size();
+    });
+    for (size_t s = 1; s <= numSegments; ++s) {  // empty tensors own no blocks
+      first[s] = first[s] > first[s - 1] ? first[s] : first[s - 1];
+    }
+    l.numBlocks = table.size();
+    const size_t tableBytes = table.size() * sizeof(cudakernels::NormBlock);
+    const size_t firstBytes = first.size() * sizeof(size_t);
+    l.host.resize(tableBytes + firstBytes);
+    if (tableBytes > 0) {
+      std::memcpy(l.host.data(), table.data(), tableBytes);
+    }
+    std::memcpy(l.host.data() + tableBytes, first.data(), firstBytes);
+    BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&l.device, l.host.size()), "cudaMalloc"));
+    const cudaError_t err =
+        cudaMemcpyAsync(l.device, l.host.data(), l.host.size(), cudaMemcpyHostToDevice, nullptr);
+    if (err != cudaSuccess) {
+      cudaFree(l.device);
+      return cudaStatus(err, "cudaMemcpyAsync (trust-ratio block table)");
+    }
+    l.lastUse = clock;
+    layouts.push_back(std::move(l));
+    *out = &layouts.back();
+    return Status::ok();
+  }
 };
 
 CudaTrustScratch::CudaTrustScratch() = default;
 CudaTrustScratch::~CudaTrustScratch() = default;
 
 Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
-                      const size_t* segments, size_t numSegments, TrustFn trust,
-                      CudaTrustScratch& scratch, int device) {
+                      const size_t* segments, size_t numSegments, CudaTrustScratch& scratch,
+                      int device) {
   if (args.numel == 0) {
     return Status::ok();
   }
@@ -128,68 +207,33 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
     sc.device = device;
   }
   BAGUA_RETURN_IF_ERROR(onDevice(device));
-  sc.table.clear();
-  sc.segOfBlock.clear();
-  forEachNormBlock(segments, numSegments, [&](size_t s, size_t b, size_t e) {
-    sc.table.push_back({b, e});
-    sc.segOfBlock.push_back(s);
-  });
-  const size_t nb = sc.table.size();
+  const TrustLayout* layout = nullptr;
+  BAGUA_RETURN_IF_ERROR(sc.layoutFor(segments, numSegments, &layout));
+  const size_t nb = layout->numBlocks;
   const size_t es = args.storage == StorageType::kF64 ? 8 : 4;
   BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.u, &sc.uBytes, args.numel * es));
-  BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.blocks, &sc.blocksBytes,
-                                                     nb * sizeof(cudakernels::NormBlock)));
   BAGUA_RETURN_IF_ERROR(
       CudaTrustScratch::Impl::grow(&sc.partials, &sc.partialsBytes, nb * 2 * sizeof(double)));
   BAGUA_RETURN_IF_ERROR(
       CudaTrustScratch::Impl::grow(&sc.trust, &sc.trustBytes, nb * sizeof(double)));
-  const bool same =
-      sc.uploaded.size() == nb &&
-      std::memcmp(sc.uploaded.data(), sc.table.data(), nb * sizeof(cudakernels::NormBlock)) == 0;
-  if (!same) {
-    sc.uploaded.clear();  // stale until the copy succeeds
-    BAGUA_RETURN_IF_ERROR(
-        cudaStatus(cudaMemcpy(sc.blocks, sc.table.data(), nb * sizeof(cudakernels::NormBlock),
-                              cudaMemcpyHostToDevice),
-                   "cudaMemcpy"));
-    sc.uploaded = sc.table;
-  }
-  auto* dblocks = static_cast<cudakernels::NormBlock*>(sc.blocks);
+  auto* partials = static_cast<double*>(sc.partials);
+  auto* trust = static_cast<double*>(sc.trust);
+  // Four launches in stream order, no host wait: states and u; per-block norms; per-tensor sums
+  // and trust factor on the device; apply.
   int err = cudakernels::trustUpdate(ruleId, scalars, args, sc.u);
   if (err == 0) {
-    err = cudakernels::trustNorms(args, sc.u, dblocks, nb, static_cast<double*>(sc.partials));
+    err = cudakernels::trustNorms(args, sc.u, layout->blocks(), nb, partials);
+  }
+  if (err == 0) {
+    err = cudakernels::trustFactors(ruleId, scalars, args.storage, layout->segFirst(), numSegments,
+                                    partials, trust);
+  }
+  if (err == 0) {
+    err = cudakernels::trustApply(ruleId, scalars, args, sc.u, layout->blocks(), trust, nb);
   }
   if (err != 0) {
-    return BAGUA_ERROR(kCudaError, "trust-ratio kernels (%zu elements): %s", args.numel,
-                       cudakernels::errorString(err));
-  }
-  sc.host.resize(nb * 2);
-  BAGUA_RETURN_IF_ERROR(
-      cudaStatus(cudaMemcpy(sc.host.data(), sc.partials, sc.host.size() * sizeof(double),
-                            cudaMemcpyDeviceToHost),
-                 "cudaMemcpy"));
-  // Per tensor, block sums added in block order (as the CPU path does).
-  sc.pn.assign(numSegments, 0.0);
-  sc.un.assign(numSegments, 0.0);
-  for (size_t b = 0; b < nb; ++b) {
-    sc.pn[sc.segOfBlock[b]] += sc.host[2 * b];
-    sc.un[sc.segOfBlock[b]] += sc.host[2 * b + 1];
-  }
-  for (size_t s = 0; s < numSegments; ++s) {
-    sc.pn[s] = trust(scalars, sc.pn[s], sc.un[s]);  // pn now holds the factor
-  }
-  sc.perBlock.resize(nb);
-  for (size_t b = 0; b < nb; ++b) {
-    sc.perBlock[b] = sc.pn[sc.segOfBlock[b]];
-  }
-  BAGUA_RETURN_IF_ERROR(cudaStatus(
-      cudaMemcpy(sc.trust, sc.perBlock.data(), nb * sizeof(double), cudaMemcpyHostToDevice),
-      "cudaMemcpy"));
-  err = cudakernels::trustApply(ruleId, scalars, args, sc.u, dblocks,
-                                static_cast<double*>(sc.trust), nb);
-  if (err != 0) {
-    return BAGUA_ERROR(kCudaError, "trust-ratio apply (%zu elements): %s", args.numel,
-                       cudakernels::errorString(err));
+    return BAGUA_ERROR(kCudaError, "trust-ratio kernels (rule %d, %zu elements, %zu tensors): %s",
+                       ruleId, args.numel, numSegments, cudakernels::errorString(err));
   }
   return Status::ok();
 }

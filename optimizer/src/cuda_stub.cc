@@ -33,7 +33,7 @@ struct CudaTrustScratch::Impl {};
 CudaTrustScratch::CudaTrustScratch() = default;
 CudaTrustScratch::~CudaTrustScratch() = default;
 Status cudaTrustRatio(int /*ruleId*/, const void* /*scalars*/, const KernelArgs& /*args*/,
-                      const size_t* /*segments*/, size_t /*numSegments*/, TrustFn /*trust*/,
+                      const size_t* /*segments*/, size_t /*numSegments*/,
                       CudaTrustScratch& /*scratch*/, int /*device*/) {
   return absent();
 }

@@ -154,6 +154,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per tensor: its blocks' partial sums added in block order from 0.0 (the CPU path's
+// order and operations, so the norms are the same bits), the rule's trust factor from them, and
+// that factor written for each of the tensor's blocks (what trustApplyKernel reads).
+template <class Rule, class T>
+__global__ void trustFactorKernel(const typename Rule::template Scalars<T> c,
+                                  const size_t* segFirst, size_t numSegments,
+                                  const double* partials, double* trust) {
+  const size_t s = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= numSegments) {
+    return;
+  }
+  const size_t first = segFirst[s];
+  const size_t last = segFirst[s + 1];
+  double pn = 0.0, un = 0.0;
+  for (size_t b = first; b < last; ++b) {
+    pn += partials[2 * b];
+    un += partials[2 * b + 1];
+  }
+  const double f = static_cast<double>(Rule::template trust<T>(c, pn, un));
+  for (size_t b = first; b < last; ++b) {
+    trust[b] = f;
+  }
+}
+
+template <class Rule, class T>
+int trustFactorsStorage(const void* scalars, const size_t* segFirst, size_t numSegments,
+                        const double* partials, double* trust) {
+  const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
+  constexpr unsigned kFactorThreads = 128;
+  const unsigned g = static_cast<unsigned>((numSegments + kFactorThreads - 1) / kFactorThreads);
+  trustFactorKernel<Rule, T><<<g, kFactorThreads>>>(c, segFirst, numSegments, partials, trust);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <class Rule, class P, class T, bool kMaster>
 int trustUpdateStorage(const void* scalars, const KernelArgs& a, void* u) {
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
@@ -273,6 +307,20 @@ int trustNorms(const KernelArgs& a, const void* u, const NormBlock* blocks, size
 #define BAGUA_CALL(P, T, M) trustNormsStorage<P, T, M>(a, u, blocks, numBlocks, partials)
   BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL);
 #undef BAGUA_CALL
+}
+
+int trustFactors(int ruleId, const void* scalars, StorageType storage, const size_t* segFirst,
+                 size_t numSegments, const double* partials, double* trust) {
+  if (ruleId != LambRule::kCudaId) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (numSegments == 0) {
+    return 0;
+  }
+  if (storage == StorageType::kF64) {
+    return trustFactorsStorage<LambRule, double>(scalars, segFirst, numSegments, partials, trust);
+  }
+  return trustFactorsStorage<LambRule, float>(scalars, segFirst, numSegments, partials, trust);
 }
 
 int trustApply(int ruleId, const void* scalars, const KernelArgs& a, const void* u,

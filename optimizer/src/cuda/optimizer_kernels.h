@@ -17,6 +17,11 @@ int trustUpdate(int ruleId, const void* scalars, const KernelArgs& args, void* u
 // Per block: partials[2b] = sum of w^2, partials[2b+1] = sum of u^2, in double, in element order.
 int trustNorms(const KernelArgs& args, const void* u, const NormBlock* blocks, size_t numBlocks,
                double* partials);
+// Per tensor s: the sums of its blocks' partials [segFirst[s], segFirst[s+1]) in block order,
+// the rule's trust factor (scalars: Scalars<double> for kF64 storage, else Scalars<float>), written
+// to trust[b] for each of its blocks. segFirst has numSegments + 1 entries. Device only.
+int trustFactors(int ruleId, const void* scalars, StorageType storage, const size_t* segFirst,
+                 size_t numSegments, const double* partials, double* trust);
 // Pass 2: p = applyTrust(p, u, trust[block]) for every block.
 int trustApply(int ruleId, const void* scalars, const KernelArgs& args, const void* u,
                const NormBlock* blocks, const double* trust, size_t numBlocks);

@@ -5,8 +5,8 @@
 // Ordering: every call is stream-ordered on the legacy default stream of the range's device (made
 // current first). cudaElementwise only enqueues (no synchronisation: back-to-back steps pipeline on
 // the GPU, and a kernel fault surfaces at the next synchronising call); cudaNonFinite returns the
-// flag, so it waits for its kernel; cudaTrustRatio reads the per-block norms back, so it waits
-// for pass 1 and enqueues pass 2. Work the trainer enqueues on the default stream (or on blocking
+// flag, so it waits for its kernel; cudaTrustRatio only enqueues (its norms and trust factors are
+// computed on the device). Work the trainer enqueues on the default stream (or on blocking
 // streams) after a step sees the step's results; non-blocking streams must synchronise first.
 // Thread safety: one thread per optimizer (the scratch below is not shared).
 #pragma once
@@ -30,14 +30,16 @@ Status cudaZero(int device, void* ptr, size_t bytes);
 // One launch of rule `ruleId` over args.numel elements; `scalars` is Rule::Scalars<float> (or
 // <double> for f64 storage).
 Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, int device);
-// Trust-ratio rules (LAMB) over a range of `numSegments` tensors: pass 1 computes the states and
-// the update u on the GPU; the per-tensor sums of w^2 and u^2 are taken in double over 4096-element
-// blocks from each tensor's start, one GPU thread per block in element order, and added up block
-// by block on the host (the CPU kernel's order, so the norms are the same bits); `trust` turns
-// them into the per-tensor factor on the host; pass 2 applies it.
-// `scratch` keeps the device buffers and the block table between calls (grown as needed, the
-// block table uploaded again only when the segments change), so a step allocates nothing.
-using TrustFn = double (*)(const void* scalars, double pNormSq, double uNormSq);
+// Trust-ratio rules (LAMB) over a range of `numSegments` tensors, four stream-ordered launches
+// and no host wait: pass 1 computes the states and the update u; the per-tensor sums of w^2 and
+// u^2 are taken in double over 4096-element blocks from each tensor's start, one GPU thread per
+// block in element order; one GPU thread per tensor adds its blocks' sums in block order and
+// turns them into the rule's trust factor (Rule::trust compiled for the device); pass 2 applies
+// it. Same order and operations as the CPU kernel, so the norms and the factor are the same bits.
+// `ruleId` must be a trust-ratio kCudaId the kernels know (LambRule's).
+// `scratch` keeps the device buffers between calls (grown as needed) and each range's block
+// layout (cut and uploaded with an async copy the first time a layout is seen, then found by its
+// tensor sizes), so a steady-state step allocates and copies nothing.
 class CudaTrustScratch {
  public:
   CudaTrustScratch();
@@ -48,8 +50,8 @@ class CudaTrustScratch {
   std::unique_ptr<Impl> impl;
 };
 Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
-                      const size_t* segments, size_t numSegments, TrustFn trust,
-                      CudaTrustScratch& scratch, int device);
+                      const size_t* segments, size_t numSegments, CudaTrustScratch& scratch,
+                      int device);
 // Sets *found when any grad * invScale is inf or NaN. `deviceFlag` is one int of device memory
 // on `device`, owned by the caller and reused across calls.
 Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found);

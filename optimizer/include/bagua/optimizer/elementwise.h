@@ -216,12 +216,9 @@ class ElementwiseOptimizer final : public FusedOptimizer {
   Status runCuda(const Range& r, const Hyper& h) {
     const auto c = Rule::template prepare<T>(h, r.step);
     if constexpr (detail::TrustRatioRule<Rule>) {
-      const TrustFn trust = [](const void* sc, double pn, double un) {
-        return static_cast<double>(
-            Rule::template trust<T>(*static_cast<const detail::ScalarsOf<Rule, T>*>(sc), pn, un));
-      };
-      return cudaTrustRatio(Rule::kCudaId, &c, r.args, r.segments, r.numSegments, trust,
-                            cudaScratch_, r.device.index);
+      // The library's kernels run this kCudaId's update, trust and applyTrust on the device.
+      return cudaTrustRatio(Rule::kCudaId, &c, r.args, r.segments, r.numSegments, cudaScratch_,
+                            r.device.index);
     } else {
       return cudaElementwise(Rule::kCudaId, &c, r.args, r.device.index);
     }

@@ -15,6 +15,7 @@
 //                                  f16/bf16 parameters) or double (f64 parameters)
 // A rule with kTrustRatio (LAMB) instead provides update() -> u, trust(Scalars, |p|^2, |u|^2) and
 // applyTrust(); the engine computes the per-tensor norms between the two element-wise passes.
+// All three are BAGUA_OPTIM_HD: on CUDA the trust factor is computed on the device too.
 //
 // This header is also compiled by nvcc (C++17, no bagua/base): keep it self-contained.
 #pragma once
@@ -645,8 +646,10 @@ struct LambRule {
     s[1] = v;
     return (m / c.bc1) / (sqrtT(v / c.bc2) + c.eps) + c.weightDecay * p;
   }
+  // Also compiled for the device (the CUDA path computes the factor there): double sqrt and
+  // division are IEEE on both sides, so the factor is the same bits.
   template <class T>
-  static T trust(const Scalars<T>& /*c*/, double pNormSq, double uNormSq) {
+  BAGUA_OPTIM_HD static T trust(const Scalars<T>& /*c*/, double pNormSq, double uNormSq) {
     if (pNormSq > 0.0 && uNormSq > 0.0) {
       return static_cast<T>(std::sqrt(pNormSq) / std::sqrt(uNormSq));
     }
