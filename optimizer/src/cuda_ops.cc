@@ -92,7 +92,7 @@ struct TrustLayout {
 struct CudaTrustScratch::Impl {
   // Layouts kept per optimizer (one per fused run or single tensor it steps on CUDA); past this
   // the least recently used one is freed (cudaFree waits for the device: only on such churn).
-  static constexpr size_t kMaxLayouts = 256;
+  static constexpr size_t kMaxLayouts = 4096;
   int device = -1;
   // Device buffers shared by every range (stream-ordered), grown as needed.
   void* u = nullptr;

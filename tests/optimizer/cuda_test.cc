@@ -4,11 +4,15 @@
 // the CPU from the same start: parameters and states equal bit for bit (both sides round every
 // operation the same way: no FMA contraction, IEEE division and square root). Also the GPU
 // inf/NaN check that makes a scaled step skip, and back-to-back steps with no synchronisation in
-// between. Skips with a reason when no GPU is visible.
+// between; LAMB's trust factor computed on the device (several block counts, |p| = 0, |u| = 0,
+// mixed precision with and without master weights) and a LAMB step that does not wait for the
+// GPU. Skips with a reason when no GPU is visible.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "bagua/optimizer/elementwise.h"
@@ -176,6 +180,126 @@ TEST(Cuda, BackToBackStepsWithoutSynchronisationEqualCpu) {
   LambRule::Hyper lamb;
   lamb.lr = 0.01;
   expectBackToBackEqualsCpu<Lamb>(lamb);
+}
+
+// LAMB's per-tensor trust factor is computed on the device: tensors of one block, of exactly a
+// block, of several blocks (sums over many partials in block order), a tensor whose weights are 0
+// (|p| = 0: trust 1) and one whose gradients stay 0 with no weight decay (|u| = 0: trust 1, the
+// tensor never moves), in f32, f64, f16 and bf16 (with and without master weights), over two
+// groups; bit for bit against the CPU after every step, states included.
+std::vector<testing::Spec> lambSpecs() {
+  return {{3, DataType::kF32},     {4096, DataType::kF32},   {70000, DataType::kF32},
+          {5000, DataType::kF32},  {4097, DataType::kF32},   {9000, DataType::kF32},
+          {12289, DataType::kF64}, {1, DataType::kF64},      {8193, DataType::kF16},
+          {33, DataType::kF16},    {20000, DataType::kBF16}, {513, DataType::kBF16}};
+}
+constexpr size_t kZeroWeights = 3;  // |p| = 0 at the first step
+constexpr size_t kZeroGrads = 5;    // |u| = 0 every step (group 1 has no weight decay)
+
+void zeroTensor(void* p, size_t bytes) {
+  std::memset(p, 0, bytes);
+}
+
+void expectLambCudaEqualsCpu(bool masterWeights) {
+  Model cpu(lambSpecs());
+  zeroTensor(cpu.params()[kZeroWeights].data, cpu.params()[kZeroWeights].bytes());
+  GpuModel gpu(cpu.params());
+  OptimizerOptions o;
+  o.threads = 2;
+  o.masterWeights = masterWeights;
+  std::vector<Lamb::Group> groups(2);
+  groups[0].hyper.lr = 0.01;
+  groups[0].hyper.weightDecay = 0.05;
+  groups[1].hyper.lr = 0.02;
+  groups[1].hyper.weightDecay = 0.0;
+  for (int i = 0; i < static_cast<int>(lambSpecs().size()); ++i) {
+    groups[(i == static_cast<int>(kZeroGrads) || i % 3 == 1) ? 1 : 0].params.push_back(i);
+  }
+  auto a = Lamb::create(cpu.params(), groups, o);
+  auto b = Lamb::create(gpu.params, groups, o);
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  ASSERT_TRUE((*b)->fuse().isOk());
+  const auto zeroGradsBefore = gpu.snapshot();
+  for (int step = 0; step < 8; ++step) {
+    cpu.fillGrads(step);
+    zeroTensor(cpu.params()[kZeroGrads].grad, cpu.params()[kZeroGrads].bytes());
+    gpu.uploadGrads(cpu.params());
+    ASSERT_TRUE((*a)->plainStep().isOk());
+    Status s = (*b)->step();
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    EXPECT_GT((*b)->lastFusedRuns(), 0u);
+    ASSERT_EQ(gpu.snapshot(), cpu.snapshot())
+        << "lamb step " << step << " master " << masterWeights;
+    auto sa = (*a)->saveState();
+    auto sb = (*b)->saveState();
+    ASSERT_TRUE(sa.isOk() && sb.isOk());
+    ASSERT_EQ(*sa, *sb) << "lamb state after step " << step;
+  }
+  // The tensor with |u| = 0 did not move; the one that started at 0 did (trust 1, not 0/0).
+  const auto after = gpu.snapshot();
+  size_t at = 0;
+  for (size_t t = 0; t < kZeroGrads; ++t) {
+    at += gpu.params[t].bytes();
+  }
+  const size_t n = gpu.params[kZeroGrads].bytes();
+  EXPECT_EQ(std::memcmp(after.data() + at, zeroGradsBefore.data() + at, n), 0);
+  std::vector<uint8_t> zeros(gpu.params[kZeroWeights].bytes(), 0);
+  std::vector<uint8_t> moved(zeros.size());
+  cudaMemcpy(moved.data(), gpu.params[kZeroWeights].data, moved.size(), cudaMemcpyDeviceToHost);
+  EXPECT_NE(moved, zeros);
+}
+
+TEST(Cuda, LambTrustFactorOnDeviceEqualsCpuBitForBit) {
+  if (!haveGpu()) {
+    GTEST_SKIP() << "no CUDA device visible: LAMB's device-side trust factor is checked on the "
+                    "GPU machine";
+  }
+  expectLambCudaEqualsCpu(true);
+  expectLambCudaEqualsCpu(false);
+}
+
+// A LAMB step only enqueues: with the stream held by a host callback that sleeps 2 s, a step
+// (after a warm-up step that uploads the block layout) returns long before the callback ends;
+// the results, once the stream drains, still equal the CPU's. The old path read the norms back
+// and would wait out the callback.
+void CUDART_CB sleepOnStream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
+}
+
+TEST(Cuda, LambStepDoesNotWaitForTheGpu) {
+  if (!haveGpu()) {
+    GTEST_SKIP() << "no CUDA device visible: checked on the GPU machine";
+  }
+  Model cpu(lambSpecs());
+  GpuModel gpu(cpu.params());
+  OptimizerOptions o;
+  o.threads = 2;
+  LambRule::Hyper h;
+  h.lr = 0.01;
+  auto a = Lamb::create(cpu.params(), h, o);
+  auto b = Lamb::create(gpu.params, h, o);
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  ASSERT_TRUE((*b)->fuse().isOk());
+  cpu.fillGrads(3);
+  gpu.uploadGrads(cpu.params());
+  ASSERT_TRUE((*a)->plainStep().isOk());
+  ASSERT_TRUE((*b)->fuseStep().isOk());  // warm-up: buffers and layouts
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  static int sleepMs = 2000;
+  ASSERT_EQ(cudaLaunchHostFunc(nullptr, sleepOnStream, &sleepMs), cudaSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE((*b)->fuseStep().isOk());
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 1000.0) << "3 LAMB steps waited for the stream (" << ms << " ms)";
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE((*a)->plainStep().isOk());
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(gpu.snapshot(), cpu.snapshot());
 }
 
 TEST(Cuda, InfGradientSkipsTheStepOnTheGpu) {

@@ -212,6 +212,61 @@ TEST(FusedEqualsPlain, LambWithPerTensorNorms) {
   expectFusedEqualsPlain<Lamb>(a, b);
 }
 
+// LAMB tensors whose norm is 0 (weights all 0: |p| = 0; gradients always 0 and no weight decay:
+// |u| = 0) take trust 1, fused as per tensor; the layout cuda_test.cc runs on the GPU.
+void expectLambZeroNormsFusedEqualsPlain(bool masterWeights) {
+  const std::vector<Spec> specs = {
+      {3, DataType::kF32},     {4096, DataType::kF32},   {70000, DataType::kF32},
+      {5000, DataType::kF32},  {4097, DataType::kF32},   {9000, DataType::kF32},
+      {12289, DataType::kF64}, {1, DataType::kF64},      {8193, DataType::kF16},
+      {33, DataType::kF16},    {20000, DataType::kBF16}, {513, DataType::kBF16}};
+  constexpr size_t kZeroWeights = 3, kZeroGrads = 5;
+  Model plain(specs), fused(specs);
+  for (Model* m : {&plain, &fused}) {
+    std::memset(m->params()[kZeroWeights].data, 0, m->params()[kZeroWeights].bytes());
+  }
+  OptimizerOptions o;
+  o.threads = 2;
+  o.masterWeights = masterWeights;
+  std::vector<Lamb::Group> groups(2);
+  groups[0].hyper.lr = 0.01;
+  groups[0].hyper.weightDecay = 0.05;
+  groups[1].hyper.lr = 0.02;
+  groups[1].hyper.weightDecay = 0.0;
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    groups[(i == static_cast<int>(kZeroGrads) || i % 3 == 1) ? 1 : 0].params.push_back(i);
+  }
+  auto a = Lamb::create(plain.params(), groups, o);
+  auto b = Lamb::create(fused.params(), groups, o);
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  ASSERT_TRUE((*b)->fuse().isOk());
+  const std::vector<uint8_t> zeroGradsBefore(
+      static_cast<const uint8_t*>(fused.params()[kZeroGrads].data),
+      static_cast<const uint8_t*>(fused.params()[kZeroGrads].data) +
+          fused.params()[kZeroGrads].bytes());
+  for (int step = 0; step < 8; ++step) {
+    for (Model* m : {&plain, &fused}) {
+      m->fillGrads(step);
+      std::memset(m->params()[kZeroGrads].grad, 0, m->params()[kZeroGrads].bytes());
+    }
+    ASSERT_TRUE((*a)->plainStep().isOk());
+    ASSERT_TRUE((*b)->step().isOk());
+    EXPECT_GT((*b)->lastFusedRuns(), 0u);
+    ASSERT_EQ(fused.snapshot(), plain.snapshot()) << "step " << step << " master " << masterWeights;
+  }
+  EXPECT_EQ(
+      std::memcmp(fused.params()[kZeroGrads].data, zeroGradsBefore.data(), zeroGradsBefore.size()),
+      0);
+  const std::vector<uint8_t> zeros(fused.params()[kZeroWeights].bytes(), 0);
+  EXPECT_NE(std::memcmp(fused.params()[kZeroWeights].data, zeros.data(), zeros.size()), 0);
+}
+
+TEST(FusedEqualsPlain, LambZeroNormTensorsTakeTrustOne) {
+  expectLambZeroNormsFusedEqualsPlain(true);
+  expectLambZeroNormsFusedEqualsPlain(false);
+}
+
 TEST(FusedEqualsPlain, HalfParametersWithoutMasterWeights) {
   AdamRule::Hyper a, b;
   b.weightDecay = 0.5;
