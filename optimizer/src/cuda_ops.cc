@@ -100,6 +100,7 @@ struct CudaTrustScratch::Impl {
   void* trust = nullptr;
   size_t uBytes = 0, partialsBytes = 0, trustBytes = 0;
   std::vector<TrustLayout> layouts;
+  size_t lastFound = 0;
   uint64_t clock = 0;
 
   ~Impl() { release(); }
@@ -119,6 +120,7 @@ struct CudaTrustScratch::Impl {
     u = partials = trust = nullptr;
     uBytes = partialsBytes = trustBytes = 0;
     layouts.clear();
+    lastFound = 0;
   }
   static Status grow(void** p, size_t* have, size_t need) {
     if (*have >= need) {
@@ -138,10 +140,15 @@ struct CudaTrustScratch::Impl {
   // the kernels use). Steady state: a compare of numSegments sizes, no CUDA call.
   Status layoutFor(const size_t* segments, size_t numSegments, const TrustLayout** out) {
     ++clock;
-    for (TrustLayout& l : layouts) {
+    // Ranges come in the same order every step: start after the last one found, so a steady
+    // state finds each layout at the first compare.
+    for (size_t k = 0; k < layouts.size(); ++k) {
+      const size_t i = (lastFound + 1 + k) % layouts.size();
+      TrustLayout& l = layouts[i];
       if (l.sizes.size() == numSegments &&
           std::memcmp(l.sizes.data(), segments, numSegments * sizeof(size_t)) == 0) {
         l.lastUse = clock;
+        lastFound = i;
         *out = &l;
         return Status::ok();
       }
@@ -184,6 +191,7 @@ struct CudaTrustScratch::Impl {
     }
     l.lastUse = clock;
     layouts.push_back(std::move(l));
+    lastFound = layouts.size() - 1;
     *out = &layouts.back();
     return Status::ok();
   }
