@@ -2,12 +2,12 @@
 // with autotuning against the default and against the best fixed bucket size of a grid sweep,
 // all in the same run (same process, same process group).
 //
-//   bagua-autotune-bench [--world 4] [--layers 64] [--tensors 8] [--numel 1024]
-//                        [--fwd_us 3000] [--bwd_us 150] [--default_kib 10240]
-//                        [--iters 60] [--rounds 3] [--samples 14] [--window_s 0.8]
-//                        [--warmup_s 1] [--seed 0]
-//                        [--transport auto|engine] [--net_streams 4] [--segment_kib 8]
-//                        [--grid_segments_kib 8,32,128,512]
+//   bagua-autotune-bench [--world=4] [--layers=64] [--tensors=8] [--numel=1024]
+//                        [--fwd_us=3000] [--bwd_us=150] [--default_kib=10240]
+//                        [--iters=60] [--rounds=3] [--samples=14] [--window_s=0.8]
+//                        [--warmup_s=1] [--seed=0]
+//                        [--transport=auto|engine] [--net_streams=4] [--segment_kib=8]
+//                        [--grid_segments_kib=8,32,128,512]
 //
 // The model: `layers` layers of `tensors` f32 gradients of `numel` elements each (many small
 // tensors). Each iteration sleeps `fwd_us` for the forward pass, then per layer (last first)
@@ -85,13 +85,34 @@ struct Args {
   std::vector<uint64_t> gridSegmentsKib = {8, 32, 128, 512};
 };
 
-bool parseArgs(int argc, char** argv, Args* a) {
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: bagua-autotune-bench [--world=4] [--layers=64] [--tensors=8] "
+               "[--numel=1024]\n"
+               "         [--fwd_us=3000] [--bwd_us=150] [--default_kib=10240] [--iters=60]\n"
+               "         [--rounds=3] [--samples=14] [--window_s=0.8] [--warmup_s=1] "
+               "[--seed=0]\n"
+               "         [--transport=auto|engine] [--net_streams=4] [--segment_kib=8]\n"
+               "         [--grid_segments_kib=8,32,128,512]\n"
+               "Autotuned bucket layout against Bagua's default and a grid sweep's best, same "
+               "run\n(ranks are threads over loopback). Options take the --key=value form.\n"
+               "Limits: world, layers, tensors, numel, net_streams >= 1; iters >= 2; "
+               "segment_kib >= 4.\n");
+}
+
+// Returns 1 to run, 0 after --help, -1 on a bad argument (reported).
+int parseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
+    if (s == "--help" || s == "-h") {
+      usage(stdout);
+      return 0;
+    }
     const size_t eq = s.find('=');
     if (s.rfind("--", 0) != 0 || eq == std::string::npos) {
       std::fprintf(stderr, "bad argument '%s' (expected --key=value)\n", s.c_str());
-      return false;
+      usage(stderr);
+      return -1;
     }
     const std::string k = s.substr(2, eq - 2);
     const std::string v = s.substr(eq + 1);
@@ -125,7 +146,7 @@ bool parseArgs(int argc, char** argv, Args* a) {
     } else if (k == "transport") {
       if (v != "auto" && v != "engine") {
         std::fprintf(stderr, "--transport must be auto or engine\n");
-        return false;
+        return -1;
       }
       a->engine = v == "engine";
     } else if (k == "net_streams") {
@@ -142,11 +163,17 @@ bool parseArgs(int argc, char** argv, Args* a) {
       }
     } else {
       std::fprintf(stderr, "unknown option --%s\n", k.c_str());
-      return false;
+      usage(stderr);
+      return -1;
     }
   }
-  return a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2 &&
-         a->netStreams >= 1 && a->segmentKib >= 4 && !a->gridSegmentsKib.empty();
+  if (!(a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2 &&
+        a->netStreams >= 1 && a->segmentKib >= 4 && !a->gridSegmentsKib.empty())) {
+    std::fprintf(stderr, "bagua-autotune-bench: an option is out of range\n");
+    usage(stderr);
+    return -1;
+  }
+  return 1;
 }
 
 // A transport setting of the engine (what core::setHostTuning applies).
@@ -450,8 +477,9 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parseArgs(argc, argv, &a)) {
-    return 2;
+  const int parsed = parseArgs(argc, argv, &a);
+  if (parsed <= 0) {
+    return parsed == 0 ? 0 : 2;
   }
   if (a.engine) {
     // The starting transport setting comes from core's parameters, as in a training job.

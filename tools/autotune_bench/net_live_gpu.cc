@@ -22,6 +22,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -269,11 +270,13 @@ bool parse(int argc, char** argv, Options* o) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) {
-    std::fprintf(stderr,
+  const bool help =
+      argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+  if (help || !parse(argc, argv, &o)) {
+    std::fprintf(help ? stdout : stderr,
                  "usage: bagua-autotune-net-live-bench [--bytes 32M] [--iters 10] [--rounds 3] "
                  "[--samples 16]\n");
-    return 2;
+    return help ? 0 : 2;
   }
   // Rank 1 is forked before CUDA is touched; rank 0 makes the NCCL id and pipes it over.
   int fds[2];
