@@ -14,11 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,7 +88,15 @@ int parseArgs(int argc, char** argv, Options* o) {
     if (eq != std::string::npos) {
       key = a.substr(0, eq);
       value = a.substr(eq + 1);
-    } else {
+    }
+    static const char* const kKnown[] = {
+        "--nproc_per_node", "--nproc-per-node", "--nnodes",      "--node_rank",   "--node-rank",
+        "--master_addr",    "--master-addr",    "--master_port", "--master-port", "--grace_s"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+      std::fprintf(stderr, "baguarun: unknown option %s\n", key.c_str());
+      return 2;
+    }
+    if (eq == std::string::npos) {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "baguarun: %s needs a value\n", a.c_str());
         return 2;
