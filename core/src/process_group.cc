@@ -136,6 +136,9 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
 
 Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store> store,
                                                            const ProcessGroupOptions& options) {
+  // Logging reads its parameters lazily and can only warn about a bad value; initialisation is
+  // where a bad BAGUA_LOG_* must stop the job, as a bad value of any other knob does.
+  BAGUA_RETURN_IF_ERROR(baseParams().loadAll());
   ProcessGroupOptions o = options;
   if (o.rendezvousTimeout.count() <= 0) {
     BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::rendezvousTimeoutMs().get());

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "bagua/base/params.h"
 #include "bagua/core/process_group.h"
 #include "multi_rank.h"
 
@@ -476,6 +477,19 @@ TEST(HostCommunicator, RejectsBadArgumentsWithoutEnqueueing) {
   EXPECT_EQ(c.allReduce(nullptr, nullptr, 5, DataType::kF32, ReduceOp::kSum)->status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(c.send(nullptr, 0, DataType::kF32, 7)->status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ProcessGroupInit, FailsOnABadLoggingValueNamingTheKey) {
+  ScopedEnvForTesting env(baseParams(), {{"BAGUA_LOG_LEVEL", "loud"}});
+  auto store = std::make_shared<InMemoryStore>();
+  ProcessGroupOptions o;
+  o.hierarchical = false;
+  auto pg = ProcessGroup::create(store, o);
+  ASSERT_FALSE(pg.isOk());
+  const std::string m = pg.status().toString();
+  EXPECT_EQ(pg.status().code(), StatusCode::kInvalidArgument) << m;
+  EXPECT_NE(m.find("BAGUA_LOG_LEVEL='loud'"), std::string::npos) << m;
+  EXPECT_NE(m.find("warn"), std::string::npos) << m;  // the accepted values are listed
 }
 
 TEST(HalfConversions, RoundTripAndRounding) {
