@@ -523,7 +523,9 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
   sockaddr_storage sa{};
   socklen_t salen = 0;
   if (!parseHostPort(v6 ? "[" + addr + "]:0" : addr + ":0", &sa, &salen)) {
-    return BAGUA_ERROR(kInvalidArgument, "host backend: cannot listen on '%s' (not an IP address)",
+    return BAGUA_ERROR(kInvalidArgument,
+                       "host backend: cannot listen on '%s' (not an IP address; "
+                       "BAGUA_HOST_LISTEN_ADDR, when set, must be an IP address of this host)",
                        addr.c_str());
   }
   if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&sa), salen) != 0 ||
