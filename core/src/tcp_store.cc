@@ -315,7 +315,8 @@ class TcpStoreServer::Impl {
     if (ec) {
       return BAGUA_ERROR(kUnavailable,
                          "TCP store: cannot listen on %s:%d: %s (is another job using the port? "
-                         "set MASTER_PORT)",
+                         "pick another MASTER_PORT: baguarun --master_port P, or 0 for a free "
+                         "one)",
                          host.c_str(), port, ec.message().c_str());
     }
     port_ = acceptor_.local_endpoint().port();
