@@ -286,6 +286,38 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
     }
     BAGUA_RETURN_IF_ERROR(impl_->initOperations(b));
   }
+  // A parameter whose gradient is a view into an old bucket but that is in no new bucket would
+  // be left pointing at freed memory: give it its own memory holding the current gradient.
+  if (options_.gradientAsBucketView) {
+    for (size_t pi = 0; pi < params_.size(); ++pi) {
+      Parameter& p = params_[pi];
+      if (tensorOfParam_[pi] >= 0 || p.grad == nullptr) {
+        continue;
+      }
+      const auto* g = static_cast<const uint8_t*>(p.grad);
+      const Bucket* old = nullptr;
+      for (const Bucket& ob : buckets_) {
+        const auto* base = static_cast<const uint8_t*>(ob.flat);
+        if (base != nullptr && g >= base && g < base + ob.bytes()) {
+          old = &ob;
+        }
+      }
+      if (old == nullptr) {
+        continue;
+      }
+      if (old->device.type != DeviceType::kCpu) {
+        return BAGUA_ERROR(kFailedPrecondition,
+                           "'%s' leaves the buckets while its gradient is a bucket view on a "
+                           "device; set gradient_as_bucket_view=false for this algorithm",
+                           p.name.c_str());
+      }
+      ownGrads_.resize(params_.size());
+      std::vector<uint8_t>& own = ownGrads_[pi];
+      own.assign(g, g + p.bytes());
+      p.setGrad(own.data());
+      p.grad = own.data();
+    }
+  }
   buckets_ = std::move(buckets);
   storage_ = std::move(storage);
 #if BAGUA_CORE_WITH_NCCL

@@ -146,6 +146,9 @@ class DistributedDataParallel {
   std::vector<int> tensorOfParam_;  // param index -> tensor index or -1
   std::vector<Bucket> buckets_;
   std::vector<std::vector<uint8_t>> storage_;  // one flat allocation per host bucket
+  // Own gradient memory of host parameters that were bucket views and are in no bucket after a
+  // rebuild (an algorithm's later stage reducing fewer tensors, e.g. async after its warm-up).
+  std::vector<std::vector<uint8_t>> ownGrads_;
   // One cudaMalloc'd allocation per device bucket (null for host buckets), the copy stream, the
   // event marking the trainer's stream, and one "gradients copied" event per bucket.
   std::vector<void*> deviceStorage_;
