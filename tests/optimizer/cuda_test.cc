@@ -187,34 +187,19 @@ TEST(Cuda, BackToBackStepsWithoutSynchronisationEqualCpu) {
 // (|p| = 0: trust 1) and one whose gradients stay 0 with no weight decay (|u| = 0: trust 1, the
 // tensor never moves), in f32, f64, f16 and bf16 (with and without master weights), over two
 // groups; bit for bit against the CPU after every step, states included.
-std::vector<testing::Spec> lambSpecs() {
-  return {{3, DataType::kF32},     {4096, DataType::kF32},   {70000, DataType::kF32},
-          {5000, DataType::kF32},  {4097, DataType::kF32},   {9000, DataType::kF32},
-          {12289, DataType::kF64}, {1, DataType::kF64},      {8193, DataType::kF16},
-          {33, DataType::kF16},    {20000, DataType::kBF16}, {513, DataType::kBF16}};
-}
-constexpr size_t kZeroWeights = 3;  // |p| = 0 at the first step
-constexpr size_t kZeroGrads = 5;    // |u| = 0 every step (group 1 has no weight decay)
-
 void zeroTensor(void* p, size_t bytes) {
   std::memset(p, 0, bytes);
 }
 
 void expectLambCudaEqualsCpu(bool masterWeights) {
-  Model cpu(lambSpecs());
-  zeroTensor(cpu.params()[kZeroWeights].data, cpu.params()[kZeroWeights].bytes());
+  Model cpu(testing::lambZeroNormSpecs());
+  zeroTensor(cpu.params()[testing::kLambZeroWeights].data,
+             cpu.params()[testing::kLambZeroWeights].bytes());
   GpuModel gpu(cpu.params());
   OptimizerOptions o;
   o.threads = 2;
   o.masterWeights = masterWeights;
-  std::vector<Lamb::Group> groups(2);
-  groups[0].hyper.lr = 0.01;
-  groups[0].hyper.weightDecay = 0.05;
-  groups[1].hyper.lr = 0.02;
-  groups[1].hyper.weightDecay = 0.0;
-  for (int i = 0; i < static_cast<int>(lambSpecs().size()); ++i) {
-    groups[(i == static_cast<int>(kZeroGrads) || i % 3 == 1) ? 1 : 0].params.push_back(i);
-  }
+  const std::vector<Lamb::Group> groups = testing::lambZeroNormGroups();
   auto a = Lamb::create(cpu.params(), groups, o);
   auto b = Lamb::create(gpu.params, groups, o);
   ASSERT_TRUE(a.isOk()) << a.status().toString();
@@ -223,7 +208,8 @@ void expectLambCudaEqualsCpu(bool masterWeights) {
   const auto zeroGradsBefore = gpu.snapshot();
   for (int step = 0; step < 8; ++step) {
     cpu.fillGrads(step);
-    zeroTensor(cpu.params()[kZeroGrads].grad, cpu.params()[kZeroGrads].bytes());
+    zeroTensor(cpu.params()[testing::kLambZeroGrads].grad,
+               cpu.params()[testing::kLambZeroGrads].bytes());
     gpu.uploadGrads(cpu.params());
     ASSERT_TRUE((*a)->plainStep().isOk());
     Status s = (*b)->step();
@@ -239,14 +225,15 @@ void expectLambCudaEqualsCpu(bool masterWeights) {
   // The tensor with |u| = 0 did not move; the one that started at 0 did (trust 1, not 0/0).
   const auto after = gpu.snapshot();
   size_t at = 0;
-  for (size_t t = 0; t < kZeroGrads; ++t) {
+  for (size_t t = 0; t < testing::kLambZeroGrads; ++t) {
     at += gpu.params[t].bytes();
   }
-  const size_t n = gpu.params[kZeroGrads].bytes();
+  const size_t n = gpu.params[testing::kLambZeroGrads].bytes();
   EXPECT_EQ(std::memcmp(after.data() + at, zeroGradsBefore.data() + at, n), 0);
-  std::vector<uint8_t> zeros(gpu.params[kZeroWeights].bytes(), 0);
+  std::vector<uint8_t> zeros(gpu.params[testing::kLambZeroWeights].bytes(), 0);
   std::vector<uint8_t> moved(zeros.size());
-  cudaMemcpy(moved.data(), gpu.params[kZeroWeights].data, moved.size(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(moved.data(), gpu.params[testing::kLambZeroWeights].data, moved.size(),
+             cudaMemcpyDeviceToHost);
   EXPECT_NE(moved, zeros);
 }
 
@@ -271,7 +258,7 @@ TEST(Cuda, LambStepDoesNotWaitForTheGpu) {
   if (!haveGpu()) {
     GTEST_SKIP() << "no CUDA device visible: checked on the GPU machine";
   }
-  Model cpu(lambSpecs());
+  Model cpu(testing::lambZeroNormSpecs());
   GpuModel gpu(cpu.params());
   OptimizerOptions o;
   o.threads = 2;

@@ -215,12 +215,9 @@ TEST(FusedEqualsPlain, LambWithPerTensorNorms) {
 // LAMB tensors whose norm is 0 (weights all 0: |p| = 0; gradients always 0 and no weight decay:
 // |u| = 0) take trust 1, fused as per tensor; the layout cuda_test.cc runs on the GPU.
 void expectLambZeroNormsFusedEqualsPlain(bool masterWeights) {
-  const std::vector<Spec> specs = {
-      {3, DataType::kF32},     {4096, DataType::kF32},   {70000, DataType::kF32},
-      {5000, DataType::kF32},  {4097, DataType::kF32},   {9000, DataType::kF32},
-      {12289, DataType::kF64}, {1, DataType::kF64},      {8193, DataType::kF16},
-      {33, DataType::kF16},    {20000, DataType::kBF16}, {513, DataType::kBF16}};
-  constexpr size_t kZeroWeights = 3, kZeroGrads = 5;
+  const std::vector<Spec> specs = testing::lambZeroNormSpecs();
+  constexpr size_t kZeroWeights = testing::kLambZeroWeights;
+  constexpr size_t kZeroGrads = testing::kLambZeroGrads;
   Model plain(specs), fused(specs);
   for (Model* m : {&plain, &fused}) {
     std::memset(m->params()[kZeroWeights].data, 0, m->params()[kZeroWeights].bytes());
@@ -228,14 +225,7 @@ void expectLambZeroNormsFusedEqualsPlain(bool masterWeights) {
   OptimizerOptions o;
   o.threads = 2;
   o.masterWeights = masterWeights;
-  std::vector<Lamb::Group> groups(2);
-  groups[0].hyper.lr = 0.01;
-  groups[0].hyper.weightDecay = 0.05;
-  groups[1].hyper.lr = 0.02;
-  groups[1].hyper.weightDecay = 0.0;
-  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-    groups[(i == static_cast<int>(kZeroGrads) || i % 3 == 1) ? 1 : 0].params.push_back(i);
-  }
+  const std::vector<Lamb::Group> groups = testing::lambZeroNormGroups();
   auto a = Lamb::create(plain.params(), groups, o);
   auto b = Lamb::create(fused.params(), groups, o);
   ASSERT_TRUE(a.isOk()) << a.status().toString();

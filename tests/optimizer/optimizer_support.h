@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bagua/core/parameter.h"
+#include "bagua/optimizer/elementwise.h"
 #include "bagua/optimizer/rules.h"
 
 namespace bagua::optim::testing {
@@ -123,5 +124,34 @@ class Model {
   std::vector<core::Parameter> params_;
   int setGradCalls_ = 0;
 };
+
+// LAMB with zero-norm tensors, stepped on the CPU by fused_test.cc (fused against per tensor) and
+// on the GPU by cuda_test.cc (CUDA against CPU): tensors of one norm block, of exactly a block
+// and of many blocks, in f32, f64, f16 and bf16; tensor kLambZeroWeights is to be zeroed before
+// the first step (|p| = 0: trust 1) and tensor kLambZeroGrads sits in group 1, which has no
+// weight decay, so with its zero gradients |u| = 0 every step (trust 1, it never moves).
+inline std::vector<Spec> lambZeroNormSpecs() {
+  return {
+      {3, core::DataType::kF32},     {4096, core::DataType::kF32},   {70000, core::DataType::kF32},
+      {5000, core::DataType::kF32},  {4097, core::DataType::kF32},   {9000, core::DataType::kF32},
+      {12289, core::DataType::kF64}, {1, core::DataType::kF64},      {8193, core::DataType::kF16},
+      {33, core::DataType::kF16},    {20000, core::DataType::kBF16}, {513, core::DataType::kBF16}};
+}
+constexpr size_t kLambZeroWeights = 3;
+constexpr size_t kLambZeroGrads = 5;
+
+// The two groups of that layout: group 0 lr 0.01 with weight decay 0.05, group 1 lr 0.02 without.
+inline std::vector<Lamb::Group> lambZeroNormGroups() {
+  std::vector<Lamb::Group> groups(2);
+  groups[0].hyper.lr = 0.01;
+  groups[0].hyper.weightDecay = 0.05;
+  groups[1].hyper.lr = 0.02;
+  groups[1].hyper.weightDecay = 0.0;
+  const size_t n = lambZeroNormSpecs().size();
+  for (size_t i = 0; i < n; ++i) {
+    groups[(i == kLambZeroGrads || i % 3 == 1) ? 1 : 0].params.push_back(static_cast<int>(i));
+  }
+  return groups;
+}
 
 }  // namespace bagua::optim::testing
