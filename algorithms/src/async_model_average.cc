@@ -90,7 +90,7 @@ class AsyncImpl final : public core::AlgorithmImpl {
       loop_.request_stop();
       wakeCv_.notify_all();
       if (!waitLoopDone(std::chrono::milliseconds(intervalMs_) + std::chrono::seconds(2))) {
-        BAGUA_LOG_WARN(kAlgo,
+        BAGUA_LOG_WARN(kLogAlgo,
                        "async: averaging thread still in a round at shutdown (call abort() on "
                        "every rank before tearing down); aborting its communicator");
         threadGroup_->abort("async model average shutting down without abort()");

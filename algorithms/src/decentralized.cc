@@ -139,7 +139,7 @@ Result<std::unique_ptr<core::AlgorithmImpl>> Decentralized::reify(core::ProcessG
   if (hierarchical_ && group.numNodes() == 1) {
     // One node: the node average is the global average, and shift_one among one leader has no
     // peer (Bagua #380). Exchange among the node's ranks instead.
-    BAGUA_LOG_INFO(kAlgo,
+    BAGUA_LOG_INFO(kLogAlgo,
                    "decentralized: hierarchical=true on a single node; exchanging among its %d "
                    "ranks instead of among node leaders",
                    group.size());

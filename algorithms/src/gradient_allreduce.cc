@@ -97,7 +97,7 @@ Result<std::unique_ptr<core::AlgorithmImpl>> GradientAllReduce::reify(core::Proc
     const int v = ncclVersion();
     sumThenDivide = v > 0 && v < kNcclAvgVersion;
     if (sumThenDivide) {
-      BAGUA_LOG_WARN(kAlgo,
+      BAGUA_LOG_WARN(kLogAlgo,
                      "gradient_allreduce: NCCL %d has no ncclAvg; averaging by SUM all-reduce "
                      "and a division by the world size",
                      v);

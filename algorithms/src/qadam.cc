@@ -136,7 +136,7 @@ void QAdamOptimizer::zeroGrad() {
     const detail::Exec& x = state_[k]->exec;
     Status s = detail::zeroBytes(x, p.grad, p.bytes());
     if (!s.isOk()) {
-      BAGUA_LOG_WARN(kAlgo, "qadam: zeroGrad of '%s': %s", p.name.c_str(), s.toString().c_str());
+      BAGUA_LOG_WARN(kLogAlgo, "qadam: zeroGrad of '%s': %s", p.name.c_str(), s.toString().c_str());
     }
     if (x.device && std::find(devices.begin(), devices.end(), x.deviceIndex) == devices.end()) {
       devices.push_back(x.deviceIndex);
@@ -145,7 +145,7 @@ void QAdamOptimizer::zeroGrad() {
   for (int d : devices) {
     Status s = detail::sync(detail::Exec{true, d}, options_.deviceTimeout);
     if (!s.isOk()) {
-      BAGUA_LOG_WARN(kAlgo, "qadam: zeroGrad on cuda:%d: %s", d, s.toString().c_str());
+      BAGUA_LOG_WARN(kLogAlgo, "qadam: zeroGrad on cuda:%d: %s", d, s.toString().c_str());
     }
   }
 }

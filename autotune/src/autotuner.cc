@@ -248,7 +248,7 @@ void Autotuner::claimKnobs() {
     std::optional<std::string> owner =
         KnobOwners::process().claim(k.resource, ownerId_, options_.model);
     if (owner) {
-      BAGUA_LOG_INFO(kTune,
+      BAGUA_LOG_INFO(kLogTune,
                      "autotune: knob %s dropped from model %s: model %s already tunes it (%s); "
                      "one tuner per shared knob in a process",
                      k.dimension.name.c_str(), options_.model.c_str(), owner->c_str(),
@@ -263,8 +263,8 @@ void Autotuner::claimKnobs() {
 void Autotuner::releaseKnobs() {
   const std::vector<std::string> freed = KnobOwners::process().releaseAll(ownerId_);
   if (!freed.empty()) {
-    BAGUA_LOG_INFO(kTune, "autotune: model %s gives back shared knob(s) %s", options_.model.c_str(),
-                   showNames(joinNames(freed)).c_str());
+    BAGUA_LOG_INFO(kLogTune, "autotune: model %s gives back shared knob(s) %s",
+                   options_.model.c_str(), showNames(joinNames(freed)).c_str());
   }
 }
 
@@ -334,7 +334,7 @@ Status Autotuner::init() {
   if (o.enabled) {
     r.enabled = *o.enabled;
   } else {
-    BAGUA_ASSIGN_OR_RETURN(int64_t level, AutotuneParams::level().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t level, autotuneParams().level.get());
     r.enabled = level >= 1;
   }
   auto pick = [](const auto& opt, auto& param, auto& dst) -> Status {
@@ -346,20 +346,20 @@ Status Autotuner::init() {
     dst = static_cast<std::remove_reference_t<decltype(dst)>>(v);
     return Status::ok();
   };
-  BAGUA_RETURN_IF_ERROR(pick(o.maxSamples, AutotuneParams::maxSamples(), r.maxSamples));
-  BAGUA_RETURN_IF_ERROR(pick(o.warmupTimeS, AutotuneParams::warmupTimeS(), r.warmupS));
+  BAGUA_RETURN_IF_ERROR(pick(o.maxSamples, autotuneParams().maxSamples, r.maxSamples));
+  BAGUA_RETURN_IF_ERROR(pick(o.warmupTimeS, autotuneParams().warmupTimeS, r.warmupS));
   BAGUA_RETURN_IF_ERROR(
-      pick(o.samplingConfidenceTimeS, AutotuneParams::samplingConfidenceTimeS(), r.confidenceS));
-  BAGUA_RETURN_IF_ERROR(pick(o.checkInterval, AutotuneParams::checkInterval(), r.checkInterval));
-  BAGUA_RETURN_IF_ERROR(pick(o.initialSamples, AutotuneParams::initialSamples(), r.initialSamples));
-  BAGUA_RETURN_IF_ERROR(pick(o.seed, AutotuneParams::seed(), r.seed));
-  BAGUA_RETURN_IF_ERROR(pick(o.logFile, AutotuneParams::logFile(), r.logFile));
-  BAGUA_RETURN_IF_ERROR(pick(o.saveFile, AutotuneParams::saveFile(), r.saveFile));
-  BAGUA_RETURN_IF_ERROR(pick(o.loadFile, AutotuneParams::loadFile(), r.loadFile));
+      pick(o.samplingConfidenceTimeS, autotuneParams().samplingConfidenceTimeS, r.confidenceS));
+  BAGUA_RETURN_IF_ERROR(pick(o.checkInterval, autotuneParams().checkInterval, r.checkInterval));
+  BAGUA_RETURN_IF_ERROR(pick(o.initialSamples, autotuneParams().initialSamples, r.initialSamples));
+  BAGUA_RETURN_IF_ERROR(pick(o.seed, autotuneParams().seed, r.seed));
+  BAGUA_RETURN_IF_ERROR(pick(o.logFile, autotuneParams().logFile, r.logFile));
+  BAGUA_RETURN_IF_ERROR(pick(o.saveFile, autotuneParams().saveFile, r.saveFile));
+  BAGUA_RETURN_IF_ERROR(pick(o.loadFile, autotuneParams().loadFile, r.loadFile));
   if (o.waitTimeout) {
     r.wait = *o.waitTimeout;
   } else {
-    BAGUA_ASSIGN_OR_RETURN(double w, AutotuneParams::serverWaitTimeS().get());
+    BAGUA_ASSIGN_OR_RETURN(double w, autotuneParams().serverWaitTimeS.get());
     r.wait = std::chrono::milliseconds(static_cast<int64_t>(w * 1000.0));
   }
   r.paired = o.pairedReference;
@@ -395,7 +395,7 @@ Status Autotuner::init() {
   if (tensorNames_.empty()) {
     state_ = State::kSkipped;
     options_.knobs.clear();
-    BAGUA_LOG_INFO(kTune,
+    BAGUA_LOG_INFO(kLogTune,
                    "autotune: model %s: the algorithm communicates no gradient buckets "
                    "(decentralized, low-precision decentralized and async average weights "
                    "instead), so there is no bucket layout to tune; skipped",
@@ -461,7 +461,7 @@ Status Autotuner::init() {
                            r.loadFile.c_str(), got.size(), o.model.c_str(), have.size());
       }
       start = "load\n" + encode(*s);
-      BAGUA_LOG_INFO(kTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
+      BAGUA_LOG_INFO(kLogTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
                      o.model.c_str(), r.loadFile.c_str(),
                      static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
     }
@@ -509,7 +509,7 @@ Status Autotuner::init() {
     return Status::ok();
   }
   state_ = r.warmupS > 0 ? State::kWarmup : State::kMeasuring;
-  BAGUA_LOG_INFO(kTune,
+  BAGUA_LOG_INFO(kLogTune,
                  "autotune: model %s: %zu tensors (%llu bytes), bucket size searched in [%lld, "
                  "%lld] KiB, %zu extra knob(s), %d samples, warm-up %gs, window %gs",
                  o.model.c_str(), tensorNames_.size(), static_cast<unsigned long long>(total),
@@ -570,7 +570,7 @@ Result<Setting> Autotuner::makeSetting(const Point& point) {
 
 void Autotuner::logTrial(const Trial& t) {
   BAGUA_LOG_INFO(
-      kTune,
+      kLogTune,
       "autotune: model %s trial %d at iteration %lld: bucket %llu bytes (%d buckets)%s "
       "-> %.3f it/s over %.2fs",
       options_.model.c_str(), t.index, static_cast<long long>(t.trainStep),
@@ -592,7 +592,7 @@ void Autotuner::logTrial(const Trial& t) {
   probe.close();
   std::ofstream out(r_->logFile, std::ios::app);
   if (!out) {
-    BAGUA_LOG_WARN(kTune, "autotune: cannot append to the trial log %s", r_->logFile.c_str());
+    BAGUA_LOG_WARN(kLogTune, "autotune: cannot append to the trial log %s", r_->logFile.c_str());
     return;
   }
   if (fresh) {
@@ -687,7 +687,7 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
     currentPoint_ = best;
     state_ = State::kDone;
     *decision = "final\n" + encode(s);
-    BAGUA_LOG_INFO(kTune,
+    BAGUA_LOG_INFO(kLogTune,
                    "autotune: model %s done after %zu trials: bucket %llu bytes, %zu buckets, "
                    "%.3f it/s measured",
                    options_.model.c_str(), trials_.size(),
@@ -695,7 +695,7 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
     if (!r_->saveFile.empty()) {
       Status st = saveSetting(r_->saveFile, options_.model, s);
       if (!st.isOk()) {
-        BAGUA_LOG_WARN(kTune, "autotune: %s", st.toString().c_str());
+        BAGUA_LOG_WARN(kLogTune, "autotune: %s", st.toString().c_str());
       }
     }
     return Status::ok();
@@ -815,7 +815,7 @@ Status Autotuner::onIterationEnd() {
     // The algorithm rebuilt its tensors (e.g. async averaging after its warm-up): every rank
     // sees this at the same iteration.
     state_ = State::kSkipped;
-    BAGUA_LOG_INFO(kTune,
+    BAGUA_LOG_INFO(kLogTune,
                    "autotune: model %s: the algorithm now communicates %zu tensors instead of %zu; "
                    "tuning stopped",
                    options_.model.c_str(), ddp_.tensors().size(), tensorNames_.size());
@@ -913,7 +913,7 @@ class TunableImpl final : public core::AlgorithmImpl {
         return out;
       }
       owner_->layoutValid_ = false;
-      BAGUA_LOG_WARN(kTune,
+      BAGUA_LOG_WARN(kLogTune,
                      "autotune: the tuned layout does not match the algorithm's %zu tensors "
                      "any more; using the algorithm's own buckets",
                      tensors.size());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
 #include "bagua/core/host_tuning.h"
 
@@ -39,7 +40,7 @@ Result<core::HostTuningState> hostState(core::ProcessGroup& group) {
 }
 
 void skip(const char* knob, const std::string& why) {
-  BAGUA_LOG_INFO(kTune, "autotune: knob %s not offered: %s", knob, why.c_str());
+  BAGUA_LOG_INFO(kLogTune, "autotune: knob %s not offered: %s", knob, why.c_str());
 }
 
 }  // namespace

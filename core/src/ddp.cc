@@ -80,7 +80,7 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
   }
   for (const std::string& n : options.paramsToIgnore) {
     if (names.count(n) == 0) {
-      BAGUA_LOG_WARN(kBucket,
+      BAGUA_LOG_WARN(kLogBucket,
                      "paramsToIgnore names '%s', which is neither a parameter nor a buffer",
                      n.c_str());
     }
@@ -96,7 +96,7 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
     }
   }
   if (ddp->timeout_.count() <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, coreParams().collectiveTimeoutMs.get());
     ddp->timeout_ = std::chrono::milliseconds(t);
   }
   BAGUA_RETURN_IF_ERROR(ddp->broadcastState());
@@ -338,9 +338,9 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
     pendingInBucket_[bi] = static_cast<int>(buckets_[bi].tensors.size());
   }
   nextBucket_ = 0;
-  if (logEnabled(LogLevel::kInfo, LogCategory::kBucket)) {
+  if (logEnabled(LogLevel::kInfo, kLogBucket)) {
     for (const Bucket& b : buckets_) {
-      BAGUA_LOG_INFO(kBucket, "bucket %d: %zu tensors, %zu x %s (%zu bytes)", b.index,
+      BAGUA_LOG_INFO(kLogBucket, "bucket %d: %zu tensors, %zu x %s (%zu bytes)", b.index,
                      b.tensors.size(), b.numel, dataTypeName(b.dtype), b.bytes());
     }
   }
@@ -378,7 +378,7 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
   auto assignment = assignInOrder(tensors_, positions, {options_.firstBucketBytes, cap});
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
   rebuilt_ = true;
-  BAGUA_LOG_INFO(kBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
+  BAGUA_LOG_INFO(kLogBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
   return Status::ok();
 }
 

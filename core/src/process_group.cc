@@ -97,30 +97,30 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
   host::HostTransportOptions ht;
   host::SocketTransportOptions& to = ht.socket;
   to.connectTimeout = options.rendezvousTimeout;
-  BAGUA_ASSIGN_OR_RETURN(uint64_t buf, CoreParams::hostSocketBuffer().get());
+  BAGUA_ASSIGN_OR_RETURN(uint64_t buf, coreParams().hostSocketBuffer.get());
   to.socketBuffer = buf;
-  BAGUA_ASSIGN_OR_RETURN(to.listenAddress, CoreParams::hostListenAddr().get());
+  BAGUA_ASSIGN_OR_RETURN(to.listenAddress, coreParams().hostListenAddr.get());
   if (options.hostSharedMemory.has_value()) {
     to.sharedMemory = *options.hostSharedMemory;
   } else {
-    BAGUA_ASSIGN_OR_RETURN(to.sharedMemory, CoreParams::hostShm().get());
+    BAGUA_ASSIGN_OR_RETURN(to.sharedMemory, coreParams().hostShm.get());
   }
-  BAGUA_ASSIGN_OR_RETURN(uint64_t ring, CoreParams::hostShmRingBytes().get());
+  BAGUA_ASSIGN_OR_RETURN(uint64_t ring, coreParams().hostShmRingBytes.get());
   to.sharedMemoryRingBytes = ring;
   host::EngineTransportOptions& te = ht.engine;
   te.connectTimeout = to.connectTimeout;
   te.socketBuffer = to.socketBuffer;
   te.listenAddress = to.listenAddress;
-  BAGUA_ASSIGN_OR_RETURN(int64_t streams, CoreParams::hostNetStreams().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t streams, coreParams().hostNetStreams.get());
   te.streams = static_cast<int>(streams);
-  BAGUA_ASSIGN_OR_RETURN(uint64_t piece, CoreParams::hostSegmentBytes().get());
+  BAGUA_ASSIGN_OR_RETURN(uint64_t piece, coreParams().hostSegmentBytes.get());
   te.pieceBytes = piece;
   if (options.hostTransport.has_value()) {
     ht.kind = *options.hostTransport == HostTransport::kEngine   ? host::TransportKind::kEngine
               : *options.hostTransport == HostTransport::kSocket ? host::TransportKind::kSocket
                                                                  : host::TransportKind::kAuto;
   } else {
-    BAGUA_ASSIGN_OR_RETURN(std::string kind, CoreParams::hostTransport().get());
+    BAGUA_ASSIGN_OR_RETURN(std::string kind, coreParams().hostTransport.get());
     ht.kind = kind == "engine"   ? host::TransportKind::kEngine
               : kind == "socket" ? host::TransportKind::kSocket
                                  : host::TransportKind::kAuto;
@@ -141,11 +141,11 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store
   BAGUA_RETURN_IF_ERROR(baseParams().loadAll());
   ProcessGroupOptions o = options;
   if (o.rendezvousTimeout.count() <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::rendezvousTimeoutMs().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, coreParams().rendezvousTimeoutMs.get());
     o.rendezvousTimeout = std::chrono::milliseconds(t);
   }
   if (o.collectiveTimeout.count() <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, coreParams().collectiveTimeoutMs.get());
     o.collectiveTimeout = std::chrono::milliseconds(t);
   }
   if (o.localWorldSize <= 0) {
@@ -189,7 +189,7 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store
     BAGUA_ASSIGN_OR_RETURN(
         pg->inter_, createCommunicator(o.backend, se, node, o.worldSize / o.localWorldSize, o));
   }
-  BAGUA_LOG_INFO(kInit, "process group '%s': rank %d of %d (local %d of %d), backend %s",
+  BAGUA_LOG_INFO(kLogInit, "process group '%s': rank %d of %d (local %d of %d), backend %s",
                  o.name.c_str(), o.rank, o.worldSize, o.localRank, o.localWorldSize,
                  pg->global_->backendName().c_str());
   return pg;
@@ -197,12 +197,12 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store
 
 Result<EnvInit> readEnvInit() {
   EnvInit e;
-  BAGUA_ASSIGN_OR_RETURN(e.masterAddr, CoreParams::masterAddr().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t port, CoreParams::masterPort().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t rank, CoreParams::rank().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t world, CoreParams::worldSize().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t localRank, CoreParams::localRank().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t localWorld, CoreParams::localWorldSize().get());
+  BAGUA_ASSIGN_OR_RETURN(e.masterAddr, coreParams().masterAddr.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t port, coreParams().masterPort.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t rank, coreParams().rank.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t world, coreParams().worldSize.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t localRank, coreParams().localRank.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t localWorld, coreParams().localWorldSize.get());
   e.masterPort = static_cast<int>(port);
   e.rank = static_cast<int>(rank);
   e.worldSize = static_cast<int>(world);
@@ -225,7 +225,7 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::initFromEnv(ProcessGroupOpti
   options.localRank = e.localRank;
   options.localWorldSize = e.localWorldSize;
   if (options.rendezvousTimeout.count() <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::rendezvousTimeoutMs().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, coreParams().rendezvousTimeoutMs.get());
     options.rendezvousTimeout = std::chrono::milliseconds(t);
   }
   std::unique_ptr<TcpStoreServer> server;

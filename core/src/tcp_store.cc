@@ -391,7 +391,7 @@ class TcpStoreServer::Impl {
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port) {
   auto impl = std::make_unique<Impl>();
   BAGUA_RETURN_IF_ERROR(impl->listen(host, port));
-  BAGUA_LOG_INFO(kInit, "TCP store server listening on %s:%d", host.c_str(), impl->port_);
+  BAGUA_LOG_INFO(kLogInit, "TCP store server listening on %s:%d", host.c_str(), impl->port_);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 
@@ -500,7 +500,7 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& optio
                           sizeof(buf));
             }
           }
-          BAGUA_LOG_DEBUG(kInit, "connected to TCP store %s after %d attempt(s)", server.c_str(),
+          BAGUA_LOG_DEBUG(kLogInit, "connected to TCP store %s after %d attempt(s)", server.c_str(),
                           attempts);
           return std::unique_ptr<TcpStore>(new TcpStore(fd, server, buf));
         }

@@ -52,26 +52,26 @@ Result<std::vector<RedisHost>> parseRedisHosts(std::string_view text) {
 
 Result<RedisOptions> RedisOptions::fromParams() {
   RedisOptions o;
-  BAGUA_ASSIGN_OR_RETURN(std::string hosts, params::redisHosts().get());
+  BAGUA_ASSIGN_OR_RETURN(std::string hosts, cacheParams().redisHosts.get());
   BAGUA_ASSIGN_OR_RETURN(o.hosts, parseRedisHosts(hosts));
-  BAGUA_ASSIGN_OR_RETURN(o.clusterMode, params::redisClusterMode().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t rank, params::redisNodeRank().get());
+  BAGUA_ASSIGN_OR_RETURN(o.clusterMode, cacheParams().redisClusterMode.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t rank, cacheParams().redisNodeRank.get());
   o.nodeRank = static_cast<int>(rank);
-  BAGUA_ASSIGN_OR_RETURN(int64_t spawn, params::redisSpawn().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t spawn, cacheParams().redisSpawn.get());
   o.spawn = static_cast<int>(spawn);
-  BAGUA_ASSIGN_OR_RETURN(o.capacityPerNode, params::redisCapacityPerNode().get());
-  BAGUA_ASSIGN_OR_RETURN(o.maxMemoryPolicy, params::redisPolicy().get());
-  BAGUA_ASSIGN_OR_RETURN(o.serverBinary, params::redisServer().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t timeoutMs, params::redisTimeoutMs().get());
+  BAGUA_ASSIGN_OR_RETURN(o.capacityPerNode, cacheParams().redisCapacityPerNode.get());
+  BAGUA_ASSIGN_OR_RETURN(o.maxMemoryPolicy, cacheParams().redisPolicy.get());
+  BAGUA_ASSIGN_OR_RETURN(o.serverBinary, cacheParams().redisServer.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t timeoutMs, cacheParams().redisTimeoutMs.get());
   o.timeout = std::chrono::milliseconds(timeoutMs);
-  BAGUA_ASSIGN_OR_RETURN(int64_t retryMs, params::redisRetryMs().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t retryMs, cacheParams().redisRetryMs.get());
   o.retryInterval = std::chrono::milliseconds(retryMs);
   return o;
 }
 
 Result<CacheOptions> CacheOptions::fromParams() {
   CacheOptions o;
-  BAGUA_ASSIGN_OR_RETURN(std::string backend, params::backend().get());
+  BAGUA_ASSIGN_OR_RETURN(std::string backend, cacheParams().backend.get());
   o.backend = backend == "redis" ? BackendKind::kRedis : BackendKind::kEmbedded;
   BAGUA_ASSIGN_OR_RETURN(o.embedded, EmbeddedOptions::fromParams());
   BAGUA_ASSIGN_OR_RETURN(o.redis, RedisOptions::fromParams());

@@ -39,9 +39,9 @@ class NoCache final : public CacheBackend {
 Result<CacheLoaderOptions> CacheLoaderOptions::fromParams(std::string datasetName) {
   CacheLoaderOptions o;
   o.datasetName = std::move(datasetName);
-  BAGUA_ASSIGN_OR_RETURN(int64_t buffer, params::writerBufferSize().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t buffer, cacheParams().writerBufferSize.get());
   o.writerBufferSize = static_cast<size_t>(buffer);
-  BAGUA_ASSIGN_OR_RETURN(int64_t every, params::flushEveryReads().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t every, cacheParams().flushEveryReads.get());
   o.flushEveryReads = static_cast<uint64_t>(every);
   return o;
 }
@@ -61,7 +61,7 @@ CacheLoader::CacheLoader(std::shared_ptr<CacheBackend> backend, CacheLoaderOptio
 CacheLoader::~CacheLoader() {
   Status s = flush();
   if (!s.isOk()) {
-    BAGUA_LOG_WARN(kCache, "cache '%s': final flush failed, %llu values not cached: %s",
+    BAGUA_LOG_WARN(kLogCache, "cache '%s': final flush failed, %llu values not cached: %s",
                    options_.datasetName.c_str(),
                    static_cast<unsigned long long>(c_.droppedWrites.load(kRelaxed)),
                    s.toString().c_str());
@@ -133,7 +133,7 @@ void CacheLoader::countReads(uint64_t n) {
 void CacheLoader::reportCorrupt(std::string_view fullKey, size_t bytes, const Status& why) {
   const uint64_t bad = c_.corrupt.fetch_add(1, kRelaxed) + 1;
   if (isPowerOf10(bad)) {
-    BAGUA_LOG_WARN(kCache,
+    BAGUA_LOG_WARN(kLogCache,
                    "cache '%s': cached value of key '%.*s' (%zu bytes) is unreadable, reloading "
                    "it from the source (%llu so far): %s",
                    options_.datasetName.c_str(), static_cast<int>(fullKey.size()), fullKey.data(),
@@ -250,7 +250,7 @@ void CacheLoader::backendFailed(const Status& status) {
   c_.backendErrors.fetch_add(1, kRelaxed);
   if (healthy_.exchange(false, std::memory_order_acq_rel)) {
     c_.outages.fetch_add(1, kRelaxed);
-    BAGUA_LOG_WARN(kCache,
+    BAGUA_LOG_WARN(kLogCache,
                    "cache '%s': backend %s failed; serving samples from the source until it "
                    "is back: %s",
                    options_.datasetName.c_str(), backend_->describe().c_str(),
@@ -276,7 +276,7 @@ void CacheLoader::backendOk() {
     return;
   }
   if (!healthy_.exchange(true, std::memory_order_acq_rel)) {
-    BAGUA_LOG_INFO(kCache, "cache '%s': backend %s is back; caching again",
+    BAGUA_LOG_INFO(kLogCache, "cache '%s': backend %s is back; caching again",
                    options_.datasetName.c_str(), backend_->describe().c_str());
   }
 }

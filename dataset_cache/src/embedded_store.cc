@@ -51,12 +51,12 @@ Result<Eviction> parseEviction(std::string_view name) {
 
 Result<EmbeddedOptions> EmbeddedOptions::fromParams() {
   EmbeddedOptions o;
-  BAGUA_ASSIGN_OR_RETURN(o.capacityBytes, params::capacity().get());
-  BAGUA_ASSIGN_OR_RETURN(int64_t shards, params::shards().get());
+  BAGUA_ASSIGN_OR_RETURN(o.capacityBytes, cacheParams().capacity.get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t shards, cacheParams().shards.get());
   o.shards = static_cast<int>(shards);
-  BAGUA_ASSIGN_OR_RETURN(std::string eviction, params::eviction().get());
+  BAGUA_ASSIGN_OR_RETURN(std::string eviction, cacheParams().eviction.get());
   BAGUA_ASSIGN_OR_RETURN(o.eviction, parseEviction(eviction));
-  BAGUA_ASSIGN_OR_RETURN(o.persistPath, params::persistPath().get());
+  BAGUA_ASSIGN_OR_RETURN(o.persistPath, cacheParams().persistPath.get());
   return o;
 }
 
@@ -500,7 +500,7 @@ Result<std::unique_ptr<EmbeddedStore>> EmbeddedStore::create(EmbeddedOptions opt
     }
     store->mirror_ = std::move(*mirror);
     BAGUA_RETURN_IF_ERROR(store->loadFromMirror());
-    BAGUA_LOG_INFO(kCache, "embedded cache: loaded %llu entries from %s",
+    BAGUA_LOG_INFO(kLogCache, "embedded cache: loaded %llu entries from %s",
                    static_cast<unsigned long long>(store->loaded_),
                    store->options_.persistPath.c_str());
 #else
@@ -643,7 +643,7 @@ Status EmbeddedStore::putMany(std::span<const KeyValue> items) {
       if (!st.isOk()) {
         ++s.persistErrors;
         if (!mirror_->reported.exchange(true, std::memory_order_relaxed)) {
-          BAGUA_LOG_WARN(kCache,
+          BAGUA_LOG_WARN(kLogCache,
                          "embedded cache: persisting to %s failed, continuing in memory: %s",
                          mirror_->path().c_str(), st.toString().c_str());
         }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bagua/base/logging.h"
+#include "bagua/dataset_cache/params.h"
 
 namespace bagua::cache {
 namespace {
@@ -264,8 +265,8 @@ Status LocalRedisServer::startOnce(int port) {
     }
     Status ping = pingRedis("127.0.0.1", port, std::chrono::milliseconds(200));
     if (ping.isOk()) {
-      BAGUA_LOG_DEBUG(kCache, "redis-server pid %d answers on 127.0.0.1:%d", static_cast<int>(pid_),
-                      port);
+      BAGUA_LOG_DEBUG(kLogCache, "redis-server pid %d answers on 127.0.0.1:%d",
+                      static_cast<int>(pid_), port);
       return Status::ok();
     }
     if (Clock::now() >= deadline) {
@@ -301,7 +302,7 @@ void LocalRedisServer::stop() {
   ::kill(pid_, SIGTERM);
   reap(std::chrono::milliseconds(5000));
   if (pid_ > 0) {
-    BAGUA_LOG_WARN(kCache, "redis-server pid %d ignored SIGTERM for 5 s; killing it",
+    BAGUA_LOG_WARN(kLogCache, "redis-server pid %d ignored SIGTERM for 5 s; killing it",
                    static_cast<int>(pid_));
     kill();
   }
@@ -314,7 +315,7 @@ void LocalRedisServer::kill() {
   ::kill(pid_, SIGKILL);
   reap(std::chrono::milliseconds(5000));
   if (pid_ > 0) {
-    BAGUA_LOG_ERROR(kCache, "redis-server pid %d did not exit after SIGKILL within 5 s",
+    BAGUA_LOG_ERROR(kLogCache, "redis-server pid %d did not exit after SIGKILL within 5 s",
                     static_cast<int>(pid_));
     pid_ = -1;
   }

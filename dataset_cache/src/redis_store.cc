@@ -13,6 +13,7 @@
 
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/dataset_cache/params.h"
 #include "hash.h"
 
 namespace bagua::cache {
@@ -151,7 +152,7 @@ class RedisStore::Conn {
     std::lock_guard<std::mutex> lock(server_.mu);
     if (server_.down) {
       server_.down = false;
-      BAGUA_LOG_DEBUG(kCache, "redis %s reachable again", server_.name.c_str());
+      BAGUA_LOG_DEBUG(kLogCache, "redis %s reachable again", server_.name.c_str());
     }
     return Status::ok();
   }
@@ -214,7 +215,7 @@ class RedisStore::Conn {
       if (!server_.down) {
         server_.down = true;
         server_.retryAt = Clock::now() + store_.options_.retryInterval;
-        BAGUA_LOG_DEBUG(kCache, "redis %s marked down: %s", server_.name.c_str(), why.c_str());
+        BAGUA_LOG_DEBUG(kLogCache, "redis %s marked down: %s", server_.name.c_str(), why.c_str());
       }
       server_.lastError = why;
       // The other idle connections went to the same dead server.
@@ -266,7 +267,7 @@ Result<std::unique_ptr<RedisStore>> RedisStore::create(RedisOptions options) {
         return std::move(s.withContext("redis cache: spawning a local redis-server")
                              .addFrame(__FILE__, __LINE__));
       }
-      BAGUA_LOG_INFO(kCache, "spawned redis-server pid %d on 127.0.0.1:%d (maxmemory %s, %s)",
+      BAGUA_LOG_INFO(kLogCache, "spawned redis-server pid %d on 127.0.0.1:%d (maxmemory %s, %s)",
                      static_cast<int>(server.pid()), server.port(),
                      formatBytes(o.capacityPerNode).c_str(), o.maxMemoryPolicy.c_str());
       o.hosts.push_back({"127.0.0.1", server.port()});
@@ -286,7 +287,7 @@ Result<std::unique_ptr<RedisStore>> RedisStore::create(RedisOptions options) {
   }
   Status ping = store->ping();
   if (!ping.isOk()) {
-    BAGUA_LOG_INFO(kCache, "redis cache: not every server answers yet (will retry): %s",
+    BAGUA_LOG_INFO(kLogCache, "redis cache: not every server answers yet (will retry): %s",
                    ping.message().c_str());
   }
   return store;

@@ -14,30 +14,13 @@ namespace {
 // Workers re-check their stop token at least this often even without a notification.
 constexpr auto kWorkerPoll = std::chrono::milliseconds(500);
 
-template <typename T>
-Result<T> optionOrParam(const std::optional<T>& option, Param<T>& param) {
+// An API option beats the environment, which beats the default.
+template <typename O, typename T>
+Result<T> optionOrParam(const std::optional<O>& option, Param<T>& param) {
   if (option.has_value()) {
-    return *option;
+    return static_cast<T>(*option);
   }
   return param.get();
-}
-
-Result<int64_t> intParam(const char* key) {
-  auto* p = static_cast<Param<int64_t>*>(loaderParams().find(key));
-  BAGUA_ASSERT(p != nullptr, "loader parameter %s is not registered", key);
-  return p->get();
-}
-
-Result<bool> boolParam(const char* key) {
-  auto* p = static_cast<Param<bool>*>(loaderParams().find(key));
-  BAGUA_ASSERT(p != nullptr, "loader parameter %s is not registered", key);
-  return p->get();
-}
-
-Result<double> doubleParam(const char* key) {
-  auto* p = static_cast<Param<double>*>(loaderParams().find(key));
-  BAGUA_ASSERT(p != nullptr, "loader parameter %s is not registered", key);
-  return p->get();
 }
 
 // Pinned allocation is slow (page faults, a system call, for CUDA a driver call), so freed
@@ -110,46 +93,27 @@ Result<std::unique_ptr<DataLoader>> DataLoader::create(const Dataset& dataset, B
   std::unique_ptr<DataLoader> l(new DataLoader(dataset, plan, std::move(collate)));
 
   int64_t workers = 0;
-  if (options.numWorkers.has_value()) {
-    workers = *options.numWorkers;
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(workers, intParam("BAGUA_LOADER_NUM_WORKERS"));
-  }
+  BAGUA_ASSIGN_OR_RETURN(workers, optionOrParam(options.numWorkers, loaderParams().numWorkers));
   if (workers < 0 || workers > 256) {
     return BAGUA_ERROR(kInvalidArgument, "numWorkers is %lld; it must be in [0, 256]",
                        static_cast<long long>(workers));
   }
   int64_t prefetch = 0;
-  if (options.prefetchBatches.has_value()) {
-    prefetch = *options.prefetchBatches;
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(prefetch, intParam("BAGUA_LOADER_PREFETCH_BATCHES"));
-  }
+  BAGUA_ASSIGN_OR_RETURN(prefetch,
+                         optionOrParam(options.prefetchBatches, loaderParams().prefetchBatches));
   if (prefetch < 1 || prefetch > 4096) {
     return BAGUA_ERROR(kInvalidArgument, "prefetchBatches is %lld; it must be in [1, 4096]",
                        static_cast<long long>(prefetch));
   }
   bool pin = false;
-  if (options.pinMemory.has_value()) {
-    pin = *options.pinMemory;
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(pin, boolParam("BAGUA_LOADER_PIN_MEMORY"));
-  }
+  BAGUA_ASSIGN_OR_RETURN(pin, optionOrParam(options.pinMemory, loaderParams().pinMemory));
   double timeout = 0;
-  if (options.timeoutSeconds.has_value()) {
-    timeout = *options.timeoutSeconds;
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(timeout, doubleParam("BAGUA_LOADER_TIMEOUT"));
-  }
+  BAGUA_ASSIGN_OR_RETURN(timeout, optionOrParam(options.timeoutSeconds, loaderParams().timeout));
   if (!(timeout > 0 && timeout <= 86400.0)) {
     return BAGUA_ERROR(kInvalidArgument, "timeoutSeconds is %g; it must be in (0, 86400]", timeout);
   }
   bool progress = false;
-  if (options.progress.has_value()) {
-    progress = *options.progress;
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(progress, boolParam("BAGUA_LOADER_PROGRESS"));
-  }
+  BAGUA_ASSIGN_OR_RETURN(progress, optionOrParam(options.progress, loaderParams().progress));
 
   l->numWorkers_ = static_cast<int>(workers);
   l->prefetch_ = static_cast<int>(prefetch);
@@ -168,8 +132,8 @@ Result<std::unique_ptr<DataLoader>> DataLoader::create(const Dataset& dataset, B
   for (int i = 0; i < l->numWorkers_; ++i) {
     l->workers_.emplace_back([raw = l.get(), i](std::stop_token st) { raw->workerLoop(st, i); });
   }
-  BAGUA_LOG_INFO(kLoader, "data loader: %d workers, prefetch %d batches, %s memory", l->numWorkers_,
-                 l->prefetch_, l->allocator_->name());
+  BAGUA_LOG_INFO(kLogLoader, "data loader: %d workers, prefetch %d batches, %s memory",
+                 l->numWorkers_, l->prefetch_, l->allocator_->name());
   return l;
 }
 

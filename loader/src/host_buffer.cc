@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "bagua/base/logging.h"
+#include "bagua/loader/params.h"
 #include "bagua_config.h"
 
 #if BAGUA_HAVE_CUDA
@@ -94,15 +95,15 @@ HostAllocator* choosePinned() {
   int devices = 0;
   cudaError_t e = cudaGetDeviceCount(&devices);
   if (e == cudaSuccess && devices > 0) {
-    BAGUA_LOG_INFO(kLoader, "pinned batch memory: cudaHostAlloc (%d CUDA device(s))", devices);
+    BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: cudaHostAlloc (%d CUDA device(s))", devices);
     static CudaPinnedAllocator cuda;
     return &cuda;
   }
   cudaGetLastError();
-  BAGUA_LOG_INFO(kLoader, "pinned batch memory: mlock (no CUDA device: %s)",
+  BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (no CUDA device: %s)",
                  e == cudaSuccess ? "none visible" : cudaGetErrorString(e));
 #else
-  BAGUA_LOG_INFO(kLoader, "pinned batch memory: mlock (bagua built without CUDA)");
+  BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (bagua built without CUDA)");
 #endif
   static MlockAllocator mlocked;
   return &mlocked;

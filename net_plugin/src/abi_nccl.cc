@@ -7,6 +7,7 @@
 #include <new>
 
 #include "bagua/base/logging.h"
+#include "bagua/net/params.h"
 #include "nccl_net_abi.h"
 #include "plugin_api.h"
 
@@ -18,17 +19,17 @@ ncclResult_t firewall(const char* what, Fn&& fn) noexcept {
   try {
     Status s = fn();
     if (!s.isOk()) {
-      BAGUA_LOG_WARN(kNet, "%s failed: %s", what, s.toString().c_str());
+      BAGUA_LOG_WARN(kLogNet, "%s failed: %s", what, s.toString().c_str());
     }
     return toNcclResult(s);
   } catch (const std::bad_alloc&) {
-    BAGUA_LOG_WARN(kNet, "%s failed: out of memory", what);
+    BAGUA_LOG_WARN(kLogNet, "%s failed: out of memory", what);
     return ncclSystemError;
   } catch (const std::exception& e) {
-    BAGUA_LOG_WARN(kNet, "%s failed: unexpected exception: %s", what, e.what());
+    BAGUA_LOG_WARN(kLogNet, "%s failed: unexpected exception: %s", what, e.what());
     return ncclInternalError;
   } catch (...) {
-    BAGUA_LOG_WARN(kNet, "%s failed: unexpected exception", what);
+    BAGUA_LOG_WARN(kLogNet, "%s failed: unexpected exception", what);
     return ncclInternalError;
   }
 }

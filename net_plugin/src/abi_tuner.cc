@@ -8,7 +8,6 @@
 
 #include "bagua/base/params.h"
 #include "nccl_tuner_abi.h"
-#include "net_params.h"
 #include "plugin_api.h"
 #include "tuner.h"
 

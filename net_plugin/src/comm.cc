@@ -149,10 +149,10 @@ void CommCore::fail(Status status) {
       failed_.store(true, std::memory_order_release);
       // An abort is the owner's decision (it knows why and says so); other failures warn.
       if (error_.code() == StatusCode::kAborted) {
-        BAGUA_LOG_DEBUG(kNet, "%s comm with %s aborted: %s", sender_ ? "send" : "receive",
+        BAGUA_LOG_DEBUG(kLogNet, "%s comm with %s aborted: %s", sender_ ? "send" : "receive",
                         peer_.toString().c_str(), error_.toString().c_str());
       } else {
-        BAGUA_LOG_WARN(kNet, "%s comm with %s failed: %s", sender_ ? "send" : "receive",
+        BAGUA_LOG_WARN(kLogNet, "%s comm with %s failed: %s", sender_ ? "send" : "receive",
                        peer_.toString().c_str(), error_.toString().c_str());
       }
     }
@@ -299,7 +299,7 @@ SendComm::Impl::Impl(Fd control, std::vector<Fd> data, const EngineOptions& opti
     // Fault injection (EngineOptions::slowStreamBytesPerSec): the kernel paces stream 0.
     uint64_t rate = options_.slowStreamBytesPerSec;
     if (setsockopt(data_[0].get(), SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) != 0) {
-      BAGUA_LOG_WARN(kNet, "cannot pace data stream 0 to %llu B/s: %s",
+      BAGUA_LOG_WARN(kLogNet, "cannot pace data stream 0 to %llu B/s: %s",
                      static_cast<unsigned long long>(rate), std::strerror(errno));
     }
   }

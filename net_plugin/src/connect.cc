@@ -61,7 +61,7 @@ struct Listener::Impl {
   std::map<uint64_t, Group> groups;
 
   void drop(Pending& p, const Status& why) {
-    BAGUA_LOG_WARN(kNet, "dropping connection from %s on listener %s: %s",
+    BAGUA_LOG_WARN(kLogNet, "dropping connection from %s on listener %s: %s",
                    p.peer.toString().c_str(), address.toString().c_str(), why.message().c_str());
     p.fd.reset();
   }
@@ -96,7 +96,7 @@ struct Listener::Impl {
     for (Fd& fd : done.data) {
       BAGUA_RETURN_IF_ERROR(finishSocket(fd.get(), options));
     }
-    BAGUA_LOG_INFO(kNet, "accepted connection from %s: 1 control + %u data streams",
+    BAGUA_LOG_INFO(kLogNet, "accepted connection from %s: 1 control + %u data streams",
                    done.peer.toString().c_str(), done.nStreams);
     auto impl = std::make_unique<RecvComm::Impl>(std::move(done.control), std::move(done.data),
                                                  options, done.peer);
@@ -150,7 +150,7 @@ Result<std::unique_ptr<Listener>> Listener::create(const SocketAddress& bindAddr
   info.address = addr;
   info.nonce = impl->nonce;
   wire::encodeHandle(info, &impl->handle);
-  BAGUA_LOG_DEBUG(kNet, "listening on %s", addr.toString().c_str());
+  BAGUA_LOG_DEBUG(kLogNet, "listening on %s", addr.toString().c_str());
   return std::unique_ptr<Listener>(new Listener(std::move(impl)));
 }
 
@@ -310,7 +310,7 @@ Result<std::unique_ptr<SendComm>> Connector::poll() {
     data.push_back(std::move(c.streams[i].fd));
   }
   BAGUA_RETURN_IF_ERROR(finishSocket(c.streams[0].fd.get(), c.options));
-  BAGUA_LOG_INFO(kNet, "connected to %s: 1 control + %zu data streams",
+  BAGUA_LOG_INFO(kLogNet, "connected to %s: 1 control + %zu data streams",
                  c.target.address.toString().c_str(), data.size());
   auto impl = std::make_unique<SendComm::Impl>(std::move(c.streams[0].fd), std::move(data),
                                                c.options, c.target.address);

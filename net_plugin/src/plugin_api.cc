@@ -15,7 +15,6 @@
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/net/engine.h"
-#include "net_params.h"
 
 namespace bagua::net::plugin {
 
@@ -66,7 +65,7 @@ Global& global() {
   return g;
 }
 
-void forwardToNccl(LogLevel level, LogCategory category, const char* file, int line,
+void forwardToNccl(LogLevel level, const LogCategory& category, const char* file, int line,
                    const std::string& message) {
   ncclDebugLogger_t fn = global().logger.load(std::memory_order_acquire);
   if (fn == nullptr) {
@@ -75,9 +74,9 @@ void forwardToNccl(LogLevel level, LogCategory category, const char* file, int l
   ncclDebugLogLevel l = level >= LogLevel::kWarn   ? NCCL_LOG_WARN
                         : level == LogLevel::kInfo ? NCCL_LOG_INFO
                                                    : NCCL_LOG_TRACE;
-  unsigned long flags = category == LogCategory::kInit  ? (NCCL_INIT | NCCL_NET)
-                        : category == LogCategory::kEnv ? (NCCL_ENV | NCCL_NET)
-                                                        : NCCL_NET;
+  unsigned long flags = category == kLogInit  ? (NCCL_INIT | NCCL_NET)
+                        : category == kLogEnv ? (NCCL_ENV | NCCL_NET)
+                                              : NCCL_NET;
   fn(l, flags, file, line, "NET/Bagua %s", message.c_str());
 }
 
@@ -104,8 +103,8 @@ std::string pciPathOf(const std::string& ifname) {
 }
 
 Status discover(Global& g) {
-  NetParams& p = netParamRefs();
-  BAGUA_RETURN_IF_ERROR(netParams().loadAll());
+  NetParams& p = netParams();
+  BAGUA_RETURN_IF_ERROR(p.loadAll());
   BAGUA_ASSIGN_OR_RETURN(g.options, EngineOptions::fromParams());
   BAGUA_ASSIGN_OR_RETURN(std::string ifname, p.ifname.get());
   BAGUA_ASSIGN_OR_RETURN(std::string familyText, p.family.get());
@@ -125,14 +124,14 @@ Status discover(Global& g) {
                       d.iface.address.toString().c_str());
     g.devices.push_back(std::move(d));
   }
-  BAGUA_LOG_INFO(kInit, "Using interfaces %s", list.c_str());
+  BAGUA_LOG_INFO(kLogInit, "Using interfaces %s", list.c_str());
   std::string knobs;
   for (const auto& param : netParams().params()) {
     Result<std::string> v = param->valueString();
     knobs += strPrintf("%s%s=%s(%s)", knobs.empty() ? "" : " ", param->key().c_str(),
                        v.isOk() ? v->c_str() : "?", paramSourceName(param->source()));
   }
-  BAGUA_LOG_INFO(kEnv, "Parameters: %s", knobs.c_str());
+  BAGUA_LOG_INFO(kLogEnv, "Parameters: %s", knobs.c_str());
   return Status::ok();
 }
 
@@ -175,13 +174,13 @@ Status init(ncclDebugLogger_t logger) {
   if (g.logger.load(std::memory_order_acquire) != nullptr) {
     setLogSink(forwardToNccl);
     // NCCL filters by NCCL_DEBUG itself; let INFO lines through to it.
-    setLogLevel(LogCategory::kNet, LogLevel::kInfo);
-    setLogLevel(LogCategory::kInit, LogLevel::kInfo);
-    setLogLevel(LogCategory::kEnv, LogLevel::kInfo);
+    setLogLevel(kLogNet, LogLevel::kInfo);
+    setLogLevel(kLogInit, LogLevel::kInfo);
+    setLogLevel(kLogEnv, LogLevel::kInfo);
   }
   Status s = discover(g);
   if (!s.isOk()) {
-    BAGUA_LOG_WARN(kInit, "init failed, NCCL will fall back to its own transports: %s",
+    BAGUA_LOG_WARN(kLogInit, "init failed, NCCL will fall back to its own transports: %s",
                    s.toString().c_str());
     return s;
   }
@@ -448,11 +447,12 @@ __attribute__((visibility("default"))) int baguaNetSetLive_v1(int activeStreams,
     live.maxChunkBytes = maxChunkBytes;
     bagua::Status s = bagua::net::setProcessLiveSettings(live);
     if (!s.isOk()) {
-      BAGUA_LOG_WARN(kNet, "baguaNetSetLive_v1 refused: %s", s.toString().c_str());
+      BAGUA_LOG_WARN(bagua::net::kLogNet, "baguaNetSetLive_v1 refused: %s", s.toString().c_str());
       return bagua::net::plugin::toNcclResult(s);
     }
-    BAGUA_LOG_INFO(kNet, "live settings: active streams %d, chunk %llu..%llu (0: default)",
-                   activeStreams, static_cast<unsigned long long>(minChunkBytes),
+    BAGUA_LOG_INFO(bagua::net::kLogNet,
+                   "live settings: active streams %d, chunk %llu..%llu (0: default)", activeStreams,
+                   static_cast<unsigned long long>(minChunkBytes),
                    static_cast<unsigned long long>(maxChunkBytes));
     return ncclSuccess;
   } catch (...) {

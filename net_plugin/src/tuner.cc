@@ -5,7 +5,6 @@
 
 #include "bagua/base/logging.h"
 #include "nccl_tuner_abi.h"
-#include "net_params.h"
 
 namespace bagua::net::tuner {
 
@@ -22,8 +21,13 @@ bool isCollective(int collType) {
 
 }  // namespace
 
+TunerParams& tunerParams() {
+  static TunerParams params;
+  return params;
+}
+
 Result<TunerConfig> TunerConfig::fromParams() {
-  NetParams& p = netParamRefs();
+  TunerParams& p = tunerParams();
   TunerConfig c;
   BAGUA_ASSIGN_OR_RETURN(std::string mode, p.tuner.get());
   c.mode = mode == "on" ? Mode::kOn : mode == "off" ? Mode::kOff : Mode::kAuto;

@@ -17,9 +17,53 @@
 #include <cstdint>
 #include <string>
 
+#include "bagua/base/params.h"
 #include "bagua/base/status.h"
 
 namespace bagua::net::tuner {
+
+// The tuner's knobs (its own catalogue: the engine does not read them).
+struct TunerParams : ParamCatalogue {
+  TunerParams() : ParamCatalogue("net-tuner", "Bagua-Net's NCCL tuner (NCCL_TUNER_PLUGIN)") {}
+
+  EnumParam tuner{*this,
+                  "BAGUA_NET_TUNER",
+                  "auto",
+                  {{"auto",
+                    "on when the communicator spans nodes, or NCCL_P2P_DISABLE and "
+                    "NCCL_SHM_DISABLE both force GPUs of one host onto the network"},
+                   {"on", "always"},
+                   {"off", "never: NCCL's own model decides"}},
+                  "The tuner exported from the same library (NCCL loads it when "
+                  "NCCL_TUNER_PLUGIN is unset). NCCL's cost model prices a 400 Gbps port as an "
+                  "RDMA NIC and picks LL up to 1 MiB; over TCP LL's flag lines cost 2.3x Simple "
+                  "at 1 MiB. The tuner keeps LL to small messages and caps channels for "
+                  "mid-sized ones."};
+  BytesParam tunerLlMax{*this,
+                        "BAGUA_NET_TUNER_LL_MAX",
+                        128 * 1024,
+                        {0, uint64_t{1} << 30},
+                        "Largest collective (bytes) for which the tuner lets NCCL "
+                        "choose the LL protocol."};
+  BytesParam tunerChannelBytes{*this,
+                               "BAGUA_NET_TUNER_CHANNEL_BYTES",
+                               2 << 20,
+                               {0, uint64_t{1} << 40},
+                               "The tuner gives a collective at most max(MIN_CHANNELS, "
+                               "ceil(bytes / this)) channels (fewer, larger messages per TCP "
+                               "connection for mid sizes); 0 leaves the channel count to NCCL."};
+  IntParam tunerMinChannels{
+      *this, "BAGUA_NET_TUNER_MIN_CHANNELS", 2, {1, 64}, "Fewest channels the tuner's cap allows."};
+  StringParam ncclP2pDisable{*this, "NCCL_P2P_DISABLE", "",
+                             "NCCL's own variable, read (never changed) by the tuner's auto "
+                             "mode: non-zero means GPUs of one host do not use P2P.",
+                             "an integer, as NCCL reads it"};
+  StringParam ncclShmDisable{*this, "NCCL_SHM_DISABLE", "",
+                             "NCCL's own variable, read (never changed) by the tuner's auto "
+                             "mode: non-zero means GPUs of one host do not use shared memory.",
+                             "an integer, as NCCL reads it"};
+};
+TunerParams& tunerParams();
 
 enum class Mode { kAuto, kOn, kOff };
 
@@ -31,7 +75,7 @@ struct TunerConfig {
   bool p2pDisabled = false;  // NCCL_P2P_DISABLE, as NCCL reads it
   bool shmDisabled = false;  // NCCL_SHM_DISABLE
 
-  // From the net catalogue (BAGUA_NET_TUNER*, NCCL_P2P_DISABLE, NCCL_SHM_DISABLE).
+  // From tunerParams() (BAGUA_NET_TUNER*, NCCL_P2P_DISABLE, NCCL_SHM_DISABLE).
   static Result<TunerConfig> fromParams();
 };
 

@@ -302,7 +302,7 @@ Status FusedOptimizer::ensurePlan(bool full) {
 Status FusedOptimizer::init() {
   int threads = options_.threads;
   if (threads <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, optimThreads().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, optimizerParams().threads.get());
     threads = static_cast<int>(t);
     if (threads <= 0) {
       threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
@@ -310,10 +310,10 @@ Status FusedOptimizer::init() {
   }
   chunkElements_ = options_.chunkElements;
   if (chunkElements_ == 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t c, optimChunkElements().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t c, optimizerParams().chunkElements.get());
     chunkElements_ = static_cast<size_t>(c);
   }
-  BAGUA_ASSIGN_OR_RETURN(int64_t timeoutMs, optimWaitTimeoutMs().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t timeoutMs, optimizerParams().waitTimeoutMs.get());
   pool_ = std::make_unique<ThreadPool>(threads, std::chrono::milliseconds(timeoutMs));
 
   slotOfParam_.assign(params_.size(), -1);
@@ -474,7 +474,7 @@ Status FusedOptimizer::layOut(bool moveGrads) {
       for (int si : part.slots) {
         const core::Parameter& p = params_[slots_[si]->param];
         if (p.grad != nullptr && !p.setGrad && p.numel > 0) {
-          BAGUA_LOG_WARN(kAlgo,
+          BAGUA_LOG_WARN(kLogOptim,
                          "%s: parameter '%s' has no setGrad; its gradient moves only in the "
                          "parameter list (trainers must read gradients through it)",
                          ruleName(), p.name.c_str());
@@ -545,7 +545,7 @@ Status FusedOptimizer::layOut(bool moveGrads) {
     }
     part.flattened = true;
     part.gradsFlattened = moveGrads;
-    BAGUA_LOG_DEBUG(kAlgo, "%s: flattened group %d %s on %s: %zu tensors, %zu elements%s",
+    BAGUA_LOG_DEBUG(kLogOptim, "%s: flattened group %d %s on %s: %zu tensors, %zu elements%s",
                     ruleName(), part.group, core::dataTypeName(part.dtype),
                     deviceString(part.device).c_str(), part.slots.size(), total,
                     moveGrads ? "" : " (gradients stay in the reducer's buckets)");
@@ -909,14 +909,14 @@ Status FusedOptimizer::runStep(bool fused) {
       changed = ddpFlats_[b] != ddp_->buckets()[b].flat;
     }
     if (changed) {
-      BAGUA_LOG_INFO(kAlgo, "%s: the reducer's buckets changed; laying parameters out again",
+      BAGUA_LOG_INFO(kLogOptim, "%s: the reducer's buckets changed; laying parameters out again",
                      ruleName());
       BAGUA_RETURN_IF_ERROR(refreshReducerLayout());
     }
   }
   BAGUA_RETURN_IF_ERROR(ensurePlan(!fused || fuseOptions_.checkFlatten));
   if (fused && fuseOptions_.checkFlatten && !warnedMoved_ && !plan_->intact) {
-    BAGUA_LOG_WARN(kAlgo,
+    BAGUA_LOG_WARN(kLogOptim,
                    "%s: tensors flattened by fuse() have moved; only the runs that are still "
                    "contiguous are fused",
                    ruleName());
@@ -931,7 +931,7 @@ Status FusedOptimizer::runStep(bool fused) {
     if (found) {
       lastSkipped_ = true;
       scaler_->update(true);
-      BAGUA_LOG_DEBUG(kAlgo, "%s: inf/NaN gradients, step skipped, scale now %g", ruleName(),
+      BAGUA_LOG_DEBUG(kLogOptim, "%s: inf/NaN gradients, step skipped, scale now %g", ruleName(),
                       static_cast<double>(scaler_->scale()));
       return Status::ok();
     }

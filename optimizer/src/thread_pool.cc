@@ -4,6 +4,7 @@
 
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
+#include "bagua/optimizer/params.h"
 
 namespace bagua::optim {
 
@@ -85,7 +86,7 @@ Status ThreadPool::run(size_t chunks, void* fn, Trampoline call) {
   if (!ok) {
     // Chunks still reference the caller's data: wait for them before reporting.
     while (!done_.wait_for(lock, std::chrono::seconds(1), idle)) {
-      BAGUA_LOG_ERROR(kAlgo, "optimizer thread pool: %zu of %zu chunks still running",
+      BAGUA_LOG_ERROR(kLogOptim, "optimizer thread pool: %zu of %zu chunks still running",
                       chunks_ - finished_.load(std::memory_order_acquire), chunks_);
     }
     return BAGUA_ERROR(kDeadlineExceeded,

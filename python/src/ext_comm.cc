@@ -44,7 +44,7 @@ ReduceOp opOf(int code) {
 }
 
 std::chrono::milliseconds collectiveTimeout() {
-  return std::chrono::milliseconds(take(core::CoreParams::collectiveTimeoutMs().get()));
+  return std::chrono::milliseconds(take(core::coreParams().collectiveTimeoutMs.get()));
 }
 
 // A Work plus the Python objects whose memory it borrows (kept alive until it completes).
@@ -271,10 +271,10 @@ void bindComm(pyb::module_& m) {
             check(p.setOverride(v));
           }
         };
-        override(core::CoreParams::rank(), rank);
-        override(core::CoreParams::worldSize(), worldSize);
-        override(core::CoreParams::localRank(), localRank);
-        override(core::CoreParams::localWorldSize(), localWorldSize);
+        override(core::coreParams().rank, rank);
+        override(core::coreParams().worldSize, worldSize);
+        override(core::coreParams().localRank, localRank);
+        override(core::coreParams().localWorldSize, localWorldSize);
         core::ProcessGroupOptions o;
         o.backend = backendOf(backend);
         o.hierarchical = hierarchical;

@@ -1,4 +1,5 @@
 #include "bagua/base/params.h"
+#include "bagua/base/logging.h"
 
 #include <gtest/gtest.h>
 
@@ -71,24 +72,27 @@ TEST(FormatBytes, ExactUnitsOnly) {
 
 // --- Catalogue ------------------------------------------------------------------------------
 
+// A catalogue in the one idiom every library uses: a struct whose members are its knobs.
+struct TestParams : ParamCatalogue {
+  TestParams() : ParamCatalogue("test", "knobs of the catalogue tests") {}
+
+  BoolParam flag{*this, "T_FLAG", false, "a flag"};
+  IntParam streams{*this, "T_STREAMS", 2, {1, 64}, "streams"};
+  DoubleParam ratio{*this, "T_RATIO", 0.5, {0.0, 1.0}, "ratio"};
+  BytesParam chunk{*this, "T_CHUNK", 1 << 20, {4096, uint64_t{1} << 30}, "chunk"};
+  StringParam name{*this, "T_NAME", "eth", "iface"};
+  EnumParam mode{*this, "T_MODE", "basic", {{"basic", "threads"}, {"tokio", "async"}}, "mode"};
+};
+
 class CatalogueTest : public ::testing::Test {
  protected:
-  CatalogueTest()
-      : c_("test"),
-        flag_(c_.addBool("T_FLAG", false, "a flag")),
-        streams_(c_.addInt("T_STREAMS", 2, 1, 64, "streams")),
-        ratio_(c_.addDouble("T_RATIO", 0.5, 0.0, 1.0, "ratio")),
-        chunk_(c_.addBytes("T_CHUNK", 1 << 20, 4096, uint64_t{1} << 30, "chunk")),
-        name_(c_.addString("T_NAME", "eth", "iface")),
-        mode_(c_.addEnum("T_MODE", "basic", {{"basic", "threads"}, {"tokio", "async"}}, "mode")) {}
-
-  ParamCatalogue c_;
-  Param<bool>& flag_;
-  Param<int64_t>& streams_;
-  Param<double>& ratio_;
-  Param<uint64_t>& chunk_;
-  Param<std::string>& name_;
-  Param<std::string>& mode_;
+  TestParams c_;
+  BoolParam& flag_ = c_.flag;
+  IntParam& streams_ = c_.streams;
+  DoubleParam& ratio_ = c_.ratio;
+  BytesParam& chunk_ = c_.chunk;
+  StringParam& name_ = c_.name;
+  EnumParam& mode_ = c_.mode;
 };
 
 TEST_F(CatalogueTest, DefaultsWhenTheEnvironmentIsEmpty) {
@@ -178,11 +182,15 @@ TEST_F(CatalogueTest, ValuesAreFrozenAfterFirstRead) {
 }
 
 TEST_F(CatalogueTest, StringValidatorIsApplied) {
-  Param<std::string>& even = c_.addString(
-      "T_EVEN", "aa", "even-length string", "a string of even length",
-      [](const std::string& v) -> Status {
-        return v.size() % 2 == 0 ? Status::ok() : BAGUA_ERROR(kInvalidArgument, "odd length");
-      });
+  StringParam even{c_,
+                   "T_EVEN",
+                   "aa",
+                   "even-length string",
+                   "a string of even length",
+                   [](const std::string& v) -> Status {
+                     return v.size() % 2 == 0 ? Status::ok()
+                                              : BAGUA_ERROR(kInvalidArgument, "odd length");
+                   }};
   ScopedEnvForTesting env(c_, {{"T_EVEN", "abc"}});
   Result<std::string> r = even.get();
   ASSERT_FALSE(r.isOk());
@@ -197,11 +205,30 @@ TEST_F(CatalogueTest, FindAndListing) {
   EXPECT_EQ(chunk_.defaultString(), "1 MiB");
 }
 
+TEST_F(CatalogueTest, MembersRegisterInDeclarationOrder) {
+  std::vector<std::string> keys;
+  for (const ParamBase* p : c_.params()) {
+    keys.push_back(p->key());
+    EXPECT_EQ(&p->catalogue(), &c_);
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"T_FLAG", "T_STREAMS", "T_RATIO", "T_CHUNK", "T_NAME",
+                                            "T_MODE"}));
+}
+
+TEST(CatalogueDeathTest, AKeyDeclaredTwiceIsAProgrammingError) {
+  struct Twice : ParamCatalogue {
+    Twice() : ParamCatalogue("twice", "") {}
+    IntParam a{*this, "T_SAME", 1, {0, 2}, "first"};
+    IntParam b{*this, "T_SAME", 1, {0, 2}, "second"};
+  };
+  EXPECT_DEATH({ Twice t; }, "T_SAME declared twice");
+}
+
 TEST(BaseParams, DeclaresTheLoggingKnobs) {
-  ParamCatalogue& c = baseParams();
-  EXPECT_NE(c.find("BAGUA_LOG_LEVEL"), nullptr);
-  EXPECT_NE(c.find("BAGUA_LOG_SUBSYS"), nullptr);
-  EXPECT_NE(c.find("BAGUA_LOG_FILE"), nullptr);
+  BaseParams& c = baseParams();
+  EXPECT_EQ(c.find("BAGUA_LOG_LEVEL"), &c.logLevel);
+  EXPECT_EQ(c.find("BAGUA_LOG_SUBSYS"), &c.logSubsys);
+  EXPECT_EQ(c.find("BAGUA_LOG_FILE"), &c.logFile);
 }
 
 }  // namespace

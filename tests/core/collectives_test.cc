@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/core/process_group.h"
 #include "multi_rank.h"

@@ -130,13 +130,13 @@ inline std::shared_ptr<CacheBackend> makeEmbedded(uint64_t capacity = uint64_t{6
 class WarnCounter {
  public:
   WarnCounter() {
-    setLogSink(
-        [this](LogLevel level, LogCategory category, const char*, int, const std::string& message) {
-          if (category == LogCategory::kCache && level == LogLevel::kWarn) {
-            std::lock_guard<std::mutex> lock(mu_);
-            warnings_.push_back(message);
-          }
-        });
+    setLogSink([this](LogLevel level, const LogCategory& category, const char*, int,
+                      const std::string& message) {
+      if (category == cache::kLogCache && level == LogLevel::kWarn) {
+        std::lock_guard<std::mutex> lock(mu_);
+        warnings_.push_back(message);
+      }
+    });
   }
   ~WarnCounter() { setLogSink(nullptr); }
   WarnCounter(const WarnCounter&) = delete;

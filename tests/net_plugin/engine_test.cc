@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include "bagua/net/engine.h"
-#include "net_params.h"
 #include "net_test_util.h"
 #include "wire.h"
 
@@ -223,7 +222,7 @@ TEST(Params, DefaultsEnvAndStrictParsing) {
     EXPECT_EQ(o->nStreams, 3);
     EXPECT_EQ(o->minChunkBytes, 64u << 10);
     EXPECT_EQ(o->maxChunkBytes, 2u << 20);
-    EXPECT_EQ(netParamRefs().nStreams.source(), ParamSource::kEnvironment);
+    EXPECT_EQ(netParams().nStreams.source(), ParamSource::kEnvironment);
   }
   {
     ScopedEnvForTesting env(netParams(), {{"BAGUA_NET_NSTREAMS", "65"}});
@@ -238,7 +237,7 @@ TEST(Params, DefaultsEnvAndStrictParsing) {
   }
   {
     ScopedEnvForTesting env(netParams(), {{"NCCL_SOCKET_FAMILY", "AF_INET7"}});
-    EXPECT_FALSE(netParamRefs().family.get().isOk());
+    EXPECT_FALSE(netParams().family.get().isOk());
   }
 }
 

@@ -231,7 +231,7 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
     return nullptr;
   }
 #ifdef BAGUA_TEST_WITH_LSAN
-  // core/base keeps its logger state and base catalogue in intentionally leaked heap singletons;
+  // base keeps its logger state and base catalogue in intentionally leaked heap singletons;
   // each dlopen of the plugin creates fresh ones inside init() and dlclose drops the only
   // pointers to them (a few KiB per reload). That is base's design, not a plugin leak, so the
   // leak checker ignores allocations made during init().

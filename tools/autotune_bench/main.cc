@@ -483,9 +483,9 @@ int main(int argc, char** argv) {
   }
   if (a.engine) {
     // The starting transport setting comes from core's parameters, as in a training job.
-    Status s = CoreParams::hostNetStreams().setOverride(a.netStreams);
+    Status s = coreParams().hostNetStreams.setOverride(a.netStreams);
     if (s.isOk()) {
-      s = CoreParams::hostSegmentBytes().setOverride(static_cast<uint64_t>(a.segmentKib * 1024));
+      s = coreParams().hostSegmentBytes.setOverride(static_cast<uint64_t>(a.segmentKib * 1024));
     }
     if (!s.isOk()) {
       std::fprintf(stderr, "%s\n", s.toString().c_str());

@@ -18,10 +18,10 @@ cat > "$B/bagua_config.h" <<CFG
 #define BAGUA_VERSION "standalone"
 CFG
 CXX="${CXX:-g++}"
-FLAGS=(-std=c++20 -O2 -g -fPIC -pthread -I"$ROOT/core/base/include" -I"$ROOT/net_plugin/include"
+FLAGS=(-std=c++20 -O2 -g -fPIC -pthread -I"$ROOT/base/include" -I"$ROOT/net_plugin/include"
        -I"$ROOT/net_plugin/src" -I"$B")
 objs=()
-for f in "$ROOT"/core/base/src/*.cc "$ROOT"/net_plugin/src/{address,comm,connect,net_params,socket,wire}.cc; do
+for f in "$ROOT"/base/src/*.cc "$ROOT"/net_plugin/src/{address,comm,connect,net_params,socket,wire}.cc; do
   o="$B/obj/$(basename "$(dirname "$(dirname "$f")")")_$(basename "$f" .cc).o"
   "$CXX" "${FLAGS[@]}" -c "$f" -o "$o" &
   objs+=("$o")

@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "bagua/autotune/params.h"
+#include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/core/params.h"
 #include "bagua/dataset_cache/params.h"
 #include "bagua/loader/params.h"
-#include "bagua/net/engine.h"
+#include "bagua/net/params.h"
 #include "bagua/optimizer/params.h"
+#include "tuner.h"  // net_plugin private: the tuner's catalogue
 
 namespace {
 
@@ -25,6 +27,7 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
           &bagua::cache::cacheParams(),
           &bagua::loader::loaderParams(),
           &bagua::net::netParams(),
+          &bagua::net::tuner::tunerParams(),
           &bagua::autotune::autotuneParams(),
           &bagua::optim::optimizerParams()};
 }

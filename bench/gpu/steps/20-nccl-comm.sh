@@ -23,8 +23,8 @@ echo "nccl-comm rc=$rc"
 if [ "$rc" -ne 0 ]; then
   grep -E 'bagua-nccl-comm-bench:|expected|failed' "$LOG" | head -5
 fi
-if [ -x "$BUILD/tests/torch/torch_ddp_test" ]; then
-  timeout 60 "$BUILD/tests/torch/torch_ddp_test" >> "$LOG" 2>&1
+if [ -x "$BUILD/tests/torch_ddp_test" ]; then
+  timeout 60 "$BUILD/tests/torch_ddp_test" >> "$LOG" 2>&1
   echo "torch_ddp_test rc=$? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG" | tr '\n' ' '))"
 else
   echo "torch_ddp_test not built (libtorch not found at configure time)"

@@ -7,8 +7,8 @@ LOG="$OUT/optimizer.log"
 PY=/opt/torch/.venv/bin/python
 BIN="$BUILD/bench/optimizer_gpu_bench"
 : > "$LOG"
-if [ -x "$BUILD/tests/optimizer/optimizer_cuda_test" ]; then
-  timeout 45 "$BUILD/tests/optimizer/optimizer_cuda_test" >> "$LOG" 2>&1
+if [ -x "$BUILD/tests/optimizer_cuda_test" ]; then
+  timeout 45 "$BUILD/tests/optimizer_cuda_test" >> "$LOG" 2>&1
   echo "optimizer_cuda_test rc=$? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG" | tr '\n' ' '))"
 else
   echo "optimizer_cuda_test not built"

@@ -24,10 +24,14 @@
 #include <string>
 #include <vector>
 
+#include "bagua/base/logging.h"
 #include "bagua/base/status.h"
 #include "bagua/core/algorithm.h"
 
 namespace bagua::algo {
+
+// The algorithms' log category (BAGUA_LOG_SUBSYS name "algo").
+inline const LogCategory kLogAlgo{"algo"};
 
 class QAdamOptimizer;
 

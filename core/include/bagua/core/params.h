@@ -7,33 +7,113 @@
 #include <cstdint>
 #include <string>
 
+#include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 
 namespace bagua::core {
 
-ParamCatalogue& coreParams();
+// The core's knobs, each declared once (bagua/base/params.h): read them as
+// coreParams().masterPort.get().
+struct CoreParams : ParamCatalogue {
+  CoreParams() : ParamCatalogue("core", "process groups, rendezvous, communicators, reducer") {}
 
-// Typed accessors for the catalogue's entries (each returns the parsed value or the error that
-// names the key and the bad value).
-struct CoreParams {
-  static Param<std::string>& masterAddr();       // MASTER_ADDR
-  static Param<int64_t>& masterPort();           // MASTER_PORT
-  static Param<int64_t>& rank();                 // RANK
-  static Param<int64_t>& worldSize();            // WORLD_SIZE
-  static Param<int64_t>& localRank();            // LOCAL_RANK (-1: same as RANK)
-  static Param<int64_t>& localWorldSize();       // LOCAL_WORLD_SIZE (-1: same as WORLD_SIZE)
-  static Param<int64_t>& rendezvousTimeoutMs();  // BAGUA_RENDEZVOUS_TIMEOUT_MS
-  static Param<int64_t>& collectiveTimeoutMs();  // BAGUA_COLLECTIVE_TIMEOUT_MS
-  static Param<std::string>& hostAlgorithm();    // BAGUA_HOST_ALGO: auto, ring, tree
-  static Param<uint64_t>& hostTreeMaxBytes();    // BAGUA_HOST_TREE_MAX_BYTES
-  static Param<uint64_t>& hostSegmentBytes();    // BAGUA_HOST_SEGMENT_BYTES
-  static Param<int64_t>& hostReduceThreads();    // BAGUA_HOST_REDUCE_THREADS
-  static Param<uint64_t>& hostSocketBuffer();    // BAGUA_HOST_SOCKET_BUFFER
-  static Param<std::string>& hostListenAddr();   // BAGUA_HOST_LISTEN_ADDR
-  static Param<bool>& hostShm();                 // BAGUA_HOST_SHM
-  static Param<uint64_t>& hostShmRingBytes();    // BAGUA_HOST_SHM_RING_BYTES
-  static Param<std::string>& hostTransport();    // BAGUA_HOST_TRANSPORT: auto, engine, socket
-  static Param<int64_t>& hostNetStreams();       // BAGUA_HOST_NET_STREAMS
+  StringParam masterAddr{*this, "MASTER_ADDR", "127.0.0.1",
+                         "env:// rendezvous: host of the TCP store (rank 0 hosts it)",
+                         "a host name or IP address"};
+  IntParam masterPort{
+      *this, "MASTER_PORT", 29500, {1, 65535}, "env:// rendezvous: port of the TCP store"};
+  IntParam rank{*this, "RANK", 0, {0, 1 << 20}, "env:// rendezvous: global rank of this process"};
+  IntParam worldSize{
+      *this, "WORLD_SIZE", 1, {1, 1 << 20}, "env:// rendezvous: number of processes in the job"};
+  IntParam localRank{*this,
+                     "LOCAL_RANK",
+                     -1,
+                     {-1, 1 << 20},
+                     "rank within the node (-1: RANK modulo LOCAL_WORLD_SIZE)"};
+  IntParam localWorldSize{*this,
+                          "LOCAL_WORLD_SIZE",
+                          -1,
+                          {-1, 1 << 20},
+                          "processes per node (-1: WORLD_SIZE, i.e. one node)"};
+  IntParam rendezvousTimeoutMs{
+      *this,
+      "BAGUA_RENDEZVOUS_TIMEOUT_MS",
+      60000,
+      {100, 3600000},
+      "how long rendezvous and connection set-up wait for the other ranks"};
+  IntParam collectiveTimeoutMs{
+      *this,
+      "BAGUA_COLLECTIVE_TIMEOUT_MS",
+      300000,
+      {100, 86400000},
+      "deadline of one communicator operation; past it the communicator fails"};
+  EnumParam hostAlgorithm{*this,
+                          "BAGUA_HOST_ALGO",
+                          "auto",
+                          {{"auto", "tree below BAGUA_HOST_TREE_MAX_BYTES, ring above"},
+                           {"ring", "always ring (bandwidth-optimal)"},
+                           {"tree", "always recursive doubling / binomial tree (latency-optimal)"}},
+                          "host backend: collective algorithm"};
+  BytesParam hostTreeMaxBytes{*this,
+                              "BAGUA_HOST_TREE_MAX_BYTES",
+                              64 * 1024,
+                              {0, uint64_t{1} << 40},
+                              "host backend: largest message that uses the tree algorithms"};
+  BytesParam hostSegmentBytes{*this,
+                              "BAGUA_HOST_SEGMENT_BYTES",
+                              256 * 1024,
+                              {4096, uint64_t{1} << 30},
+                              "host backend: pipeline segment; reduction of a segment overlaps the "
+                              "transfer of the next"};
+  IntParam hostReduceThreads{
+      *this,
+      "BAGUA_HOST_REDUCE_THREADS",
+      0,
+      {0, 256},
+      "host backend: threads reducing one large segment (0: cores / ranks per host, 1 to 4)"};
+  BytesParam hostSocketBuffer{*this,
+                              "BAGUA_HOST_SOCKET_BUFFER",
+                              4 << 20,
+                              {0, uint64_t{1} << 30},
+                              "host backend: SO_SNDBUF/SO_RCVBUF per connection (0: OS)"};
+  StringParam hostListenAddr{*this, "BAGUA_HOST_LISTEN_ADDR", "",
+                             "host backend: address to listen on and advertise (empty: "
+                             "the address this process uses to reach the store)",
+                             "an IPv4 address or empty"};
+  BoolParam hostShm{*this, "BAGUA_HOST_SHM", true,
+                    "host backend: ranks on the same host exchange data through "
+                    "shared-memory rings instead of loopback TCP"};
+  BytesParam hostShmRingBytes{
+      *this,
+      "BAGUA_HOST_SHM_RING_BYTES",
+      1 << 20,
+      {4096, uint64_t{1} << 30},
+      "host backend: bytes of each shared-memory ring (one per ordered pair of "
+      "local ranks, so n*(n-1) of them per host)"};
+  EnumParam hostTransport{
+      *this,
+      "BAGUA_HOST_TRANSPORT",
+      "auto",
+      {{"auto",
+        "shared memory when every rank of the group is on this host and BAGUA_HOST_SHM "
+        "is on, else the Bagua-Net engine"},
+       {"engine", "the Bagua-Net multi-stream TCP engine for every peer"},
+       {"socket",
+        "our own single-socket TCP mesh (with shm rings between local ranks when "
+        "BAGUA_HOST_SHM is on); for comparison"}},
+      "host backend: transport under the collectives"};
+  IntParam hostNetStreams{*this,
+                          "BAGUA_HOST_NET_STREAMS",
+                          2,
+                          {1, 64},
+                          "host backend over the engine: data TCP streams per ordered pair "
+                          "of ranks (each has a helper thread on both sides)"};
 };
+CoreParams& coreParams();
+
+// The core's log categories (BAGUA_LOG_SUBSYS names): core (process groups, communicators,
+// rendezvous) and bucket (the reducer's buckets).
+inline const LogCategory kLogCore{"core"};
+inline const LogCategory kLogBucket{"bucket"};
 
 }  // namespace bagua::core

@@ -37,22 +37,22 @@ using Clock = std::chrono::steady_clock;
 Result<HostOptions> hostOptionsFromParams(std::chrono::milliseconds timeout, int ranksPerHost) {
   HostOptions o;
   if (timeout.count() <= 0) {
-    BAGUA_ASSIGN_OR_RETURN(int64_t t, CoreParams::collectiveTimeoutMs().get());
+    BAGUA_ASSIGN_OR_RETURN(int64_t t, coreParams().collectiveTimeoutMs.get());
     timeout = std::chrono::milliseconds(t);
   }
   o.timeout = timeout;
-  Result<std::string> algo = CoreParams::hostAlgorithm().get();
+  Result<std::string> algo = coreParams().hostAlgorithm.get();
   if (!algo.isOk()) {
     return algo.status();
   }
   o.algo = *algo == "ring"   ? HostOptions::Algo::kRing
            : *algo == "tree" ? HostOptions::Algo::kTree
                              : HostOptions::Algo::kAuto;
-  BAGUA_ASSIGN_OR_RETURN(uint64_t tree, CoreParams::hostTreeMaxBytes().get());
+  BAGUA_ASSIGN_OR_RETURN(uint64_t tree, coreParams().hostTreeMaxBytes.get());
   o.treeMaxBytes = tree;
-  BAGUA_ASSIGN_OR_RETURN(uint64_t seg, CoreParams::hostSegmentBytes().get());
+  BAGUA_ASSIGN_OR_RETURN(uint64_t seg, coreParams().hostSegmentBytes.get());
   o.segmentBytes = seg;
-  BAGUA_ASSIGN_OR_RETURN(int64_t threads, CoreParams::hostReduceThreads().get());
+  BAGUA_ASSIGN_OR_RETURN(int64_t threads, coreParams().hostReduceThreads.get());
   if (threads == 0) {
     // Cores are shared by the ranks of a host: helpers beyond a rank's share only add
     // context switches.
@@ -165,7 +165,7 @@ void HostCommunicator::workerLoop(std::stop_token stop) {
     operations_.fetch_add(1, std::memory_order_relaxed);
     if (!s.isOk()) {
       s.withContext(strPrintf("rank %d: %s", rank(), item.name.c_str()));
-      BAGUA_LOG_WARN(kCore, "host communicator failed: %s", s.toString().c_str());
+      BAGUA_LOG_WARN(kLogCore, "host communicator failed: %s", s.toString().c_str());
       std::lock_guard<std::mutex> lock(queueMu_);
       if (broken_.isOk()) {
         broken_ = s;
@@ -683,7 +683,7 @@ WorkPtr HostCommunicator::setTuning(const HostTuning& tuning, std::shared_ptr<St
           segmentNow_.store(all[0], std::memory_order_relaxed);
         }
         if (v.isOk()) {
-          BAGUA_LOG_DEBUG(kCore, "rank %d: host tuning now segment %zu bytes, %d active streams",
+          BAGUA_LOG_DEBUG(kLogCore, "rank %d: host tuning now segment %zu bytes, %d active streams",
                           rank(), options_.segmentBytes, transport_->activeStreams());
         }
         *verdict = std::move(v);

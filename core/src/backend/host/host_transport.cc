@@ -2,6 +2,7 @@
 // loopback TCP by 2x and more, bench/RESULTS.md "Host backend"), the Bagua-Net engine otherwise.
 #include "backend/host/transport.h"
 #include "bagua/base/logging.h"
+#include "bagua/core/params.h"
 
 namespace bagua::core::host {
 
@@ -34,7 +35,7 @@ Result<std::unique_ptr<Transport>> connectHostTransport(Store& store, int rank, 
       }
     }
   }
-  BAGUA_LOG_DEBUG(kCore, "rank %d of %d: host transport %s", rank, size,
+  BAGUA_LOG_DEBUG(kLogCore, "rank %d of %d: host transport %s", rank, size,
                   kind == TransportKind::kEngine ? "engine (TCP)" : "socket mesh + shm");
   if (kind == TransportKind::kEngine) {
     return connectEngineTransport(store, rank, size, options.engine);

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "bagua/base/logging.h"
+#include "bagua/core/params.h"
 
 namespace bagua::core::host {
 
@@ -111,7 +112,7 @@ Result<std::unique_ptr<ShmMesh>> ShmMesh::create(Store& store, int rank,
     ::shm_unlink(name.c_str());
     BAGUA_RETURN_IF_ERROR(s);
   }
-  BAGUA_LOG_DEBUG(kCore, "rank %d: shared-memory rings with %zu local ranks (%zu bytes)", rank,
+  BAGUA_LOG_DEBUG(kLogCore, "rank %d: shared-memory rings with %zu local ranks (%zu bytes)", rank,
                   m->nLocal_, m->mapBytes_);
   return m;
 }

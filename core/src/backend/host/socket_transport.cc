@@ -17,6 +17,7 @@
 #include "backend/host/shm_mesh.h"
 #include "backend/host/transport.h"
 #include "bagua/base/logging.h"
+#include "bagua/core/params.h"
 
 namespace bagua::core::host {
 
@@ -479,7 +480,7 @@ Status attachSharedMemory(Store& store, int rank, int size, const SocketTranspor
     all = all && toString(ok) == "1";
   }
   if (!all) {
-    BAGUA_LOG_WARN(kCore,
+    BAGUA_LOG_WARN(kLogCore,
                    "rank %d: shared memory unavailable on this host (%s); local peers use TCP",
                    rank, mesh.isOk() ? "another rank failed" : mesh.status().message().c_str());
     return Status::ok();
@@ -610,7 +611,8 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
                           std::min(deadline, Clock::now() + std::chrono::seconds(10)),
                           "host backend hello");
     if (!s.isOk() || hello[0] != kHelloMagic) {
-      BAGUA_LOG_WARN(kCore, "rank %d: dropped a connection that did not say hello properly", rank);
+      BAGUA_LOG_WARN(kLogCore, "rank %d: dropped a connection that did not say hello properly",
+                     rank);
       continue;
     }
     int peer = static_cast<int>(hello[1]);

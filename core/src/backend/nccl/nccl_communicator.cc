@@ -13,6 +13,7 @@
 
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
+#include "bagua/core/params.h"
 
 namespace bagua::core::nccl {
 
@@ -176,7 +177,7 @@ class NcclCommunicator final : public Communicator {
       if (healthy && r == ncclSuccess) {
         ncclCommDestroy(comm_);
       } else {
-        BAGUA_LOG_WARN(kCore, "rank %d: NCCL communicator not clean at close (%s); aborting it",
+        BAGUA_LOG_WARN(kLogCore, "rank %d: NCCL communicator not clean at close (%s); aborting it",
                        rank_,
                        !drained   ? "operations still running"
                        : !healthy ? ncclGetErrorString(async)
@@ -445,10 +446,10 @@ class NcclCommunicator final : public Communicator {
     abortWhy_ = why;
     abortCode_ = code;
     aborted_.store(true, std::memory_order_seq_cst);
-    BAGUA_LOG_WARN(kCore, "rank %d: aborting NCCL communicator: %s", rank_, why.c_str());
+    BAGUA_LOG_WARN(kLogCore, "rank %d: aborting NCCL communicator: %s", rank_, why.c_str());
     std::unique_lock<std::timed_mutex> launch(issueMu_, std::defer_lock);
     if (!haveIssueLock && !launch.try_lock_for(kAbortLaunchGrace)) {
-      BAGUA_LOG_WARN(kCore,
+      BAGUA_LOG_WARN(kLogCore,
                      "rank %d: an NCCL launch has not returned for %lld ms; aborting under it",
                      rank_, static_cast<long long>(kAbortLaunchGrace.count()));
     }
@@ -724,7 +725,7 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r == ncclInProgress) {
-    BAGUA_LOG_WARN(kInit,
+    BAGUA_LOG_WARN(kLogInit,
                    "rank %d: NCCL_COMM_BLOCKING=0 made the communicator non-blocking: every call "
                    "then starts a thread inside NCCL (slower)",
                    rank);
@@ -738,7 +739,8 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
     return BAGUA_ERROR(kNcclError, "rank %d: NCCL init of %d ranks on device %d failed: %s", rank,
                        size, device, ncclGetErrorString(r));
   }
-  BAGUA_LOG_INFO(kInit, "rank %d: NCCL communicator of %d ranks on device %d", rank, size, device);
+  BAGUA_LOG_INFO(kLogInit, "rank %d: NCCL communicator of %d ranks on device %d", rank, size,
+                 device);
   return std::unique_ptr<Communicator>(new NcclCommunicator(
       rank, size, device, comm, stream, scratch, std::move(events), options.collectiveTimeout));
 }

@@ -67,18 +67,13 @@
 #include <string_view>
 #include <vector>
 
-#include "bagua/base/params.h"
 #include "bagua/base/status.h"
+#include "bagua/net/params.h"  // netParams(), kMaxStreams, kLogNet
 
 namespace bagua::net {
 
-// The engine's parameter catalogue (BAGUA_NET_*); `bagua-params` dumps it.
-ParamCatalogue& netParams();
-
 // At least this many requests can be in flight per comm (NCCL_NET_MAX_REQUESTS is 32).
 inline constexpr int kMinRequestsInFlight = 32;
-// Data streams per connection are clamped to [1, kMaxStreams].
-inline constexpr int kMaxStreams = 64;
 
 // How a message's chunks are spread over the data streams.
 enum class Schedule {

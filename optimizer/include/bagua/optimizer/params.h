@@ -3,17 +3,42 @@
 
 #include <cstdint>
 
+#include <string>
+
+#include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 
 namespace bagua::optim {
 
-ParamCatalogue& optimizerParams();
+// The library's knobs, each declared once (bagua/base/params.h): read them as
+// optimizerParams().threads.get().
+struct OptimizerParams : ParamCatalogue {
+  OptimizerParams() : ParamCatalogue("optimizer", "generic fused optimizer (CPU kernels)") {}
 
-// BAGUA_OPTIM_THREADS: CPU threads per optimizer (0: hardware concurrency, at most 32).
-Param<int64_t>& optimThreads();
-// BAGUA_OPTIM_CHUNK_ELEMENTS: elements per CPU work chunk.
-Param<int64_t>& optimChunkElements();
-// BAGUA_OPTIM_WAIT_TIMEOUT_MS: deadline of one parallel kernel on the CPU pool.
-Param<int64_t>& optimWaitTimeoutMs();
+  IntParam threads{
+      *this,
+      "BAGUA_OPTIM_THREADS",
+      0,
+      {0, 256},
+      "CPU threads that run one optimizer step (the caller plus named bagua-optim-N workers); "
+      "0 uses the hardware concurrency, at most 32. OptimizerOptions::threads overrides it."};
+  IntParam chunkElements{*this,
+                         "BAGUA_OPTIM_CHUNK_ELEMENTS",
+                         32768,
+                         {1024, int64_t{1} << 30},
+                         "Elements per CPU work chunk: ranges shorter than this run on one thread. "
+                         "OptimizerOptions::chunkElements overrides it."};
+  IntParam waitTimeoutMs{
+      *this,
+      "BAGUA_OPTIM_WAIT_TIMEOUT_MS",
+      120000,
+      {100, int64_t{24} * 3600 * 1000},
+      "Deadline for one parallel kernel on the CPU pool; running past it is reported as "
+      "DeadlineExceeded (chunks are pure computation, so it means a starved machine or a bug)."};
+};
+OptimizerParams& optimizerParams();
+
+// The fused optimizer's log category (BAGUA_LOG_SUBSYS name "optim").
+inline const LogCategory kLogOptim{"optim"};
 
 }  // namespace bagua::optim

@@ -178,80 +178,78 @@ Status ParamBase::badValue(const std::string& value, const Status& why) const {
                           why.message().c_str(), acceptedString().c_str()));
 }
 
+ParamBase::ParamBase(ParamCatalogue& catalogue, std::string key, ParamType type,
+                     std::string description)
+    : catalogue_(&catalogue),
+      key_(std::move(key)),
+      type_(type),
+      description_(std::move(description)) {
+  catalogue.add(this);
+}
+
 ParamCatalogue::ParamCatalogue(std::string library, std::string description)
     : library_(std::move(library)), description_(std::move(description)) {}
 
+void ParamCatalogue::add(ParamBase* param) {
+  BAGUA_ASSERT(find(param->key()) == nullptr, "parameter %s declared twice in catalogue %s",
+               param->key().c_str(), library_.c_str());
+  params_.push_back(param);
+}
+
+namespace {
+
 template <typename T>
-Param<T>& ParamCatalogue::add(std::unique_ptr<Param<T>> param) {
-  BAGUA_ASSERT(find(param->key()) == nullptr, "parameter %s declared twice", param->key().c_str());
-  Param<T>& ref = *param;
-  params_.push_back(std::move(param));
-  return ref;
+Status checkBounds(const T& v, const Bounds<T>& b) {
+  if (v < b.min || v > b.max) {
+    return BAGUA_ERROR(kInvalidArgument, "out of range");
+  }
+  return Status::ok();
 }
 
-Param<bool>& ParamCatalogue::addBool(std::string key, bool def, std::string description) {
-  return add(std::make_unique<Param<bool>>(
-      this, std::move(key), ParamType::kBool, def, std::move(description),
-      "a boolean: 1/0, true/false, yes/no, on/off", parseBool, nullptr,
-      [](const bool& v) { return std::string(v ? "true" : "false"); }));
-}
+}  // namespace
 
-Param<int64_t>& ParamCatalogue::addInt(std::string key, int64_t def, int64_t min, int64_t max,
-                                       std::string description) {
-  std::string accepted = strPrintf("an integer in [%lld, %lld]", static_cast<long long>(min),
-                                   static_cast<long long>(max));
-  return add(std::make_unique<Param<int64_t>>(
-      this, std::move(key), ParamType::kInt, def, std::move(description), accepted, parseInt,
-      [min, max](const int64_t& v) -> Status {
-        if (v < min || v > max) {
-          return BAGUA_ERROR(kInvalidArgument, "out of range");
-        }
-        return Status::ok();
-      },
-      [](const int64_t& v) { return std::to_string(v); }));
-}
+BoolParam::BoolParam(ParamCatalogue& catalogue, std::string key, bool def, std::string description)
+    : Param<bool>(catalogue, std::move(key), ParamType::kBool, def, std::move(description),
+                  "a boolean: 1/0, true/false, yes/no, on/off", parseBool, nullptr,
+                  [](const bool& v) { return std::string(v ? "true" : "false"); }) {}
 
-Param<double>& ParamCatalogue::addDouble(std::string key, double def, double min, double max,
-                                         std::string description) {
-  std::string accepted = strPrintf("a number in [%g, %g]", min, max);
-  return add(std::make_unique<Param<double>>(
-      this, std::move(key), ParamType::kDouble, def, std::move(description), accepted, parseDouble,
-      [min, max](const double& v) -> Status {
-        if (v < min || v > max) {
-          return BAGUA_ERROR(kInvalidArgument, "out of range");
-        }
-        return Status::ok();
-      },
-      [](const double& v) { return strPrintf("%g", v); }));
-}
+IntParam::IntParam(ParamCatalogue& catalogue, std::string key, int64_t def, Bounds<int64_t> bounds,
+                   std::string description)
+    : Param<int64_t>(
+          catalogue, std::move(key), ParamType::kInt, def, std::move(description),
+          strPrintf("an integer in [%lld, %lld]", static_cast<long long>(bounds.min),
+                    static_cast<long long>(bounds.max)),
+          parseInt, [bounds](const int64_t& v) { return checkBounds(v, bounds); },
+          [](const int64_t& v) { return std::to_string(v); }) {}
 
-Param<uint64_t>& ParamCatalogue::addBytes(std::string key, uint64_t def, uint64_t min, uint64_t max,
-                                          std::string description) {
-  std::string accepted = "a byte size in [" + formatBytes(min) + ", " + formatBytes(max) +
-                         "], optionally with a K/M/G/T suffix";
-  return add(std::make_unique<Param<uint64_t>>(
-      this, std::move(key), ParamType::kBytes, def, std::move(description), accepted, parseBytes,
-      [min, max](const uint64_t& v) -> Status {
-        if (v < min || v > max) {
-          return BAGUA_ERROR(kInvalidArgument, "out of range");
-        }
-        return Status::ok();
-      },
-      [](const uint64_t& v) { return formatBytes(v); }));
-}
+DoubleParam::DoubleParam(ParamCatalogue& catalogue, std::string key, double def,
+                         Bounds<double> bounds, std::string description)
+    : Param<double>(
+          catalogue, std::move(key), ParamType::kDouble, def, std::move(description),
+          strPrintf("a number in [%g, %g]", bounds.min, bounds.max), parseDouble,
+          [bounds](const double& v) { return checkBounds(v, bounds); },
+          [](const double& v) { return strPrintf("%g", v); }) {}
 
-Param<std::string>& ParamCatalogue::addString(std::string key, std::string def,
-                                              std::string description, std::string accepted,
-                                              Param<std::string>::Validator validator) {
-  return add(std::make_unique<Param<std::string>>(
-      this, std::move(key), ParamType::kString, std::move(def), std::move(description),
-      std::move(accepted), [](std::string_view t) -> Result<std::string> { return std::string(t); },
-      std::move(validator), [](const std::string& v) { return v; }));
-}
+BytesParam::BytesParam(ParamCatalogue& catalogue, std::string key, uint64_t def,
+                       Bounds<uint64_t> bounds, std::string description)
+    : Param<uint64_t>(
+          catalogue, std::move(key), ParamType::kBytes, def, std::move(description),
+          "a byte size in [" + formatBytes(bounds.min) + ", " + formatBytes(bounds.max) +
+              "], optionally with a K/M/G/T suffix",
+          parseBytes, [bounds](const uint64_t& v) { return checkBounds(v, bounds); },
+          [](const uint64_t& v) { return formatBytes(v); }) {}
 
-Param<std::string>& ParamCatalogue::addEnum(std::string key, std::string def,
-                                            std::vector<EnumChoice> choices,
-                                            std::string description) {
+StringParam::StringParam(ParamCatalogue& catalogue, std::string key, std::string def,
+                         std::string description, std::string accepted, Validator validator)
+    : Param<std::string>(
+          catalogue, std::move(key), ParamType::kString, std::move(def), std::move(description),
+          std::move(accepted),
+          [](std::string_view t) -> Result<std::string> { return std::string(t); },
+          std::move(validator), [](const std::string& v) { return v; }) {}
+
+namespace {
+
+std::string enumAccepted(const std::vector<EnumChoice>& choices) {
   std::string accepted = "one of";
   for (size_t i = 0; i < choices.size(); ++i) {
     accepted += (i == 0 ? " " : ", ") + choices[i].name;
@@ -259,39 +257,46 @@ Param<std::string>& ParamCatalogue::addEnum(std::string key, std::string def,
       accepted += " (" + choices[i].description + ")";
     }
   }
-  auto parser = [choices](std::string_view t) -> Result<std::string> {
-    std::string l = lower(t);
-    for (const EnumChoice& c : choices) {
-      if (lower(c.name) == l) {
-        return c.name;
-      }
-    }
-    return BAGUA_ERROR(kInvalidArgument, "unknown name");
-  };
-  auto validator = [choices](const std::string& v) -> Status {
-    for (const EnumChoice& c : choices) {
-      if (c.name == v) {
-        return Status::ok();
-      }
-    }
-    return BAGUA_ERROR(kInvalidArgument, "unknown name");
-  };
-  return add(std::make_unique<Param<std::string>>(
-      this, std::move(key), ParamType::kEnum, std::move(def), std::move(description), accepted,
-      parser, validator, [](const std::string& v) { return v; }));
+  return accepted;
 }
 
+}  // namespace
+
+EnumParam::EnumParam(ParamCatalogue& catalogue, std::string key, std::string def,
+                     std::vector<EnumChoice> choices, std::string description)
+    : Param<std::string>(
+          catalogue, std::move(key), ParamType::kEnum, std::move(def), std::move(description),
+          enumAccepted(choices),
+          [choices](std::string_view t) -> Result<std::string> {
+            std::string l = lower(t);
+            for (const EnumChoice& c : choices) {
+              if (lower(c.name) == l) {
+                return c.name;
+              }
+            }
+            return BAGUA_ERROR(kInvalidArgument, "unknown name");
+          },
+          [choices](const std::string& v) -> Status {
+            for (const EnumChoice& c : choices) {
+              if (c.name == v) {
+                return Status::ok();
+              }
+            }
+            return BAGUA_ERROR(kInvalidArgument, "unknown name");
+          },
+          [](const std::string& v) { return v; }) {}
+
 Status ParamCatalogue::loadAll() {
-  for (const auto& p : params_) {
+  for (ParamBase* p : params_) {
     BAGUA_RETURN_IF_ERROR(p->load());
   }
   return Status::ok();
 }
 
 ParamBase* ParamCatalogue::find(std::string_view key) const {
-  for (const auto& p : params_) {
+  for (ParamBase* p : params_) {
     if (p->key() == key) {
-      return p.get();
+      return p;
     }
   }
   return nullptr;
@@ -307,7 +312,7 @@ void ParamCatalogue::setEnvLookupForTesting(EnvLookup lookup) {
 }
 
 void ParamCatalogue::resetForTesting() {
-  for (const auto& p : params_) {
+  for (ParamBase* p : params_) {
     p->resetForTesting();
   }
 }

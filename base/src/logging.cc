@@ -18,10 +18,9 @@ namespace bagua {
 
 namespace {
 
-constexpr std::array<const char*, static_cast<size_t>(LogCategory::kCount)> kCategoryNames = {
-    "init", "env", "net", "core", "bucket", "algo", "cache", "loader", "tune", "tool"};
 constexpr std::array<const char*, 6> kLevelNames = {"trace", "debug", "info",
                                                     "warn",  "error", "off"};
+constexpr int kMaxCategories = LogCategory::kMaxLogCategories;
 
 std::optional<LogLevel> levelFromName(std::string_view name) {
   for (size_t i = 0; i < kLevelNames.size(); ++i) {
@@ -32,18 +31,54 @@ std::optional<LogLevel> levelFromName(std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<LogCategory> categoryFromName(std::string_view name) {
-  for (size_t i = 0; i < kCategoryNames.size(); ++i) {
-    if (name == kCategoryNames[i]) {
-      return static_cast<LogCategory>(i);
+// "net:debug,bucket:info" as (category name, or empty for all, level) pairs.
+using SubsysSpec = std::vector<std::pair<std::string, LogLevel>>;
+
+struct LoggerState {
+  // Categories: names[i] is published before count covers i (release/acquire on count).
+  std::mutex registryMu;  // serialises registration; a leaf lock
+  std::array<const char*, kMaxCategories> names{};
+  std::atomic<int> count{0};
+  std::array<std::atomic<int>, kMaxCategories> thresholds{};
+
+  std::atomic<bool> configured{false};
+  std::once_flag once;
+  // What the last configuration asked for, applied to categories registered after it.
+  LogLevel global = LogLevel::kWarn;  // guarded by registryMu
+  SubsysSpec subsys;                  // guarded by registryMu
+
+  std::mutex sinkMu;
+  LogSink sink;            // guarded by sinkMu
+  int fd = STDERR_FILENO;  // guarded by sinkMu
+  std::atomic<int> rank{-1};
+};
+
+LoggerState& state() {
+  // Leaked on purpose: logging must work from destructors of other statics.
+  static LoggerState* s = new LoggerState();
+  return *s;
+}
+
+std::optional<int> categoryFromName(std::string_view name) {
+  LoggerState& s = state();
+  int n = s.count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    if (name == s.names[static_cast<size_t>(i)]) {
+      return i;
     }
   }
   return std::nullopt;
 }
 
-// Parses "net:debug,bucket:info" into (category or all, level) pairs.
-Status parseSubsys(std::string_view text,
-                   std::vector<std::pair<std::optional<LogCategory>, LogLevel>>* out) {
+std::string registeredList() {
+  std::string out;
+  for (const std::string& n : logCategoryNames()) {
+    out += (out.empty() ? "" : ", ") + n;
+  }
+  return out;
+}
+
+Status parseSubsys(std::string_view text, SubsysSpec* out) {
   size_t pos = 0;
   while (pos < text.size()) {
     size_t comma = text.find(',', pos);
@@ -65,63 +100,26 @@ Status parseSubsys(std::string_view text,
       return BAGUA_ERROR(kInvalidArgument, "unknown level '%.*s'", static_cast<int>(lvl.size()),
                          lvl.data());
     }
-    if (cat == "all") {
-      if (out != nullptr) {
-        out->emplace_back(std::nullopt, *level);
-      }
-      continue;
-    }
-    std::optional<LogCategory> category = categoryFromName(cat);
-    if (!category) {
-      return BAGUA_ERROR(kInvalidArgument, "unknown category '%.*s'", static_cast<int>(cat.size()),
-                         cat.data());
+    if (cat != "all" && !categoryFromName(cat)) {
+      return BAGUA_ERROR(kInvalidArgument, "unknown category '%.*s' (this process has: %s)",
+                         static_cast<int>(cat.size()), cat.data(), registeredList().c_str());
     }
     if (out != nullptr) {
-      out->emplace_back(category, *level);
+      out->emplace_back(cat == "all" ? std::string() : std::string(cat), *level);
     }
   }
   return Status::ok();
 }
 
-std::string subsysAccepted() {
-  std::string s = "comma-separated category:level pairs; categories: all";
-  for (const char* c : kCategoryNames) {
-    s += std::string(", ") + c;
+// The threshold the last configuration gives category `name`. Caller holds registryMu.
+LogLevel thresholdFor(const LoggerState& s, std::string_view name) {
+  LogLevel level = s.global;
+  for (const auto& [cat, lvl] : s.subsys) {
+    if (cat.empty() || cat == name) {
+      level = lvl;
+    }
   }
-  s += "; levels: trace, debug, info, warn, error, off";
-  return s;
-}
-
-struct LogParams {
-  Param<std::string>& level;
-  Param<std::string>& subsys;
-  Param<std::string>& file;
-};
-
-LogParams& logParams() {
-  static LogParams params = [] {
-    ParamCatalogue& c = baseParams();
-    return LogParams{*static_cast<Param<std::string>*>(c.find("BAGUA_LOG_LEVEL")),
-                     *static_cast<Param<std::string>*>(c.find("BAGUA_LOG_SUBSYS")),
-                     *static_cast<Param<std::string>*>(c.find("BAGUA_LOG_FILE"))};
-  }();
-  return params;
-}
-
-struct LoggerState {
-  std::array<std::atomic<int>, static_cast<size_t>(LogCategory::kCount)> thresholds{};
-  std::atomic<bool> configured{false};
-  std::once_flag once;
-  std::mutex sinkMu;
-  LogSink sink;            // guarded by sinkMu
-  int fd = STDERR_FILENO;  // guarded by sinkMu
-  std::atomic<int> rank{-1};
-};
-
-LoggerState& state() {
-  // Leaked on purpose: logging must work from destructors of other statics.
-  static LoggerState* s = new LoggerState();
-  return *s;
+  return level;
 }
 
 std::string expandPath(const std::string& pattern) {
@@ -149,35 +147,34 @@ std::string expandPath(const std::string& pattern) {
 
 Status applyConfiguration() {
   LoggerState& s = state();
+  BaseParams& params = baseParams();
   LogLevel global = LogLevel::kWarn;
-  std::vector<std::pair<std::optional<LogCategory>, LogLevel>> subsys;
+  SubsysSpec subsys;
   Status status;
-  Result<std::string> level = logParams().level.get();
+  Result<std::string> level = params.logLevel.get();
   if (level.isOk()) {
     global = *levelFromName(*level);
   } else {
     status = level.status();
   }
-  Result<std::string> sub = logParams().subsys.get();
+  Result<std::string> sub = params.logSubsys.get();
   if (sub.isOk()) {
     parseSubsys(*sub, &subsys).ignore();  // validated by the parameter already
   } else if (status.isOk()) {
     status = sub.status();
   }
-  for (auto& t : s.thresholds) {
-    t.store(static_cast<int>(global), std::memory_order_relaxed);
-  }
-  for (const auto& [cat, lvl] : subsys) {
-    if (cat.has_value()) {
-      s.thresholds[static_cast<size_t>(*cat)].store(static_cast<int>(lvl),
-                                                    std::memory_order_relaxed);
-    } else {
-      for (auto& t : s.thresholds) {
-        t.store(static_cast<int>(lvl), std::memory_order_relaxed);
-      }
+  {
+    std::lock_guard<std::mutex> lock(s.registryMu);
+    s.global = global;
+    s.subsys = std::move(subsys);
+    int n = s.count.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+      s.thresholds[static_cast<size_t>(i)].store(
+          static_cast<int>(thresholdFor(s, s.names[static_cast<size_t>(i)])),
+          std::memory_order_relaxed);
     }
   }
-  Result<std::string> file = logParams().file.get();
+  Result<std::string> file = params.logFile.get();
   {
     std::lock_guard<std::mutex> lock(s.sinkMu);
     if (s.fd != STDERR_FILENO) {
@@ -209,13 +206,12 @@ void ensureConfigured() {
     Status st = applyConfiguration();
     if (!st.isOk()) {
       // Report the bad knob once, through the normal path, so it is not lost.
-      logMessage(LogLevel::kWarn, LogCategory::kEnv, __FILE__, __LINE__, "%s",
-                 st.toString().c_str());
+      logMessage(LogLevel::kWarn, kLogEnv, __FILE__, __LINE__, "%s", st.toString().c_str());
     }
   });
 }
 
-void defaultSink(int fd, LogLevel level, LogCategory category, const char* file, int line,
+void defaultSink(int fd, LogLevel level, const LogCategory& category, const char* file, int line,
                  const std::string& message) {
   char host[64] = {};
   gethostname(host, sizeof(host) - 1);
@@ -236,7 +232,7 @@ void defaultSink(int fd, LogLevel level, LogCategory category, const char* file,
     where = strPrintf(" (%s:%d)", base != nullptr ? base + 1 : file, line);
   }
   std::string out = strPrintf("%s bagua %s %s: %s%s\n", prefix.c_str(), logLevelName(level),
-                              logCategoryName(category), message.c_str(), where.c_str());
+                              category.name(), message.c_str(), where.c_str());
   // One write per line keeps lines from different threads whole.
   ssize_t n = ::write(fd, out.data(), out.size());
   (void)n;
@@ -244,46 +240,57 @@ void defaultSink(int fd, LogLevel level, LogCategory category, const char* file,
 
 }  // namespace
 
-ParamCatalogue& baseParams() {
-  static ParamCatalogue* catalogue = [] {
-    auto* c = new ParamCatalogue("base", "logging shared by every bagua library");
-    c->addEnum("BAGUA_LOG_LEVEL", "warn",
-               {{"trace", "everything, when built with -Dtrace=true"},
-                {"debug", "per-connection and per-bucket detail"},
-                {"info", "set-up decisions and parameter overrides"},
-                {"warn", "problems that bagua works around"},
-                {"error", "failures"},
-                {"off", "nothing"}},
-               "Global log threshold.");
-    c->addString("BAGUA_LOG_SUBSYS", "",
-                 "Per-category thresholds that override BAGUA_LOG_LEVEL, e.g. "
-                 "\"net:debug,bucket:info\".",
-                 subsysAccepted(), [](const std::string& v) { return parseSubsys(v, nullptr); });
-    c->addString("BAGUA_LOG_FILE", "",
-                 "Write log lines to this file instead of stderr; %h expands to the host name, "
-                 "%p to the pid.",
-                 "a file path (may contain %h and %p)");
-    return c;
-  }();
-  return *catalogue;
+BaseParams& baseParams() {
+  // Leaked on purpose, like the logger state.
+  static BaseParams* params = new BaseParams();
+  return *params;
+}
+
+Status validateLogSubsys(const std::string& value) {
+  return parseSubsys(value, nullptr);
+}
+
+LogCategory::LogCategory(const char* name) {
+  LoggerState& s = state();
+  std::lock_guard<std::mutex> lock(s.registryMu);
+  int n = s.count.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (std::strcmp(s.names[static_cast<size_t>(i)], name) == 0) {
+      id_ = i;
+      return;
+    }
+  }
+  BAGUA_ASSERT(n < kMaxCategories, "more than %d log categories (registering '%s')", kMaxCategories,
+               name);
+  s.names[static_cast<size_t>(n)] = name;
+  s.thresholds[static_cast<size_t>(n)].store(static_cast<int>(thresholdFor(s, name)),
+                                             std::memory_order_relaxed);
+  s.count.store(n + 1, std::memory_order_release);
+  id_ = n;
+}
+
+const char* LogCategory::name() const {
+  return state().names[static_cast<size_t>(id_)];
+}
+
+std::vector<std::string> logCategoryNames() {
+  LoggerState& s = state();
+  int n = s.count.load(std::memory_order_acquire);
+  return std::vector<std::string>(s.names.begin(), s.names.begin() + n);
 }
 
 const char* logLevelName(LogLevel level) {
   return kLevelNames[static_cast<size_t>(level)];
 }
 
-const char* logCategoryName(LogCategory category) {
-  return kCategoryNames[static_cast<size_t>(category)];
-}
-
-bool logEnabled(LogLevel level, LogCategory category) {
+bool logEnabled(LogLevel level, const LogCategory& category) {
   ensureConfigured();
   return static_cast<int>(level) >=
-         state().thresholds[static_cast<size_t>(category)].load(std::memory_order_relaxed);
+         state().thresholds[static_cast<size_t>(category.id())].load(std::memory_order_relaxed);
 }
 
-void logMessage(LogLevel level, LogCategory category, const char* file, int line, const char* fmt,
-                ...) {
+void logMessage(LogLevel level, const LogCategory& category, const char* file, int line,
+                const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
   std::string message = strVPrintf(fmt, args);
@@ -321,10 +328,10 @@ void setLogLevel(LogLevel level) {
   }
 }
 
-void setLogLevel(LogCategory category, LogLevel level) {
+void setLogLevel(const LogCategory& category, LogLevel level) {
   ensureConfigured();
-  state().thresholds[static_cast<size_t>(category)].store(static_cast<int>(level),
-                                                          std::memory_order_relaxed);
+  state().thresholds[static_cast<size_t>(category.id())].store(static_cast<int>(level),
+                                                               std::memory_order_relaxed);
 }
 
 void setLogRank(int rank) {

@@ -1,7 +1,7 @@
 // The typed parameter catalogue: every knob of a library declared once, with its env key, type,
 // default, validator and description (NCCL's DEFINE_NCCL_PARAM, aws-ofi-nccl's param table).
 //
-// Rules (core/base/README.md, "Configuration"):
+// Rules (base/README.md, "Configuration"):
 // - Strict parsing: the whole string must parse; a bad value is an error naming the key, the
 //   value and what is accepted. Never a silent default.
 // - Precedence: API override (setOverride) > environment > default. The source is recorded.
@@ -60,6 +60,8 @@ struct EnumChoice {
 
 class ParamCatalogue;
 
+// One knob. Constructed as a member of its library's catalogue struct (see ParamCatalogue), which
+// registers it; never copied or moved.
 class ParamBase {
  public:
   ParamBase(const ParamBase&) = delete;
@@ -84,11 +86,9 @@ class ParamBase {
   virtual void resetForTesting() = 0;
 
  protected:
-  ParamBase(ParamCatalogue* catalogue, std::string key, ParamType type, std::string description)
-      : catalogue_(catalogue),
-        key_(std::move(key)),
-        type_(type),
-        description_(std::move(description)) {}
+  // Registers this parameter with `catalogue` (which must outlive it; a member of the catalogue
+  // struct does). A key declared twice in one catalogue is a programming error (asserts).
+  ParamBase(ParamCatalogue& catalogue, std::string key, ParamType type, std::string description);
 
   std::optional<std::string> lookupEnv() const;
   Status badValue(const std::string& value, const Status& why) const;
@@ -103,8 +103,11 @@ class ParamBase {
   std::mutex mu_;
 };
 
+// A typed knob: the value is read from the environment on the first get() and then frozen. Use
+// the concrete kinds below (BoolParam, IntParam, ...), which fix the parser, validator and
+// formatter of each type.
 template <typename T>
-class Param final : public ParamBase {
+class Param : public ParamBase {
  public:
   // Parses text into T (syntax only).
   using Parser = std::function<Result<T>(std::string_view)>;
@@ -112,19 +115,8 @@ class Param final : public ParamBase {
   using Validator = std::function<Status(const T&)>;
   using Formatter = std::function<std::string(const T&)>;
 
-  Param(ParamCatalogue* catalogue, std::string key, ParamType type, T defaultValue,
-        std::string description, std::string accepted, Parser parser, Validator validator,
-        Formatter formatter)
-      : ParamBase(catalogue, std::move(key), type, std::move(description)),
-        default_(std::move(defaultValue)),
-        value_(default_),
-        accepted_(std::move(accepted)),
-        parser_(std::move(parser)),
-        validator_(std::move(validator)),
-        formatter_(std::move(formatter)) {}
-
   // The value (loading it on first call). A bad environment value is returned as an error on
-  // every call, so every user of the knob sees it.
+  // every call, so every user of the knob sees it; there is no fallback to the default.
   Result<T> get() {
     if (!loaded_.load(std::memory_order_acquire)) {
       Status s = load();
@@ -133,13 +125,6 @@ class Param final : public ParamBase {
       }
     }
     return value_;
-  }
-
-  // The value, or the default when the environment holds a bad value. For callers that already
-  // validated the catalogue with ParamCatalogue::loadAll() at init.
-  T value() {
-    Result<T> r = get();
-    return r.isOk() ? *r : default_;
   }
 
   const T& defaultValue() const { return default_; }
@@ -203,6 +188,17 @@ class Param final : public ParamBase {
   }
 
  protected:
+  Param(ParamCatalogue& catalogue, std::string key, ParamType type, T defaultValue,
+        std::string description, std::string accepted, Parser parser, Validator validator,
+        Formatter formatter)
+      : ParamBase(catalogue, std::move(key), type, std::move(description)),
+        default_(std::move(defaultValue)),
+        value_(default_),
+        accepted_(std::move(accepted)),
+        parser_(std::move(parser)),
+        validator_(std::move(validator)),
+        formatter_(std::move(formatter)) {}
+
   std::string currentString() const override { return formatter_(value_); }
 
  private:
@@ -214,36 +210,83 @@ class Param final : public ParamBase {
   Formatter formatter_;
 };
 
-// One per library. Parameters live as long as the catalogue; references returned by add*() are
-// stable.
+// Inclusive bounds of a numeric knob.
+template <typename T>
+struct Bounds {
+  T min;
+  T max;
+};
+
+// The kinds of knob. Each constructor is the knob's whole declaration:
+//   (catalogue, env key, default, [bounds | choices | accepted + validator], description).
+
+// 1/0, true/false, yes/no, on/off (case-insensitive).
+class BoolParam final : public Param<bool> {
+ public:
+  BoolParam(ParamCatalogue& catalogue, std::string key, bool def, std::string description);
+};
+
+// A decimal (or 0x hex) integer in [min, max]; no octal, no trailing junk.
+class IntParam final : public Param<int64_t> {
+ public:
+  IntParam(ParamCatalogue& catalogue, std::string key, int64_t def, Bounds<int64_t> bounds,
+           std::string description);
+};
+
+// A finite number in [min, max].
+class DoubleParam final : public Param<double> {
+ public:
+  DoubleParam(ParamCatalogue& catalogue, std::string key, double def, Bounds<double> bounds,
+              std::string description);
+};
+
+// A byte size in [min, max] with an optional K/M/G/T suffix (powers of 1024).
+class BytesParam final : public Param<uint64_t> {
+ public:
+  BytesParam(ParamCatalogue& catalogue, std::string key, uint64_t def, Bounds<uint64_t> bounds,
+             std::string description);
+};
+
+// Free-form text; `validator` (optional) checks its syntax and `accepted` says what it takes.
+class StringParam final : public Param<std::string> {
+ public:
+  StringParam(ParamCatalogue& catalogue, std::string key, std::string def, std::string description,
+              std::string accepted = "any string", Validator validator = nullptr);
+};
+
+// One of `choices` (case-insensitive; stored in the choice's spelling).
+class EnumParam final : public Param<std::string> {
+ public:
+  EnumParam(ParamCatalogue& catalogue, std::string key, std::string def,
+            std::vector<EnumChoice> choices, std::string description);
+};
+
+// A library's catalogue: the one idiom for declaring knobs in bagua. A library derives a struct
+// whose members are its knobs, each declared once with everything about it:
+//
+//   struct CoreParams : ParamCatalogue {
+//     CoreParams() : ParamCatalogue("core", "process groups, rendezvous, ...") {}
+//     IntParam masterPort{*this, "MASTER_PORT", 29500, {1, 65535}, "port of the TCP store"};
+//   };
+//   CoreParams& coreParams();  // a function-local static; users read coreParams().masterPort.get()
+//
+// Members register in declaration order (the order of the dump). A catalogue is neither copied
+// nor moved: its knobs point at it.
 class ParamCatalogue {
  public:
-  explicit ParamCatalogue(std::string library, std::string description = {});
+  ParamCatalogue(std::string library, std::string description);
   ParamCatalogue(const ParamCatalogue&) = delete;
   ParamCatalogue& operator=(const ParamCatalogue&) = delete;
+  virtual ~ParamCatalogue() = default;
 
   const std::string& library() const { return library_; }
   const std::string& description() const { return description_; }
 
-  Param<bool>& addBool(std::string key, bool def, std::string description);
-  Param<int64_t>& addInt(std::string key, int64_t def, int64_t min, int64_t max,
-                         std::string description);
-  Param<double>& addDouble(std::string key, double def, double min, double max,
-                           std::string description);
-  Param<uint64_t>& addBytes(std::string key, uint64_t def, uint64_t min, uint64_t max,
-                            std::string description);
-  // A free-form string; `validator` (optional) checks its syntax; `accepted` describes it.
-  Param<std::string>& addString(std::string key, std::string def, std::string description,
-                                std::string accepted = "any string",
-                                Param<std::string>::Validator validator = nullptr);
-  // One of `choices` (case-insensitive; stored in the choice's spelling).
-  Param<std::string>& addEnum(std::string key, std::string def, std::vector<EnumChoice> choices,
-                              std::string description);
-
   // Loads every parameter; the first bad one fails with its key, value and accepted values.
   Status loadAll();
 
-  const std::vector<std::unique_ptr<ParamBase>>& params() const { return params_; }
+  // The knobs in declaration order (for dumps and tools; code reads its knobs as members).
+  const std::vector<ParamBase*>& params() const { return params_; }
   ParamBase* find(std::string_view key) const;
 
   std::optional<std::string> lookupEnv(const std::string& key) const;
@@ -253,12 +296,12 @@ class ParamCatalogue {
   void resetForTesting();
 
  private:
-  template <typename T>
-  Param<T>& add(std::unique_ptr<Param<T>> param);
+  friend class ParamBase;
+  void add(ParamBase* param);
 
   std::string library_;
   std::string description_;
-  std::vector<std::unique_ptr<ParamBase>> params_;
+  std::vector<ParamBase*> params_;
   EnvLookup lookup_;
 };
 
@@ -274,8 +317,5 @@ class ScopedEnvForTesting {
  private:
   ParamCatalogue& catalogue_;
 };
-
-// The base library's own parameters (logging).
-ParamCatalogue& baseParams();
 
 }  // namespace bagua
