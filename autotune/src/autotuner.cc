@@ -1,19 +1,21 @@
+// The tuner: Autotuner's protocol between ranks (start data, knob check, throughput reports,
+// decisions through the store), rank 0's optimiser and trial log, and the bucket partition it
+// proposes. The setting text form is setting_codec.cc; the algorithm wrappers, tunable.cc.
 #include "bagua/autotune/autotuner.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <numeric>
 #include <set>
-#include <sstream>
 #include <type_traits>
 
 #include "bagua/autotune/knob_owners.h"
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
+#include "setting_codec.h"
 
 namespace bagua::autotune {
 
@@ -25,19 +27,9 @@ double secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::vector<std::string> splitLines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string line;
-  while (std::getline(in, line)) {
-    out.push_back(line);
-  }
-  return out;
-}
-
 }  // namespace
 
-// ---- Partition and setting files ---------------------------------------------------------------
+// ---- Layout -----------------------------------------------------------------------------------
 
 std::vector<std::vector<int>> partitionBySize(const std::vector<core::TensorRef>& tensors,
                                               const std::vector<int>& order, uint64_t bucketBytes) {
@@ -68,125 +60,23 @@ std::vector<std::vector<int>> partitionBySize(const std::vector<core::TensorRef>
   return out;
 }
 
-namespace {
-
-std::string encode(const Setting& s) {
-  std::string out =
-      strPrintf("bucket_bytes=%llu\n", static_cast<unsigned long long>(s.bucketBytes));
-  for (const auto& [name, v] : s.knobs) {
-    out += strPrintf("knob.%s=%lld\n", name.c_str(), static_cast<long long>(v));
-  }
-  for (const auto& b : s.buckets) {
-    out += "bucket=";
-    for (size_t i = 0; i < b.size(); ++i) {
-      out += (i ? "," : "") + b[i];
-    }
-    out += "\n";
-  }
-  return out;
-}
-
-Result<Setting> decode(const std::vector<std::string>& lines, const std::string& where) {
-  Setting s;
-  bool haveBytes = false;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const std::string& line = lines[i];
-    if (line.empty() || line[0] == '#') {
-      continue;
-    }
-    const size_t eq = line.find('=');
-    if (eq == std::string::npos) {
-      return BAGUA_ERROR(kInvalidArgument, "%s line %zu: expected key=value, got '%s'",
-                         where.c_str(), i + 1, line.c_str());
-    }
-    const std::string k = line.substr(0, eq);
-    const std::string v = line.substr(eq + 1);
-    if (k == "bucket_bytes") {
-      BAGUA_ASSIGN_OR_RETURN(int64_t b, parseInt(v));
-      if (b <= 0) {
-        return BAGUA_ERROR(kInvalidArgument, "%s: bucket_bytes %lld must be positive",
-                           where.c_str(), static_cast<long long>(b));
-      }
-      s.bucketBytes = static_cast<uint64_t>(b);
-      haveBytes = true;
-    } else if (k.rfind("knob.", 0) == 0) {
-      BAGUA_ASSIGN_OR_RETURN(int64_t kv, parseInt(v));
-      s.knobs[k.substr(5)] = kv;
-    } else if (k == "bucket") {
-      std::vector<std::string> names;
-      std::string cur;
-      std::istringstream in(v);
-      while (std::getline(in, cur, ',')) {
-        names.push_back(cur);
-      }
-      if (names.empty()) {
-        return BAGUA_ERROR(kInvalidArgument, "%s line %zu: empty bucket", where.c_str(), i + 1);
-      }
-      s.buckets.push_back(std::move(names));
-    } else if (k == "score") {
-      BAGUA_ASSIGN_OR_RETURN(s.score, parseDouble(v));
-    } else if (k == "model") {
-      // Informational.
-    } else {
-      return BAGUA_ERROR(kInvalidArgument, "%s line %zu: unknown key '%s'", where.c_str(), i + 1,
-                         k.c_str());
-    }
-  }
-  if (!haveBytes || s.buckets.empty()) {
-    return BAGUA_ERROR(kInvalidArgument, "%s: needs bucket_bytes= and at least one bucket= line",
-                       where.c_str());
-  }
-  return s;
-}
-
-}  // namespace
-
-Status saveSetting(const std::string& path, const std::string& model, const Setting& setting) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) {
-      return BAGUA_ERRNO(errno, "autotune: cannot write " + tmp);
-    }
-    out << "# bagua autotune: best setting found; start a later run from it with "
-           "BAGUA_AUTOTUNE_LOAD_FILE\n";
-    out << "model=" << model << "\n"
-        << strPrintf("score=%.17g\n", setting.score) << encode(setting);
-    if (!out.flush()) {
-      return BAGUA_ERRNO(errno, "autotune: writing " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return BAGUA_ERRNO(errno, "autotune: rename " + tmp + " -> " + path);
-  }
-  return Status::ok();
-}
-
-Result<Setting> loadSetting(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return BAGUA_ERRNO(errno, "autotune: cannot read the saved setting " + path);
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return decode(splitLines(ss.str()), path);
-}
-
 // ---- Autotuner --------------------------------------------------------------------------------
 
+// The options in force: init() takes each from AutotuneOptions, else from autotuneParams(), so
+// the catalogue is the one place a default is written.
 struct Autotuner::Resolved {
-  bool enabled = false;
-  int maxSamples = 60;
-  double warmupS = 30;
-  double confidenceS = 5;
-  int checkInterval = 10;
-  int initialSamples = 0;
-  uint64_t seed = 0;
+  bool enabled{};
+  int maxSamples{};
+  double warmupS{};
+  double confidenceS{};
+  int checkInterval{};
+  int initialSamples{};
+  uint64_t seed{};
   std::string logFile;
   std::string saveFile;
   std::string loadFile;
-  std::chrono::milliseconds wait{300000};
-  bool paired = true;
+  std::chrono::milliseconds wait{};
+  bool paired{};
 };
 
 Autotuner::Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm,
@@ -460,7 +350,7 @@ Status Autotuner::init() {
                            "%s's %zu tensors (saved by another model?)",
                            r.loadFile.c_str(), got.size(), o.model.c_str(), have.size());
       }
-      start = "load\n" + encode(*s);
+      start = "load\n" + encodeSetting(*s);
       BAGUA_LOG_INFO(kLogTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
                      o.model.c_str(), r.loadFile.c_str(),
                      static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
@@ -490,7 +380,7 @@ Status Autotuner::init() {
     BAGUA_RETURN_IF_ERROR(checkKnobsAgree(rank0Knobs));
   }
   if (start.rfind("load\n", 0) == 0) {
-    BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(start.substr(5)), "rank 0's start"));
+    BAGUA_ASSIGN_OR_RETURN(Setting s, decodeSetting(start.substr(5), "rank 0's start"));
     BAGUA_RETURN_IF_ERROR(schedule(s));
     const int bi = 0;
     currentPoint_[bi] = std::clamp<int64_t>(static_cast<int64_t>(s.bucketBytes / 1024),
@@ -642,7 +532,7 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
       candidateWindowS_ = windowS;
       candidate_ = current_;
       inReference_ = true;
-      *decision = "switch\n" + encode(reference_);
+      *decision = "switch\n" + encodeSetting(reference_);
       return Status::ok();
     }
     inReference_ = false;
@@ -686,7 +576,7 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
     s.score = n ? sum / n : 0.0;
     currentPoint_ = best;
     state_ = State::kDone;
-    *decision = "final\n" + encode(s);
+    *decision = "final\n" + encodeSetting(s);
     BAGUA_LOG_INFO(kLogTune,
                    "autotune: model %s done after %zu trials: bucket %llu bytes, %zu buckets, "
                    "%.3f it/s measured",
@@ -703,7 +593,7 @@ Status Autotuner::decide(int64_t step, const std::vector<WindowReport>& reports,
   BAGUA_ASSIGN_OR_RETURN(Point next, bo_->ask());
   BAGUA_ASSIGN_OR_RETURN(Setting s, makeSetting(next));
   currentPoint_ = next;
-  *decision = "switch\n" + encode(s);
+  *decision = "switch\n" + encodeSetting(s);
   return Status::ok();
 }
 
@@ -725,7 +615,7 @@ Status Autotuner::applyDecision(const std::string& decision) {
   if (kind != "switch" && kind != "final") {
     return BAGUA_ERROR(kInternal, "autotune: unknown decision '%s'", kind.c_str());
   }
-  BAGUA_ASSIGN_OR_RETURN(Setting s, decode(splitLines(decision.substr(nl + 1)), "decision"));
+  BAGUA_ASSIGN_OR_RETURN(Setting s, decodeSetting(decision.substr(nl + 1), "decision"));
   BAGUA_RETURN_IF_ERROR(schedule(s));
   state_ = kind == "final" ? State::kDone : State::kMeasuring;
   if (state_ == State::kDone) {
@@ -852,169 +742,6 @@ Status Autotuner::onIterationEnd() {
   }
   overheadS_ += secondsSince(t0);
   return s;
-}
-
-// ---- Tunable ----------------------------------------------------------------------------------
-
-class TunableImpl final : public core::AlgorithmImpl {
- public:
-  TunableImpl(Tunable* owner, std::unique_ptr<core::AlgorithmImpl> inner)
-      : owner_(owner), inner_(std::move(inner)) {}
-
-  bool needReset(core::DistributedDataParallel& ddp) override {
-    // Evaluate the inner algorithm's hook every time (it may keep count of steps).
-    const bool inner = inner_->needReset(ddp);
-    Tunable& o = *owner_;
-    if (o.switchAt_ < 0 || ddp.trainStep() < o.switchAt_) {
-      return inner;
-    }
-    if (ddp.trainStep() == o.switchAt_) {
-      return true;
-    }
-    // The reducer's own one-time rebuild from the ready order (DDP's, in the prepareForward()
-    // of the iteration after the first complete one) runs before this hook and replaces the
-    // buckets; put the tuned layout back in the same prepareForward(). Every rank sees the same
-    // layouts, so they all decide alike. Once the reducer cannot rebuild any more, stop looking.
-    if (o.stable_ || !o.layoutValid_) {
-      return inner;
-    }
-    const core::DdpOptions& opt = ddp.options();
-    o.stable_ = ddp.bucketsRebuilt() || !opt.rebuildBuckets || opt.findUnusedParameters;
-    return inner || ddp.bucketLayout() != o.layout_;
-  }
-  std::vector<core::TensorRef> initTensors(core::DistributedDataParallel& ddp) override {
-    return inner_->initTensors(ddp);
-  }
-  std::vector<std::vector<int>> tensorsToBuckets(const std::vector<core::TensorRef>& tensors,
-                                                 const core::BucketOptions& options) override {
-    if (!owner_->layout_.empty()) {
-      std::map<std::string, int> pos;
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        pos[tensors[i].name] = static_cast<int>(i);
-      }
-      std::vector<std::vector<int>> out;
-      size_t placed = 0;
-      bool ok = true;
-      for (const auto& b : owner_->layout_) {
-        out.emplace_back();
-        for (const std::string& n : b) {
-          auto it = pos.find(n);
-          if (it == pos.end()) {
-            ok = false;
-            break;
-          }
-          out.back().push_back(it->second);
-          pos.erase(it);
-          ++placed;
-        }
-      }
-      if (ok && placed == tensors.size()) {
-        owner_->layoutValid_ = true;
-        return out;
-      }
-      owner_->layoutValid_ = false;
-      BAGUA_LOG_WARN(kLogTune,
-                     "autotune: the tuned layout does not match the algorithm's %zu tensors "
-                     "any more; using the algorithm's own buckets",
-                     tensors.size());
-    }
-    return inner_->tensorsToBuckets(tensors, options);
-  }
-  Status initOperations(core::Bucket& bucket) override { return inner_->initOperations(bucket); }
-  Status runBucket(core::Bucket& bucket, core::ProcessGroup& group) override {
-    return inner_->runBucket(bucket, group);
-  }
-  Status onForwardPre(core::DistributedDataParallel& ddp) override {
-    owner_->iterStart_ = Clock::now();
-    owner_->readyCur_.assign(ddp.tensors().size(), -1);
-    return inner_->onForwardPre(ddp);
-  }
-  Status onBackwardReady(core::DistributedDataParallel& ddp, int tensor) override {
-    if (tensor >= 0 && static_cast<size_t>(tensor) < owner_->readyCur_.size()) {
-      owner_->readyCur_[tensor] =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - owner_->iterStart_)
-              .count();
-    }
-    return inner_->onBackwardReady(ddp, tensor);
-  }
-  Status onPostBackward(core::DistributedDataParallel& ddp) override {
-    owner_->readyNs_ = owner_->readyCur_;
-    return inner_->onPostBackward(ddp);
-  }
-  Status onPostOptimizerStep(core::DistributedDataParallel& ddp) override {
-    return inner_->onPostOptimizerStep(ddp);
-  }
-
- private:
-  Tunable* owner_;
-  std::unique_ptr<core::AlgorithmImpl> inner_;
-};
-
-Result<std::unique_ptr<core::AlgorithmImpl>> Tunable::reify(core::ProcessGroup& group) {
-  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<core::AlgorithmImpl> inner, inner_->reify(group));
-  return std::unique_ptr<core::AlgorithmImpl>(new TunableImpl(this, std::move(inner)));
-}
-
-Status Tunable::schedule(int64_t atStep, std::vector<std::vector<std::string>> layout) {
-  if (layout.empty()) {
-    return BAGUA_ERROR(kInvalidArgument, "autotune: an empty bucket layout");
-  }
-  for (const auto& b : layout) {
-    if (b.empty()) {
-      return BAGUA_ERROR(kInvalidArgument, "autotune: a layout with an empty bucket");
-    }
-  }
-  switchAt_ = atStep;
-  layout_ = std::move(layout);
-  layoutValid_ = false;
-  stable_ = false;
-  return Status::ok();
-}
-
-// ---- TunableAllReduce -------------------------------------------------------------------------
-
-namespace {
-
-class TunableAllReduceImpl final : public core::AlgorithmImpl {
- public:
-  TunableAllReduceImpl(TunableAllReduce* owner, bool average) : owner_(owner), average_(average) {}
-
-  Status runBucket(core::Bucket& b, core::ProcessGroup& g) override {
-    const auto timeout = g.options().collectiveTimeout;
-    const core::ReduceOp op = average_ ? core::ReduceOp::kAvg : core::ReduceOp::kSum;
-    if (!owner_->hierarchical() || g.intraNode() == nullptr || g.numNodes() == 1) {
-      return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout);
-    }
-    core::Communicator* intra = g.intraNode();
-    BAGUA_RETURN_IF_ERROR(intra->reduce(b.flat, b.flat, b.numel, b.dtype, op, 0)->wait(timeout));
-    if (intra->rank() == 0) {
-      BAGUA_RETURN_IF_ERROR(
-          g.interNode()->allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout));
-    }
-    return intra->broadcast(b.flat, b.numel, b.dtype, 0)->wait(timeout);
-  }
-
- private:
-  TunableAllReduce* owner_;
-  bool average_;
-};
-
-}  // namespace
-
-Result<std::unique_ptr<core::AlgorithmImpl>> TunableAllReduce::reify(core::ProcessGroup& group) {
-  (void)group;
-  return std::unique_ptr<core::AlgorithmImpl>(new TunableAllReduceImpl(this, average_));
-}
-
-Knob TunableAllReduce::knob() {
-  Knob k;
-  k.dimension = Dimension::boolean("hierarchical");
-  k.initial = hierarchical() ? 1 : 0;
-  k.apply = [this](int64_t v) {
-    setHierarchical(v != 0);
-    return Status::ok();
-  };
-  return k;
 }
 
 }  // namespace bagua::autotune

@@ -110,6 +110,22 @@ std::vector<std::vector<int>> AlgorithmImpl::tensorsToBuckets(const std::vector<
   return buckets;
 }
 
+Status allReduceBucket(Bucket& b, ProcessGroup& g, bool hierarchical, bool average) {
+  const auto timeout = g.options().collectiveTimeout;
+  const ReduceOp op = average ? ReduceOp::kAvg : ReduceOp::kSum;
+  if (!hierarchical || g.intraNode() == nullptr || g.numNodes() == 1) {
+    return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout);
+  }
+  // Mean of node means equals the global mean: every node runs the same number of ranks.
+  Communicator* intra = g.intraNode();
+  BAGUA_RETURN_IF_ERROR(intra->reduce(b.flat, b.flat, b.numel, b.dtype, op, 0)->wait(timeout));
+  if (intra->rank() == 0) {
+    BAGUA_RETURN_IF_ERROR(
+        g.interNode()->allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout));
+  }
+  return intra->broadcast(b.flat, b.numel, b.dtype, 0)->wait(timeout);
+}
+
 namespace {
 
 class GradientAllReduceImpl final : public AlgorithmImpl {
@@ -118,19 +134,7 @@ class GradientAllReduceImpl final : public AlgorithmImpl {
       : hierarchical_(hierarchical), average_(average) {}
 
   Status runBucket(Bucket& b, ProcessGroup& g) override {
-    const auto timeout = g.options().collectiveTimeout;
-    const ReduceOp op = average_ ? ReduceOp::kAvg : ReduceOp::kSum;
-    if (!hierarchical_ || g.intraNode() == nullptr || g.numNodes() == 1) {
-      return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout);
-    }
-    // Mean of node means equals the global mean: every node runs the same number of ranks.
-    Communicator* intra = g.intraNode();
-    BAGUA_RETURN_IF_ERROR(intra->reduce(b.flat, b.flat, b.numel, b.dtype, op, 0)->wait(timeout));
-    if (intra->rank() == 0) {
-      BAGUA_RETURN_IF_ERROR(
-          g.interNode()->allReduce(b.flat, b.flat, b.numel, b.dtype, op)->wait(timeout));
-    }
-    return intra->broadcast(b.flat, b.numel, b.dtype, 0)->wait(timeout);
+    return allReduceBucket(b, g, hierarchical_, average_);
   }
 
  private:

@@ -90,6 +90,15 @@ class Algorithm {
   virtual Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& group) = 0;
 };
 
+// One bucket's gradient all-reduce, as GradientAllReduce runs it, for algorithms that reduce a
+// bucket the same way (autotune's TunableAllReduce, whose mode changes between iterations):
+// all-reduce of `bucket.flat` over the group, averaged or summed. `hierarchical`: intra-node
+// reduce to the local leader, all-reduce among leaders, intra-node broadcast; flat when the group
+// has no sub-groups or one node. Each wait is bounded by the group's collective timeout; the
+// first error is returned. Called from runBucket (the reducer's bucket thread).
+[[nodiscard]] Status allReduceBucket(Bucket& bucket, ProcessGroup& group, bool hierarchical,
+                                     bool average);
+
 // The default algorithm: all-reduce the gradients bucket by bucket. `average` divides by the
 // world size (else sums). `hierarchical`: intra-node reduce to the local leader, all-reduce among
 // leaders, intra-node broadcast (needs a process group built with hierarchical sub-groups).
