@@ -3,9 +3,14 @@
 //   bagua-params            table of all parameters
 //   bagua-params --json     the same as JSON
 //   bagua-params --check    exit 1 (listing each) if any environment value is invalid
+//   bagua-params --markdown [LIBRARY]
+//                           the README tables: key, type, default, accepted values, description
+//                           (defaults, never the environment's values, so the output depends on
+//                           the build only); `./bagua docs` writes them into the READMEs
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bagua/autotune/params.h"
@@ -32,14 +37,17 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
           &bagua::optim::optimizerParams()};
 }
 
-std::string jsonEscape(const std::string& s) {
+// `s` with a backslash before each character of `special` and each control character replaced
+// by `control(c)`: the one escaping loop behind JSON strings and Markdown table cells.
+template <typename Control>
+std::string escape(const std::string& s, std::string_view special, Control control) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\') {
+    if (special.find(c) != std::string_view::npos) {
       out += '\\';
       out += c;
     } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += bagua::strPrintf("\\u%04x", c);
+      out += control(c);
     } else {
       out += c;
     }
@@ -47,13 +55,70 @@ std::string jsonEscape(const std::string& s) {
   return out;
 }
 
+std::string jsonEscape(const std::string& s) {
+  return escape(s, "\"\\", [](char c) { return bagua::strPrintf("\\u%04x", c); });
+}
+
+// A table cell: one line; '|' escaped so it does not end the cell, '<' so that "<if>" in a
+// description is text, not an HTML tag.
+std::string markdownCell(const std::string& s) {
+  return escape(s, "|<", [](char) { return std::string(" "); });
+}
+
+// One catalogue as a Markdown table (the block `./bagua docs` keeps in each README).
+void printMarkdown(const bagua::ParamCatalogue& c) {
+  std::printf("| key | type | default | accepted | description |\n");
+  std::printf("| --- | --- | --- | --- | --- |\n");
+  for (const auto& p : c.params()) {
+    const std::string def = p->defaultString();
+    std::printf("| `%s` | %s | %s | %s | %s |\n", p->key().c_str(), bagua::paramTypeName(p->type()),
+                def.empty() ? "(empty)" : ("`" + markdownCell(def) + "`").c_str(),
+                markdownCell(p->acceptedString()).c_str(), markdownCell(p->description()).c_str());
+  }
+}
+
+std::string libraryNames() {
+  std::string out;
+  for (bagua::ParamCatalogue* c : allCatalogues()) {
+    out += (out.empty() ? "" : ", ") + c->library();
+  }
+  return out;
+}
+
+// --markdown [LIBRARY]: that library's table, or every library's under a heading of its own.
+int markdown(const char* library) {
+  bool found = false;
+  for (bagua::ParamCatalogue* c : allCatalogues()) {
+    if (library != nullptr) {
+      if (c->library() == library) {
+        printMarkdown(*c);
+        found = true;
+      }
+      continue;
+    }
+    std::printf("%s### %s: %s\n\n", found ? "\n" : "", c->library().c_str(),
+                c->description().c_str());
+    printMarkdown(*c);
+    found = true;
+  }
+  if (!found) {
+    std::fprintf(stderr, "bagua-params: no library '%s' (libraries: %s)\n", library,
+                 libraryNames().c_str());
+    return 2;
+  }
+  return 0;
+}
+
 void usage() {
   std::printf(
-      "usage: bagua-params [--json] [--check]\n"
+      "usage: bagua-params [--json] [--check] | --markdown [LIBRARY]\n"
       "Lists every bagua parameter: environment key, type, current value, where the value\n"
       "came from (default, environment, api), default, accepted values and description.\n"
-      "  --json   machine-readable output\n"
-      "  --check  exit with status 1 if any environment value is invalid\n");
+      "  --json               machine-readable output\n"
+      "  --check              exit with status 1 if any environment value is invalid\n"
+      "  --markdown [LIBRARY] the README tables (key, type, default, accepted, description) of\n"
+      "                       one library or of all; libraries: %s\n",
+      libraryNames().c_str());
 }
 
 }  // namespace
@@ -61,11 +126,18 @@ void usage() {
 int main(int argc, char** argv) {
   bool json = false;
   bool check = false;
+  bool markdownMode = false;
+  const char* library = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
     } else if (std::strcmp(argv[i], "--check") == 0) {
       check = true;
+    } else if (std::strcmp(argv[i], "--markdown") == 0) {
+      markdownMode = true;
+      if (i + 1 < argc && argv[i + 1][0] != '-') {
+        library = argv[++i];
+      }
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       usage();
       return 0;
@@ -74,6 +146,14 @@ int main(int argc, char** argv) {
       usage();
       return 2;
     }
+  }
+  if (markdownMode) {
+    if (json || check) {
+      std::fprintf(stderr, "bagua-params: --markdown does not combine with --json or --check\n");
+      usage();
+      return 2;
+    }
+    return markdown(library);
   }
   int invalid = 0;
   bool first = true;

@@ -48,7 +48,7 @@ struct AutotuneParams : ParamCatalogue {
                          10,
                          {1, 1000000},
                          "iterations between throughput reports through the store (each "
-                         "report is one store round trip per rank)"};
+                         "report is one store round trip per rank; Bagua: 100)"};
   IntParam initialSamples{*this,
                           "BAGUA_AUTOTUNE_INITIAL_SAMPLES",
                           0,
