@@ -24,6 +24,7 @@
 
 #include "bagua/base/params.h"
 #include "bagua/core/process_group.h"
+#include "bagua/demo_support/bench_args.h"
 
 #if BAGUA_BENCH_HAVE_GLOO
 #include <gloo/allreduce.h>
@@ -42,34 +43,12 @@ using namespace bagua;
 using namespace bagua::core;
 using Clock = std::chrono::steady_clock;
 
-struct Args {
-  std::vector<size_t> sizes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
-  int iters = 0;  // 0: adaptive
-  int reps = 3;
+// --sizes, --iters (0, the default: adaptive) and --reps, plus the bench's own options.
+struct Args : demo::BenchArgs {
+  Args() { sizes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}; }
   bool gloo = true;
   std::vector<std::string> transports;  // empty: one group configured by the environment
 };
-
-bool parseSizes(const std::string& text, std::vector<size_t>* out) {
-  out->clear();
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    std::string item =
-        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    Result<uint64_t> b = parseBytes(item);
-    if (!b.isOk() || *b < 4) {
-      std::fprintf(stderr, "bagua-allreduce-bench: bad size '%s'\n", item.c_str());
-      return false;
-    }
-    out->push_back(*b);
-    if (comma == std::string::npos) {
-      break;
-    }
-    pos = comma + 1;
-  }
-  return !out->empty();
-}
 
 #if BAGUA_BENCH_HAVE_GLOO
 // gloo's rendezvous through our store (gloo reports errors by throwing).
@@ -331,18 +310,14 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--sizes" && i + 1 < argc) {
-      if (!parseSizes(argv[++i], &a.sizes)) {
-        return 2;
-      }
-    } else if ((k == "--iters" || k == "--reps") && i + 1 < argc) {
-      Result<int64_t> v = parseInt(argv[++i]);
-      if (!v.isOk() || *v < 1 || *v > 100000) {
-        std::fprintf(stderr, "bagua-allreduce-bench: %s must be a positive integer\n", k.c_str());
-        return 2;
-      }
-      (k == "--iters" ? a.iters : a.reps) = static_cast<int>(*v);
-    } else if (k == "--no_gloo") {
+    const int common = demo::parseBenchArg("bagua-allreduce-bench", argc, argv, &i, &a);
+    if (common < 0) {
+      return 2;
+    }
+    if (common > 0) {
+      continue;
+    }
+    if (k == "--no_gloo") {
       a.gloo = false;
     } else if (k == "--transports" && i + 1 < argc) {
       std::string list = argv[++i];

@@ -15,8 +15,6 @@
 // usage: bagua-autotune-net-live-bench [--bytes 32M] [--iters 10] [--rounds 3] [--samples 16]
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdarg>
@@ -279,35 +277,13 @@ int main(int argc, char** argv) {
     return help ? 0 : 2;
   }
   // Rank 1 is forked before CUDA is touched; rank 0 makes the NCCL id and pipes it over.
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    std::perror("pipe");
+  bagua::tools::ForkedRanks ranks;
+  if (!bagua::tools::forkRanks(
+          kRanks, [&](int r, const ncclUniqueId& id, int) { return Rank(o, r).run(id); }, &ranks)) {
     return 1;
   }
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    std::perror("fork");
-    return 1;
-  }
-  if (pid == 0) {
-    ncclUniqueId id;
-    if (!bagua::tools::readAll(fds[0], &id, sizeof(id))) {
-      _exit(5);
-    }
-    _exit(Rank(o, 1).run(id));
-  }
-  ncclUniqueId id;
-  bagua::tools::toolRank() = 0;
-  BAGUA_TOOL_CHECK_NCCL(ncclGetUniqueId(&id));
-  if (!bagua::tools::writeAll(fds[1], &id, sizeof(id))) {
-    std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank 1\n");
-    return 1;
-  }
-  const int rc = Rank(o, 0).run(id);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "rank 1 exited with status %d\n", status);
+  const int rc = Rank(o, 0).run(ranks.id);
+  if (!bagua::tools::waitRanks(ranks)) {
     return rc != 0 ? rc : 1;
   }
   return rc;

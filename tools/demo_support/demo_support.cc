@@ -1,12 +1,52 @@
 #include "bagua/demo_support/demo_support.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
 
-#include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/qadam.h"
 
 namespace bagua::demo {
+
+algo::AlgorithmArgs algorithmArgs(const DemoOptions& o) {
+  algo::AlgorithmArgs args = o.algoArgs;
+  if (o.algorithm != "async" && args.count("hierarchical") == 0) {
+    args["hierarchical"] = o.hierarchical ? "true" : "false";
+  }
+  return args;
+}
+
+Status checkAlgorithm(const std::string& name, const algo::AlgorithmArgs& args) {
+  std::vector<core::Parameter> none;
+  std::unique_ptr<algo::QAdamOptimizer> probe;
+  if (name == "qadam") {
+    BAGUA_ASSIGN_OR_RETURN(probe, algo::QAdamOptimizer::create(none));
+  }
+  return algo::createAlgorithm(name, args, probe.get()).status();
+}
+
+Result<Training> makeTraining(std::vector<core::Parameter>& params, const DemoOptions& o,
+                              const algo::AlgorithmArgs& args) {
+  Training t;
+  algo::QAdamOptimizer* qadam = nullptr;
+  if (o.algorithm == "qadam") {
+    algo::QAdamOptions qo;
+    qo.lr = o.lrGiven ? o.lr : algo::QAdamOptions{}.lr;
+    qo.warmupSteps = std::max(1, o.steps / 5);
+    BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(params, qo));
+    qadam = q.get();
+    t.optimizer = std::move(q);
+  } else {
+    t.optimizer = std::make_unique<core::Sgd>(params, o.lr, o.momentum);
+  }
+  BAGUA_ASSIGN_OR_RETURN(t.algorithm, algo::createAlgorithm(o.algorithm, args, qadam));
+  t.ddp.bucketCapMb = o.bucketCapMb;
+  t.ddp.gradientAsBucketView = o.viewGrads;
+  return t;
+}
 
 std::string humanBytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -35,6 +75,64 @@ Status stopAsyncAveraging(core::Algorithm& algorithm) {
     return am->abort();
   }
   return Status::ok();
+}
+
+RunReport::RunReport(core::ProcessGroup& pg, int steps, int batch)
+    : pg_(pg),
+      steps_(steps),
+      batch_(batch),
+      tty_(::isatty(1) != 0),
+      reportEvery_(std::max(1, steps / (tty_ ? 100 : 10))),
+      start_(std::chrono::steady_clock::now()) {}
+
+Status RunReport::step(int step, double loss, double correct, double samples) {
+  lossSum_ += loss;
+  correctSum_ += correct;
+  samplesSum_ += samples;
+  ++windowSteps_;
+  if (step % reportEvery_ != 0 && step != steps_ && step != 1) {
+    return Status::ok();
+  }
+  // Global mean loss and accuracy over the window (every rank joins this all-reduce).
+  double g[2] = {lossSum_ / windowSteps_, correctSum_ / samplesSum_};
+  BAGUA_RETURN_IF_ERROR(pg_.global()
+                            .allReduce(g, g, 2, core::DataType::kF64, core::ReduceOp::kAvg)
+                            ->wait(pg_.options().collectiveTimeout));
+  lossSum_ = correctSum_ = samplesSum_ = 0;
+  windowSteps_ = 0;
+  if (firstLoss_ < 0) {
+    firstLoss_ = g[0];
+  }
+  lastLoss_ = g[0];
+  lastAccuracy_ = g[1];
+  if (pg_.rank() == 0) {
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    drawProgressBar(step, steps_, lastLoss_, lastAccuracy_,
+                    secs > 0 ? static_cast<double>(step) * batch_ * pg_.size() / secs : 0.0, tty_);
+  }
+  return Status::ok();
+}
+
+Status RunReport::finish(core::Algorithm& algorithm) {
+  RunSummary s;
+  s.steps = steps_;
+  s.batch = batch_;
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  s.firstLoss = firstLoss_;
+  s.lastLoss = lastLoss_;
+  s.lastAccuracy = lastAccuracy_;
+  s.tty = tty_;
+  BAGUA_RETURN_IF_ERROR(stopAsyncAveraging(algorithm));
+  return finishRun(pg_, s);
+}
+
+int exitStatus(const char* tool, const Status& status) {
+  if (status.isOk()) {
+    return 0;
+  }
+  std::fprintf(stderr, "%s: %s\n", tool, status.toString().c_str());
+  return 1;
 }
 
 Status finishRun(core::ProcessGroup& pg, const RunSummary& run) {

@@ -24,6 +24,7 @@
 
 #include "bagua/base/params.h"
 #include "bagua/core/process_group.h"
+#include "bagua/demo_support/bench_args.h"
 
 namespace {
 
@@ -40,30 +41,12 @@ using Clock = std::chrono::steady_clock;
     }                                                              \
   } while (0)
 
-struct Args {
-  std::vector<size_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};
-  int iters = 20;
-  int reps = 3;
-};
-
-bool parseSizes(const std::string& text, std::vector<size_t>* out) {
-  out->clear();
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    Result<uint64_t> b =
-        parseBytes(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    if (!b.isOk() || *b < 4) {
-      return false;
-    }
-    out->push_back(*b);
-    if (comma == std::string::npos) {
-      break;
-    }
-    pos = comma + 1;
+struct Args : demo::BenchArgs {
+  Args() {
+    sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};
+    iters = 20;
   }
-  return !out->empty();
-}
+};
 
 std::string sizeText(size_t b) {
   if (b >= (1 << 20) && b % (1 << 20) == 0) {
@@ -228,20 +211,12 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--sizes" && i + 1 < argc) {
-      if (!parseSizes(argv[++i], &a.sizes)) {
-        std::fprintf(stderr, "bagua-nccl-comm-bench: bad --sizes\n");
-        return 2;
-      }
-    } else if ((k == "--iters" || k == "--reps") && i + 1 < argc) {
-      Result<int64_t> v = parseInt(argv[++i]);
-      if (!v.isOk() || *v < 1 || *v > 100000) {
-        std::fprintf(stderr, "bagua-nccl-comm-bench: %s wants a positive integer\n", k.c_str());
-        return 2;
-      }
-      (k == "--iters" ? a.iters : a.reps) = static_cast<int>(*v);
-    } else {
+    const std::string k = argv[i];
+    const int common = demo::parseBenchArg("bagua-nccl-comm-bench", argc, argv, &i, &a);
+    if (common < 0) {
+      return 2;
+    }
+    if (common == 0) {
       std::fprintf(stderr,
                    "usage: baguarun --nproc_per_node 2 bagua-nccl-comm-bench [--sizes 1M,64M] "
                    "[--iters N] [--reps R]\n");

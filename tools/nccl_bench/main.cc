@@ -12,8 +12,6 @@
 // figure printed is the mean over ranks (nccl-tests' default, -a 1).
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -186,44 +184,24 @@ int main(int argc, char** argv) {
   }
 
   // Rank 0 (this process) makes the id after forking the others, so no CUDA state is forked.
-  std::vector<int> idPipes(static_cast<size_t>(o.ranks) * 2, -1);
-  std::vector<int> resultPipes(static_cast<size_t>(o.ranks) * 2, -1);
-  std::vector<pid_t> children;
-  for (int r = 1; r < o.ranks; ++r) {
-    if (::pipe(&idPipes[2 * r]) != 0 || ::pipe(&resultPipes[2 * r]) != 0) {
-      std::perror("pipe");
-      return 1;
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("fork");
-      return 1;
-    }
-    if (pid == 0) {
-      ncclUniqueId id;
-      if (!bagua::tools::readAll(idPipes[2 * r], &id, sizeof(id))) {
-        std::fprintf(stderr, "rank %d: no NCCL id from rank 0\n", r);
-        _exit(5);
-      }
-      std::vector<char> correct;
-      std::vector<double> t = runRank(o, r, id, &correct);
-      uint32_t n = static_cast<uint32_t>(t.size());
-      bool ok = bagua::tools::writeAll(resultPipes[2 * r + 1], &n, sizeof(n)) &&
-                bagua::tools::writeAll(resultPipes[2 * r + 1], t.data(), n * sizeof(double)) &&
-                bagua::tools::writeAll(resultPipes[2 * r + 1], correct.data(), n);
-      _exit(ok ? 0 : 6);
-    }
-    children.push_back(pid);
+  // Each rank reports its times and checks to rank 0 through its result pipe.
+  bagua::tools::ForkedRanks ranks;
+  const bool forked = bagua::tools::forkRanks(
+      o.ranks,
+      [&](int r, const ncclUniqueId& id, int resultFd) {
+        std::vector<char> correct;
+        std::vector<double> t = runRank(o, r, id, &correct);
+        uint32_t n = static_cast<uint32_t>(t.size());
+        bool ok = bagua::tools::writeAll(resultFd, &n, sizeof(n)) &&
+                  bagua::tools::writeAll(resultFd, t.data(), n * sizeof(double)) &&
+                  bagua::tools::writeAll(resultFd, correct.data(), n);
+        return ok ? 0 : 6;
+      },
+      &ranks);
+  if (!forked) {
+    return 1;
   }
-  ncclUniqueId id;
-  bagua::tools::toolRank() = 0;
-  BAGUA_TOOL_CHECK_NCCL(ncclGetUniqueId(&id));
-  for (int r = 1; r < o.ranks; ++r) {
-    if (!bagua::tools::writeAll(idPipes[2 * r + 1], &id, sizeof(id))) {
-      std::fprintf(stderr, "rank 0: cannot hand the NCCL id to rank %d\n", r);
-      return 1;
-    }
-  }
+  const ncclUniqueId& id = ranks.id;
   int version = 0;
   BAGUA_TOOL_CHECK_NCCL(ncclGetVersion(&version));
   std::vector<char> correct;
@@ -234,12 +212,12 @@ int main(int argc, char** argv) {
     uint32_t n = 0;
     std::vector<double> t;
     std::vector<char> c;
-    bool ok = bagua::tools::readAll(resultPipes[2 * r], &n, sizeof(n)) && n == mine.size();
+    bool ok = bagua::tools::readAll(ranks.results[r - 1], &n, sizeof(n)) && n == mine.size();
     if (ok) {
       t.resize(n);
       c.resize(n);
-      ok = bagua::tools::readAll(resultPipes[2 * r], t.data(), n * sizeof(double)) &&
-           bagua::tools::readAll(resultPipes[2 * r], c.data(), n);
+      ok = bagua::tools::readAll(ranks.results[r - 1], t.data(), n * sizeof(double)) &&
+           bagua::tools::readAll(ranks.results[r - 1], c.data(), n);
     }
     if (!ok) {
       std::fprintf(stderr, "rank 0: no results from rank %d\n", r);
@@ -251,13 +229,8 @@ int main(int argc, char** argv) {
       correct[i] = static_cast<char>(correct[i] && c[i]);
     }
   }
-  for (pid_t pid : children) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "rank 0: a rank exited with status %d\n", status);
-      allOk = false;
-    }
+  if (!bagua::tools::waitRanks(ranks)) {
+    allOk = false;
   }
 
   std::vector<Row> rows;

@@ -11,11 +11,9 @@
 // --algorithm picks any algorithm of the algorithms library by name (createAlgorithm). Rank 0
 // draws a progress bar with the global loss, accuracy and samples/s; at the end it prints the
 // bytes every rank sent and received. Exit status 1 if the loss did not go down.
-#include <unistd.h>
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -23,7 +21,6 @@
 #include <vector>
 
 #include "bagua/algorithms/algorithms.h"
-#include "bagua/algorithms/qadam.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/core/ddp.h"
@@ -35,22 +32,13 @@ namespace {
 
 using namespace bagua;
 using namespace bagua::core;
-using Clock = std::chrono::steady_clock;
 
-struct Args {
-  int steps = 200;
-  int batch = 64;  // per rank
-  int hidden = 256;
-  int features = 32;
-  int classes = 10;
-  float lr = 0.05f;  // SGD's; QAdam's default (1e-3) unless --lr is given
-  bool lrGiven = false;
-  float momentum = 0.9f;
-  double bucketCapMb = 25.0;
-  bool hierarchical = false;
-  bool viewGrads = true;
-  std::string algorithm = "gradient_allreduce";
-  algo::AlgorithmArgs algoArgs;
+// The demos' common options with this demo's smaller default model (32 inputs, hidden 256).
+struct Args : demo::DemoOptions {
+  Args() {
+    hidden = 256;
+    features = 32;
+  }
 };
 
 void usage() {
@@ -127,19 +115,8 @@ bool parseArgs(int argc, char** argv, Args* a) {
 }
 
 Status run(const Args& a) {
-  algo::AlgorithmArgs algoArgs = a.algoArgs;
-  if (a.algorithm != "async" && algoArgs.count("hierarchical") == 0) {
-    algoArgs["hierarchical"] = a.hierarchical ? "true" : "false";
-  }
-  {
-    // Check the name and parameters before anything connects.
-    std::vector<Parameter> none;
-    std::unique_ptr<algo::QAdamOptimizer> probe;
-    if (a.algorithm == "qadam") {
-      BAGUA_ASSIGN_OR_RETURN(probe, algo::QAdamOptimizer::create(none));
-    }
-    BAGUA_RETURN_IF_ERROR(algo::createAlgorithm(a.algorithm, algoArgs, probe.get()).status());
-  }
+  algo::AlgorithmArgs algoArgs = demo::algorithmArgs(a);
+  BAGUA_RETURN_IF_ERROR(demo::checkAlgorithm(a.algorithm, algoArgs));
   ProcessGroupOptions po;
   // async takes no "hierarchical" argument.
   const auto h = algoArgs.find("hierarchical");
@@ -166,28 +143,10 @@ Status run(const Args& a) {
   for (const Parameter& p : tm->parameters()) {
     numParams += p.numel;
   }
-  std::unique_ptr<Optimizer> opt;
-  algo::QAdamOptimizer* qadam = nullptr;
-  if (a.algorithm == "qadam") {
-    algo::QAdamOptions qo;
-    // Adam at SGD's 0.05 diverges within the warm-up: QAdam's own default unless --lr is given.
-    qo.lr = a.lrGiven ? a.lr : algo::QAdamOptions{}.lr;
-    qo.warmupSteps = std::max(1, a.steps / 5);
-    BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(tm->parameters(), qo));
-    qadam = q.get();
-    opt = std::move(q);
-  } else {
-    opt = std::make_unique<Sgd>(tm->parameters(), a.lr, a.momentum);
-  }
-  BAGUA_ASSIGN_OR_RETURN(std::shared_ptr<Algorithm> algorithm,
-                         algo::createAlgorithm(a.algorithm, algoArgs, qadam));
-  DdpOptions dopt;
-  dopt.bucketCapMb = a.bucketCapMb;
-  dopt.gradientAsBucketView = a.viewGrads;
-  BAGUA_ASSIGN_OR_RETURN(
-      auto ddp, withBagua(tm->parameters(), tm->buffers(), {opt.get()}, algorithm, *pg, dopt));
+  BAGUA_ASSIGN_OR_RETURN(demo::Training t, demo::makeTraining(tm->parameters(), a, algoArgs));
+  BAGUA_ASSIGN_OR_RETURN(auto ddp, withBagua(tm->parameters(), tm->buffers(), {t.optimizer.get()},
+                                             t.algorithm, *pg, t.ddp));
   BAGUA_RETURN_IF_ERROR(tm->attach(*ddp));
-  const bool tty = ::isatty(1) != 0;
   if (rank == 0) {
     std::printf(
         "bagua-torch-demo: %d ranks, host backend, algorithm %s; libtorch %s MLP %d-%d-%d-%d "
@@ -196,13 +155,7 @@ Status run(const Args& a) {
         numParams, demo::humanBytes(static_cast<double>(numParams) * 4).c_str(),
         ddp->buckets().size(), a.batch);
   }
-  double firstLoss = -1;
-  double lastLoss = 0;
-  double lastAcc = 0;
-  double window[2] = {0, 0};  // loss sum, accuracy sum since the last report
-  int windowSteps = 0;
-  const int reportEvery = std::max(1, a.steps / (tty ? 100 : 10));
-  auto t0 = Clock::now();
+  demo::RunReport report(*pg, a.steps, a.batch);
   for (int step = 1; step <= a.steps; ++step) {
     torch::manual_seed(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(rank));
     torch::Tensor x = torch::randn({a.batch, a.features});
@@ -211,7 +164,7 @@ Status run(const Args& a) {
       torch::NoGradGuard g;
       y = torch::tanh(x.matmul(t1) / 4).matmul(t2).argmax(1);
     }
-    opt->zeroGrad();
+    t.optimizer->zeroGrad();
     BAGUA_RETURN_IF_ERROR(ddp->prepareForward());
     torch::Tensor logits = net->forward(x);
     torch::Tensor loss = torch::nn::functional::cross_entropy(logits, y);
@@ -219,54 +172,18 @@ Status run(const Args& a) {
     BAGUA_RETURN_IF_ERROR(tm->takeHookStatus());
     BAGUA_RETURN_IF_ERROR(ddp->finishBackward());
     BAGUA_RETURN_IF_ERROR(ddp->step());
-    window[0] += loss.item<double>();
-    window[1] += logits.argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
-    ++windowSteps;
-    if (step % reportEvery == 0 || step == a.steps || step == 1) {
-      double g[2] = {window[0] / windowSteps, window[1] / windowSteps};
-      BAGUA_RETURN_IF_ERROR(pg->global()
-                                .allReduce(g, g, 2, DataType::kF64, ReduceOp::kAvg)
-                                ->wait(pg->options().collectiveTimeout));
-      window[0] = window[1] = 0;
-      windowSteps = 0;
-      if (firstLoss < 0) {
-        firstLoss = g[0];
-      }
-      lastLoss = g[0];
-      lastAcc = g[1];
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rank == 0) {
-        demo::drawProgressBar(step, a.steps, lastLoss, lastAcc,
-                              secs > 0 ? static_cast<double>(step) * a.batch * world / secs : 0.0,
-                              tty);
-      }
-    }
+    BAGUA_RETURN_IF_ERROR(
+        report.step(step, loss.item<double>(),
+                    logits.argmax(1).eq(y).to(torch::kDouble).mean().item<double>(), 1.0));
   }
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  BAGUA_RETURN_IF_ERROR(demo::stopAsyncAveraging(*algorithm));
+  Status finished = report.finish(*t.algorithm);
   tm->detach();
-  demo::RunSummary summary;
-  summary.steps = a.steps;
-  summary.batch = a.batch;
-  summary.seconds = secs;
-  summary.firstLoss = firstLoss;
-  summary.lastLoss = lastLoss;
-  summary.lastAccuracy = lastAcc;
-  summary.tty = tty;
-  return demo::finishRun(*pg, summary);
+  return finished;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parseArgs(argc, argv, &a)) {
-    return 2;
-  }
-  Status s = run(a);
-  if (!s.isOk()) {
-    std::fprintf(stderr, "bagua-torch-demo: %s\n", s.toString().c_str());
-    return 1;
-  }
-  return 0;
+  return parseArgs(argc, argv, &a) ? demo::exitStatus("bagua-torch-demo", run(a)) : 2;
 }

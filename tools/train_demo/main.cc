@@ -9,9 +9,7 @@
 //
 // Rank 0 draws a progress bar with the global loss, accuracy and samples/s; at the end every rank
 // reports the bytes it sent and received. The exit status is 1 if the loss did not go down.
-#include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,7 +19,6 @@
 #include <vector>
 
 #include "bagua/algorithms/algorithms.h"
-#include "bagua/algorithms/qadam.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/core/ddp.h"
@@ -33,24 +30,8 @@ namespace {
 
 using namespace bagua;
 using namespace bagua::core;
-using Clock = std::chrono::steady_clock;
 
-struct Args {
-  int steps = 200;
-  int batch = 64;  // per rank
-  int hidden = 512;
-  int features = 64;
-  int classes = 10;
-  float lr = 0.05f;  // SGD's; QAdam's default (1e-3) unless --lr is given
-  bool lrGiven = false;
-  float momentum = 0.9f;
-  double bucketCapMb = 25.0;
-  bool hierarchical = false;
-  bool viewGrads = true;
-  std::string algorithm = "gradient_allreduce";
-  bool hierarchicalGiven = false;
-  bagua::algo::AlgorithmArgs algoArgs;
-};
+using Args = demo::DemoOptions;
 
 void usage() {
   std::printf(
@@ -121,7 +102,6 @@ bool parseArgs(int argc, char** argv, Args* a) {
         return false;
     } else if (k == "--hierarchical") {
       a->hierarchical = true;
-      a->hierarchicalGiven = true;
     } else if (k == "--algo_arg") {
       const char* v = next("--algo_arg");
       if (v == nullptr)
@@ -206,30 +186,9 @@ class Task {
   std::vector<float> w2_;
 };
 
-// The algorithm's parameters: --algo_arg values, plus hierarchical=<--hierarchical> for the
-// algorithms that take it (the demo defaults to flat, unlike Bagua's ByteGrad and decentralized
-// defaults, so it runs on any process group).
-algo::AlgorithmArgs algorithmArgs(const Args& a) {
-  algo::AlgorithmArgs args = a.algoArgs;
-  if (a.algorithm != "async" && args.count("hierarchical") == 0) {
-    args["hierarchical"] = a.hierarchical ? "true" : "false";
-  }
-  return args;
-}
-
 Status run(const Args& a) {
-  const algo::AlgorithmArgs algoArgs = algorithmArgs(a);
-  {
-    // Check the name and parameters before anything connects (QAdam's optimizer comes later).
-    algo::QAdamOptimizer* none = nullptr;
-    std::vector<Parameter> noParams;
-    std::unique_ptr<algo::QAdamOptimizer> probe;
-    if (a.algorithm == "qadam") {
-      BAGUA_ASSIGN_OR_RETURN(probe, algo::QAdamOptimizer::create(noParams));
-      none = probe.get();
-    }
-    BAGUA_RETURN_IF_ERROR(algo::createAlgorithm(a.algorithm, algoArgs, none).status());
-  }
+  const algo::AlgorithmArgs algoArgs = demo::algorithmArgs(a);
+  BAGUA_RETURN_IF_ERROR(demo::checkAlgorithm(a.algorithm, algoArgs));
   ProcessGroupOptions po;
   po.hierarchical = a.hierarchical ||
                     (algoArgs.count("hierarchical") != 0 &&
@@ -245,27 +204,9 @@ Status run(const Args& a) {
   mc.seed = 1000 + static_cast<uint64_t>(rank);  // differs per rank: the initial broadcast fixes it
   example::Mlp model(mc);
   // QAdam steps the model itself; every other algorithm trains with SGD + momentum.
-  std::unique_ptr<Optimizer> opt;
-  algo::QAdamOptimizer* qadam = nullptr;
-  if (a.algorithm == "qadam") {
-    algo::QAdamOptions qo;
-    // Adam at SGD's 0.05 diverges within the warm-up: QAdam's own default unless --lr is given.
-    qo.lr = a.lrGiven ? a.lr : algo::QAdamOptions{}.lr;
-    qo.warmupSteps = std::max(1, a.steps / 5);
-    BAGUA_ASSIGN_OR_RETURN(auto q, algo::QAdamOptimizer::create(model.parameters(), qo));
-    qadam = q.get();
-    opt = std::move(q);
-  } else {
-    opt = std::make_unique<Sgd>(model.parameters(), a.lr, a.momentum);
-  }
-  BAGUA_ASSIGN_OR_RETURN(std::shared_ptr<Algorithm> algorithm,
-                         algo::createAlgorithm(a.algorithm, algoArgs, qadam));
-  DdpOptions dopt;
-  dopt.bucketCapMb = a.bucketCapMb;
-  dopt.gradientAsBucketView = a.viewGrads;
-  BAGUA_ASSIGN_OR_RETURN(
-      auto ddp, withBagua(model.parameters(), model.buffers(), {opt.get()}, algorithm, *pg, dopt));
-  const bool tty = ::isatty(1) != 0;
+  BAGUA_ASSIGN_OR_RETURN(demo::Training t, demo::makeTraining(model.parameters(), a, algoArgs));
+  BAGUA_ASSIGN_OR_RETURN(auto ddp, withBagua(model.parameters(), model.buffers(),
+                                             {t.optimizer.get()}, t.algorithm, *pg, t.ddp));
   if (rank == 0) {
     std::printf(
         "bagua-train-demo: %d ranks, host backend, algorithm %s; MLP %d-%d-%d-%d (%zu params, "
@@ -277,15 +218,9 @@ Status run(const Args& a) {
   Task task(a.features, a.classes);
   std::vector<float> x;
   std::vector<int32_t> y;
-  float firstLoss = -1;
-  float lastLoss = 0;
-  float lastAcc = 0;
-  auto t0 = Clock::now();
-  const int reportEvery = std::max(1, a.steps / (tty ? 100 : 10));
-  double window[2] = {0, 0};  // loss sum, correct sum since the last report
-  int windowSteps = 0;
+  demo::RunReport report(*pg, a.steps, a.batch);
   for (int step = 1; step <= a.steps; ++step) {
-    opt->zeroGrad();
+    t.optimizer->zeroGrad();
     BAGUA_RETURN_IF_ERROR(ddp->prepareForward());
     task.batch(static_cast<uint64_t>(step) * 1000003u + static_cast<uint64_t>(rank), a.batch, &x,
                &y);
@@ -299,54 +234,14 @@ Status run(const Args& a) {
     BAGUA_RETURN_IF_ERROR(ready);
     BAGUA_RETURN_IF_ERROR(ddp->finishBackward());
     BAGUA_RETURN_IF_ERROR(ddp->step());
-    window[0] += loss;
-    window[1] += model.correct();
-    ++windowSteps;
-    if (step % reportEvery == 0 || step == a.steps || step == 1) {
-      // Global mean loss and accuracy over the window (every rank joins this all-reduce).
-      double g[2] = {window[0] / windowSteps, window[1] / (windowSteps * a.batch)};
-      BAGUA_RETURN_IF_ERROR(pg->global()
-                                .allReduce(g, g, 2, DataType::kF64, ReduceOp::kAvg)
-                                ->wait(pg->options().collectiveTimeout));
-      window[0] = window[1] = 0;
-      windowSteps = 0;
-      if (firstLoss < 0) {
-        firstLoss = static_cast<float>(g[0]);
-      }
-      lastLoss = static_cast<float>(g[0]);
-      lastAcc = static_cast<float>(g[1]);
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (rank == 0) {
-        demo::drawProgressBar(step, a.steps, lastLoss, lastAcc,
-                              secs > 0 ? static_cast<double>(step) * a.batch * world / secs : 0.0,
-                              tty);
-      }
-    }
+    BAGUA_RETURN_IF_ERROR(report.step(step, loss, model.correct(), a.batch));
   }
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  BAGUA_RETURN_IF_ERROR(demo::stopAsyncAveraging(*algorithm));
-  demo::RunSummary summary;
-  summary.steps = a.steps;
-  summary.batch = a.batch;
-  summary.seconds = secs;
-  summary.firstLoss = firstLoss;
-  summary.lastLoss = lastLoss;
-  summary.lastAccuracy = lastAcc;
-  summary.tty = tty;
-  return demo::finishRun(*pg, summary);
+  return report.finish(*t.algorithm);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a;
-  if (!parseArgs(argc, argv, &a)) {
-    return 2;
-  }
-  Status s = run(a);
-  if (!s.isOk()) {
-    std::fprintf(stderr, "bagua-train-demo: %s\n", s.toString().c_str());
-    return 1;
-  }
-  return 0;
+  return parseArgs(argc, argv, &a) ? demo::exitStatus("bagua-train-demo", run(a)) : 2;
 }
