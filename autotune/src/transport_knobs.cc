@@ -15,9 +15,9 @@ namespace bagua::autotune {
 
 namespace {
 
-// Must match the plugin's exports (net_plugin/include/bagua/net/engine.h, kLiveSetSymbol).
-constexpr const char* kSetSymbol = "baguaNetSetLive_v1";
-constexpr const char* kGetSymbol = "baguaNetGetLive_v1";
+// The plugin's exports, named once in bagua/net/live_abi.h.
+constexpr const char* kSetSymbol = BAGUA_NET_LIVE_SET_SYMBOL;
+constexpr const char* kGetSymbol = BAGUA_NET_LIVE_GET_SYMBOL;
 constexpr auto kApplyTimeout = std::chrono::milliseconds(300000);
 
 int collectPlugins(dl_phdr_info* info, size_t /*size*/, void* data) {
@@ -72,8 +72,8 @@ Result<std::unique_ptr<NetPluginLive>> NetPluginLive::find() {
     std::unique_ptr<NetPluginLive> live(new NetPluginLive());
     live->path_ = p;
     live->handle_ = h;
-    live->set_ = reinterpret_cast<int (*)(int, uint64_t, uint64_t)>(set);
-    live->get_ = reinterpret_cast<int (*)(int*, uint64_t*, uint64_t*)>(get);
+    live->set_ = reinterpret_cast<baguaNetSetLive_v1_t>(set);
+    live->get_ = reinterpret_cast<baguaNetGetLive_v1_t>(get);
     return live;
   }
   return BAGUA_ERROR(kNotFound,
@@ -90,7 +90,7 @@ NetPluginLive::~NetPluginLive() {
 
 Status NetPluginLive::set(const Values& v) {
   const int rc = set_(v.activeStreams, v.minChunkBytes, v.maxChunkBytes);
-  if (rc != 0) {
+  if (rc != BAGUA_NET_LIVE_OK) {
     return BAGUA_ERROR(kInvalidArgument,
                        "%s refused active streams %d, chunk %llu..%llu (ncclResult_t %d; ranges in "
                        "net_plugin/README.md)",
@@ -104,7 +104,7 @@ Status NetPluginLive::set(const Values& v) {
 Result<NetPluginLive::Values> NetPluginLive::get() const {
   Values v;
   const int rc = get_(&v.activeStreams, &v.minChunkBytes, &v.maxChunkBytes);
-  if (rc != 0) {
+  if (rc != BAGUA_NET_LIVE_OK) {
     return BAGUA_ERROR(kInternal, "%s: %s failed (ncclResult_t %d)", path_.c_str(), kGetSymbol, rc);
   }
   return v;

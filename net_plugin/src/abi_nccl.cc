@@ -1,12 +1,14 @@
-// The exported NCCL net plugin tables ncclNetPlugin_v11 ... ncclNetPlugin_v6: thin adapters over
-// the internal API (plugin_api.h). Every entry point is an exception firewall: it converts
-// arguments, calls the internal API inside try/catch and maps the Status to ncclResult_t, logging
-// failures (through NCCL's logger once init ran).
+// The exported NCCL net plugin tables ncclNetPlugin_v11 ... ncclNetPlugin_v6 and the live-settings
+// entry (bagua/net/live_abi.h): thin adapters over the internal API (plugin_api.h). Every entry
+// point is an exception firewall: it converts arguments, calls the internal API inside try/catch
+// and maps the Status to ncclResult_t, logging failures (through NCCL's logger once init ran).
 #include <climits>
 #include <exception>
 #include <new>
+#include <type_traits>
 
 #include "bagua/base/logging.h"
+#include "bagua/net/live_abi.h"
 #include "bagua/net/params.h"
 #include "nccl_net_abi.h"
 #include "plugin_api.h"
@@ -264,6 +266,34 @@ ncclResult_t aCloseListen(void* c) {
   return firewall("closeListen", [&] { return closeListen(c); });
 }
 
+// The live-settings entry, in the numbering live_abi.h promises its callers.
+static_assert(BAGUA_NET_LIVE_OK == ncclSuccess && BAGUA_NET_LIVE_INVALID_USAGE == ncclInvalidUsage);
+static_assert(std::is_same_v<decltype(&baguaNetSetLive_v1), baguaNetSetLive_v1_t> &&
+              std::is_same_v<decltype(&baguaNetGetLive_v1), baguaNetGetLive_v1_t>);
+
+ncclResult_t aSetLive(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes) {
+  return firewall(BAGUA_NET_LIVE_SET_SYMBOL, [&] {
+    LiveSettings live;
+    live.activeStreams = activeStreams;
+    live.minChunkBytes = minChunkBytes;
+    live.maxChunkBytes = maxChunkBytes;
+    return setLive(live);
+  });
+}
+ncclResult_t aGetLive(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes) {
+  return firewall(BAGUA_NET_LIVE_GET_SYMBOL, [&]() -> Status {
+    if (activeStreams == nullptr || minChunkBytes == nullptr || maxChunkBytes == nullptr) {
+      return BAGUA_ERROR(kInvalidArgument, "%s with a null pointer", BAGUA_NET_LIVE_GET_SYMBOL);
+    }
+    LiveSettings live;
+    BAGUA_RETURN_IF_ERROR(getLive(&live));
+    *activeStreams = live.activeStreams;
+    *minChunkBytes = live.minChunkBytes;
+    *maxChunkBytes = live.maxChunkBytes;
+    return Status::ok();
+  });
+}
+
 }  // namespace
 }  // namespace bagua::net::plugin
 
@@ -311,5 +341,17 @@ __attribute__((visibility("default"))) ncclNet_v6_t ncclNetPlugin_v6 = {
     aAcceptV6,   aRegMrInt, aRegMrDmaBuf, aDeregMr,   aIsendInt,    aIrecvInt,
     aIflush,     aTest,     aCloseSend,   aCloseRecv, aCloseListen,
 };
+
+// Declared in bagua/net/live_abi.h, so a signature that drifts from the callers' types fails here.
+__attribute__((visibility("default"))) int baguaNetSetLive_v1(int activeStreams,
+                                                              uint64_t minChunkBytes,
+                                                              uint64_t maxChunkBytes) {
+  return aSetLive(activeStreams, minChunkBytes, maxChunkBytes);
+}
+__attribute__((visibility("default"))) int baguaNetGetLive_v1(int* activeStreams,
+                                                              uint64_t* minChunkBytes,
+                                                              uint64_t* maxChunkBytes) {
+  return aGetLive(activeStreams, minChunkBytes, maxChunkBytes);
+}
 
 }  // extern "C"

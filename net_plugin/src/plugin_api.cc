@@ -411,6 +411,22 @@ Status closeListen(void* listenComm) {
   return Status::ok();
 }
 
+Status setLive(const LiveSettings& live) {
+  BAGUA_RETURN_IF_ERROR(setProcessLiveSettings(live));
+  BAGUA_LOG_INFO(kLogNet, "live settings: active streams %d, chunk %llu..%llu (0: default)",
+                 live.activeStreams, static_cast<unsigned long long>(live.minChunkBytes),
+                 static_cast<unsigned long long>(live.maxChunkBytes));
+  return Status::ok();
+}
+
+Status getLive(LiveSettings* live) {
+  if (live == nullptr) {
+    return BAGUA_ERROR(kInvalidArgument, "getLive(NULL)");
+  }
+  *live = processLiveSettings();
+  return Status::ok();
+}
+
 ncclResult_t toNcclResult(const Status& status) {
   switch (status.code()) {
   case StatusCode::kOk:
@@ -431,50 +447,3 @@ ncclResult_t toNcclResult(const Status& status) {
 }
 
 }  // namespace bagua::net::plugin
-
-// ---- live settings entry (exported C, version 1; see engine.h "kLiveSetSymbol")
-// ------------------
-
-extern "C" {
-
-__attribute__((visibility("default"))) int baguaNetSetLive_v1(int activeStreams,
-                                                              uint64_t minChunkBytes,
-                                                              uint64_t maxChunkBytes) {
-  try {
-    bagua::net::LiveSettings live;
-    live.activeStreams = activeStreams;
-    live.minChunkBytes = minChunkBytes;
-    live.maxChunkBytes = maxChunkBytes;
-    bagua::Status s = bagua::net::setProcessLiveSettings(live);
-    if (!s.isOk()) {
-      BAGUA_LOG_WARN(bagua::net::kLogNet, "baguaNetSetLive_v1 refused: %s", s.toString().c_str());
-      return bagua::net::plugin::toNcclResult(s);
-    }
-    BAGUA_LOG_INFO(bagua::net::kLogNet,
-                   "live settings: active streams %d, chunk %llu..%llu (0: default)", activeStreams,
-                   static_cast<unsigned long long>(minChunkBytes),
-                   static_cast<unsigned long long>(maxChunkBytes));
-    return ncclSuccess;
-  } catch (...) {
-    return ncclInternalError;
-  }
-}
-
-__attribute__((visibility("default"))) int baguaNetGetLive_v1(int* activeStreams,
-                                                              uint64_t* minChunkBytes,
-                                                              uint64_t* maxChunkBytes) {
-  try {
-    if (activeStreams == nullptr || minChunkBytes == nullptr || maxChunkBytes == nullptr) {
-      return ncclInvalidUsage;
-    }
-    const bagua::net::LiveSettings live = bagua::net::processLiveSettings();
-    *activeStreams = live.activeStreams;
-    *minChunkBytes = live.minChunkBytes;
-    *maxChunkBytes = live.maxChunkBytes;
-    return ncclSuccess;
-  } catch (...) {
-    return ncclInternalError;
-  }
-}
-
-}  // extern "C"

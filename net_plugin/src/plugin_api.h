@@ -1,6 +1,6 @@
-// The one internal API behind every exported ncclNetPlugin_vN table. Each function returns a
-// Status; the per-version adapters in abi_nccl.cc convert argument types, catch exceptions and
-// map Status codes to ncclResult_t (toNcclResult).
+// The one internal API behind every exported ncclNetPlugin_vN table and the live-settings entry.
+// Each function returns a Status; the adapters in abi_nccl.cc convert argument types, catch
+// exceptions and map Status codes to ncclResult_t (toNcclResult).
 //
 // Thread model: NCCL calls set-up functions from its service thread(s) and isend/irecv/test
 // from its progress thread(s); several communicators may call concurrently. Global state (the
@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "bagua/base/status.h"
+#include "bagua/net/engine.h"
 #include "nccl_net_abi.h"
 
 namespace bagua::net::plugin {
@@ -55,15 +56,13 @@ Status closeSend(void* sendComm);
 Status closeRecv(void* recvComm);
 Status closeListen(void* listenComm);
 
+// The live-settings entry (bagua/net/live_abi.h): this module's process-wide engine settings.
+// setLive validates (kInvalidArgument names the bad field) and logs the new settings.
+Status setLive(const LiveSettings& live);
+Status getLive(LiveSettings* live);
+
 // Status -> ncclResult_t: peer gone -> ncclRemoteError, OS/network -> ncclSystemError, caller
 // mistakes -> ncclInvalidUsage, NCCL misusing the plugin / bugs -> ncclInternalError.
 ncclResult_t toNcclResult(const Status& status);
 
 }  // namespace bagua::net::plugin
-
-// The live-settings entry exported next to the plugin tables (contract in bagua/net/engine.h,
-// kLiveSetSymbol): sets / reads this module's process-wide engine LiveSettings.
-extern "C" {
-int baguaNetSetLive_v1(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
-int baguaNetGetLive_v1(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
-}

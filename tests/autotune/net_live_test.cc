@@ -8,6 +8,7 @@
 
 #include "bagua/autotune/transport_knobs.h"
 #include "bagua/base/params.h"
+#include "bagua/net/live_abi.h"
 
 namespace bagua::autotune {
 namespace {
@@ -26,7 +27,7 @@ TEST(NetPluginLive, FindsTheLoadedBaguaNetPluginAndSetsIt) {
 
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);  // what NCCL does
   ASSERT_NE(h, nullptr) << dlerror();
-  auto get = reinterpret_cast<int (*)(int*, uint64_t*, uint64_t*)>(dlsym(h, "baguaNetGetLive_v1"));
+  auto get = reinterpret_cast<baguaNetGetLive_v1_t>(dlsym(h, BAGUA_NET_LIVE_GET_SYMBOL));
   ASSERT_NE(get, nullptr);
   {
     Result<std::unique_ptr<NetPluginLive>> live = NetPluginLive::find();

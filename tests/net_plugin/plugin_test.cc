@@ -30,6 +30,7 @@
 #include <gtest/gtest.h>
 
 #include "bagua/base/params.h"
+#include "bagua/net/live_abi.h"
 #include "nccl_net_abi.h"
 #include "net_test_util.h"
 
@@ -438,7 +439,7 @@ TEST(PluginSo, ExportsOnlyNcclNetAndTunerPluginSymbols) {
   for (int v = 3; v <= 5; ++v) {
     want.push_back("ncclTunerPlugin_v" + std::to_string(v));
   }
-  want.push_back("baguaNetGetLive_v1");  // the live-settings entry (engine.h, kLiveSetSymbol)
+  want.push_back("baguaNetGetLive_v1");  // the live-settings entry (bagua/net/live_abi.h)
   want.push_back("baguaNetSetLive_v1");
   std::sort(want.begin(), want.end());
   EXPECT_EQ(exported, want);
@@ -454,6 +455,75 @@ TEST(PluginSo, AliasForNcclNetPluginBagua) {
   ASSERT_NE(lib, nullptr) << dlerror();
   EXPECT_NE(dlsym(lib, "ncclNetPlugin_v11"), nullptr);
   dlclose(lib);
+}
+
+// Drives the live-settings entry of a freshly loaded module and returns what it answered.
+std::string liveEntryTrace(const std::string& path) {
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    return std::string("dlopen: ") + dlerror();
+  }
+  auto set = reinterpret_cast<baguaNetSetLive_v1_t>(dlsym(lib, BAGUA_NET_LIVE_SET_SYMBOL));
+  auto get = reinterpret_cast<baguaNetGetLive_v1_t>(dlsym(lib, BAGUA_NET_LIVE_GET_SYMBOL));
+  if (set == nullptr || get == nullptr) {
+    return "live-settings symbols missing";
+  }
+  int active = -1;
+  uint64_t lo = 1, hi = 1;
+  auto read = [&] {
+    int rc = get(&active, &lo, &hi);
+    return std::to_string(rc) + " " + std::to_string(active) + " " + std::to_string(lo) + " " +
+           std::to_string(hi);
+  };
+  std::string t = "set " + std::to_string(set(5, 8 << 10, 512 << 10));
+  t += " | get " + read();
+  t += " | refused";
+  // Too many streams, negative, min above max, a bound above 1 GiB, null pointers.
+  for (int rc :
+       {set(65, 0, 0), set(-1, 0, 0), set(2, 1 << 20, 64 << 10), set(2, 0, (uint64_t{1} << 30) + 1),
+        get(nullptr, &lo, &hi), get(&active, &lo, nullptr)}) {
+    t += " " + std::to_string(rc);
+  }
+  t += " | kept " + read();
+  t += " | cleared " + std::to_string(set(0, 0, 0));
+  t += " " + read();
+  dlclose(lib);
+  return t;
+}
+
+// The live-settings entry through the ABI layer: values round-trip, refused values return
+// ncclInvalidUsage (5) and leave the old setting. In a child process: a refusal logs a warning,
+// and the first line the log formats on a thread pins the module to that thread (the thread's
+// name is cached thread_local), which would keep PluginReload from seeing it unload.
+TEST(PluginSo, LiveSettingsEntry) {
+  std::string path = pluginPath();
+  if (path.empty()) {
+    GTEST_SKIP() << "BAGUA_NET_PLUGIN_PATH not set";
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::string t = liveEntryTrace(path);
+    ssize_t w = write(fds[1], t.data(), t.size());
+    _exit(w == static_cast<ssize_t>(t.size()) ? 0 : 3);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) {
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  EXPECT_EQ(out,
+            "set 0 | get 0 5 8192 524288 | refused 5 5 5 5 5 5 | kept 0 5 8192 524288 | "
+            "cleared 0 0 0 0 0");
 }
 
 class Plugin : public ::testing::TestWithParam<int> {

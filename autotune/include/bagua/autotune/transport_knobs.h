@@ -35,6 +35,7 @@
 #include "bagua/autotune/autotuner.h"
 #include "bagua/base/status.h"
 #include "bagua/core/process_group.h"
+#include "bagua/net/live_abi.h"
 
 namespace bagua::autotune {
 
@@ -65,8 +66,8 @@ class NetPluginLive {
   NetPluginLive() = default;
   std::string path_;
   void* handle_ = nullptr;
-  int (*set_)(int, uint64_t, uint64_t) = nullptr;
-  int (*get_)(int*, uint64_t*, uint64_t*) = nullptr;
+  baguaNetSetLive_v1_t set_ = nullptr;
+  baguaNetGetLive_v1_t get_ = nullptr;
 };
 
 struct TransportKnobRanges {

@@ -180,22 +180,11 @@ struct LiveSettings {
 };
 
 // The process-wide live settings every SendComm of this process reads (one copy per loaded copy
-// of the engine: the NCCL plugin has its own, reached through baguaNetSetLive_v1). Thread-safe.
+// of the engine). The NCCL plugin, loaded by NCCL with its own copy, exports C entries that reach
+// its copy: bagua/net/live_abi.h names them, types them and says how to find them in the loaded
+// module (never load it yourself: that would be another copy). Thread-safe.
 [[nodiscard]] Status setProcessLiveSettings(const LiveSettings& settings);
 LiveSettings processLiveSettings();
-
-// The NCCL plugin (libnccl-net.so, loaded by NCCL with its own copy of the engine) exports C
-// entries that reach its process-wide live settings; the caller finds the already loaded module
-// and looks them up (never load it yourself: that would be another copy). Version 1:
-//   int baguaNetSetLive_v1(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
-//   int baguaNetGetLive_v1(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
-// Both return an ncclResult_t value: 0 success, 5 (ncclInvalidUsage) for a value outside
-// LiveSettings::validate() or a null pointer, 3 (ncclInternalError) otherwise. Fields as in
-// LiveSettings (0: not set).
-inline constexpr const char* kLiveSetSymbol = "baguaNetSetLive_v1";
-inline constexpr const char* kLiveGetSymbol = "baguaNetGetLive_v1";
-using LiveSetFn = int (*)(int activeStreams, uint64_t minChunkBytes, uint64_t maxChunkBytes);
-using LiveGetFn = int (*)(int* activeStreams, uint64_t* minChunkBytes, uint64_t* maxChunkBytes);
 
 // A completion signal that several comms may share, so that a caller waiting on many requests
 // can sleep instead of spinning on test(). A comm given a Notifier (setNotifier, before its first
