@@ -15,6 +15,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/net/engine.h"
+#include "tuner.h"
 
 namespace bagua::net::plugin {
 
@@ -125,11 +126,16 @@ Status discover(Global& g) {
     g.devices.push_back(std::move(d));
   }
   BAGUA_LOG_INFO(kLogInit, "Using interfaces %s", list.c_str());
+  // Both catalogues this library reads: the engine's and the tuner's (whose bad values fail the
+  // tuner's init, not this one: they show as '?').
   std::string knobs;
-  for (const auto& param : netParams().params()) {
-    Result<std::string> v = param->valueString();
-    knobs += strPrintf("%s%s=%s(%s)", knobs.empty() ? "" : " ", param->key().c_str(),
-                       v.isOk() ? v->c_str() : "?", paramSourceName(param->source()));
+  const ParamCatalogue* catalogues[] = {&netParams(), &tuner::tunerParams()};
+  for (const ParamCatalogue* catalogue : catalogues) {
+    for (ParamBase* param : catalogue->params()) {
+      Result<std::string> v = param->valueString();
+      knobs += strPrintf("%s%s=%s(%s)", knobs.empty() ? "" : " ", param->key().c_str(),
+                         v.isOk() ? v->c_str() : "?", paramSourceName(param->source()));
+    }
   }
   BAGUA_LOG_INFO(kLogEnv, "Parameters: %s", knobs.c_str());
   return Status::ok();

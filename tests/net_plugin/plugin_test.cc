@@ -536,7 +536,9 @@ class Plugin : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(Plugin, InitPropertiesAndTransfers) {
-  Loaded so({{"NCCL_SOCKET_IFNAME", "=lo"}, {"BAGUA_NET_NSTREAMS", "4"}});
+  Loaded so({{"NCCL_SOCKET_IFNAME", "=lo"},
+             {"BAGUA_NET_NSTREAMS", "4"},
+             {"BAGUA_NET_TUNER_MIN_CHANNELS", "3"}});
   ASSERT_NE(so.lib(), nullptr) << dlerror();
   std::unique_ptr<Api> api = makeApi(so.lib(), GetParam());
   ASSERT_NE(api, nullptr);
@@ -555,6 +557,9 @@ TEST_P(Plugin, InitPropertiesAndTransfers) {
   EXPECT_NE(api->props(5, &ptr, &maxRecvs, &speed, &name), ncclSuccess) << "bad device";
   EXPECT_TRUE(logContains("NET/Bagua")) << "no log line through NCCL's logger";
   EXPECT_TRUE(logContains("BAGUA_NET_NSTREAMS=4(environment)"));
+  // The init line lists the tuner's catalogue too.
+  EXPECT_TRUE(logContains("BAGUA_NET_TUNER_MIN_CHANNELS=3(environment)"));
+  EXPECT_TRUE(logContains("BAGUA_NET_TUNER=auto(default)"));
 
   Conn c = connectPair(*api);
   ASSERT_TRUE(c.send && c.recv);
