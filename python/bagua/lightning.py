@@ -7,11 +7,10 @@
 Lightning removed its own BaguaStrategy (it needed the unmaintained bagua package); this one
 follows the old one's arguments: ``algorithm`` (a registry name or an Algorithm), ``flatten``,
 and the algorithm's keyword arguments. torch.distributed is still initialised by DDPStrategy
-(Lightning's barrier/broadcast/reduce use it); bagua's own group rendezvouses on MASTER_PORT+1.
+(Lightning's barrier/broadcast/reduce use it); bagua's own group rendezvouses through torch's
+default store.
 Works with ``lightning.pytorch`` (2.x) or ``pytorch_lightning``.
 """
-
-import os
 
 try:
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
@@ -43,18 +42,12 @@ class BaguaStrategy(DDPStrategy):
         self._bagua_kwargs = bagua_kwargs
 
     def setup_distributed(self):
+        # DDPStrategy initialises torch.distributed; bagua's group then rendezvouses through
+        # torch's default store (no second fixed port).
         super().setup_distributed()
-        port = os.environ.get("MASTER_PORT")
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            port = None  # under torchrun bagua finds its own port through the agent's store
-        if port is not None:
-            os.environ["MASTER_PORT"] = str(int(port) + 1)
-        try:
+        if not bagua.is_initialized():
             _comm._init(rank=self.global_rank, world_size=self.world_size,
                         local_rank=self.local_rank, local_world_size=self.num_processes)
-        finally:
-            if port is not None:
-                os.environ["MASTER_PORT"] = port
 
     def _make_algorithm(self):
         a = self._bagua_algorithm

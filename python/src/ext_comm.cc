@@ -68,10 +68,23 @@ class PyWork {
   pyb::object keep_;
 };
 
-// A process group; `owned` for groups made here, plus the store to build more groups from.
+// The TCP store server that rank 0 hosts for init_group: port 0 picks a free port, which the
+// Python side publishes through torch.distributed's store (one listening port per job, the one
+// torch's store already has, so no second fixed port can clash under baguarun or torchrun).
+class PyStoreServer {
+ public:
+  explicit PyStoreServer(std::unique_ptr<core::TcpStoreServer> s) : server_(std::move(s)) {}
+  int port() const { return server_->port(); }
+
+ private:
+  std::unique_ptr<core::TcpStoreServer> server_;
+};
+
+// A process group, plus (rank 0 of init_group) the store server its store talks to.
 class PyGroup {
  public:
-  explicit PyGroup(std::unique_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {}
+  explicit PyGroup(std::unique_ptr<ProcessGroup> pg, std::shared_ptr<PyStoreServer> server = {})
+      : server_(std::move(server)), pg_(std::move(pg)) {}
   ProcessGroup& pg() { return *pg_; }
   Communicator& comm() { return pg_->global(); }
 
@@ -79,6 +92,7 @@ class PyGroup {
   void destroy() {
     pyb::gil_scoped_release nogil;
     pg_.reset();
+    server_.reset();  // after the group: peers still closing get a clean error
   }
   bool alive() const { return pg_ != nullptr; }
   ProcessGroup& live() {
@@ -89,6 +103,7 @@ class PyGroup {
   }
 
  private:
+  std::shared_ptr<PyStoreServer> server_;  // declared first: destroyed after pg_
   std::unique_ptr<ProcessGroup> pg_;
 };
 
@@ -291,6 +306,55 @@ void bindComm(pyb::module_& m) {
       pyb::arg("cuda_device") = -1,
       "env:// rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, "
       "LOCAL_WORLD_SIZE); rank 0 hosts the store");
+  pyb::class_<PyStoreServer, std::shared_ptr<PyStoreServer>>(m, "StoreServer")
+      .def_property_readonly("port", &PyStoreServer::port);
+  m.def(
+      "start_store_server",
+      [](const std::string& host, int port) {
+        Result<std::unique_ptr<core::TcpStoreServer>> r = core::TcpStoreServer::start(host, port);
+        return std::make_shared<PyStoreServer>(take(std::move(r)));
+      },
+      pyb::arg("host"), pyb::arg("port") = 0,
+      "Starts the core's TCP store server on host:port (0: a free port; see .port)");
+  m.def(
+      "init_group",
+      [](const std::string& addr, int port, int rank, int worldSize, int localRank,
+         int localWorldSize, const std::string& backend, bool hierarchical, int cudaDevice,
+         std::shared_ptr<PyStoreServer> server) {
+        // Like init_from_env, with the store's address given (not MASTER_ADDR/MASTER_PORT):
+        // every rank connects to the server rank 0 started with start_store_server.
+        core::ProcessGroupOptions o;
+        o.rank = rank;
+        o.worldSize = worldSize;
+        o.localRank = localRank;
+        o.localWorldSize = localWorldSize;
+        o.backend = backendOf(backend);
+        o.hierarchical = hierarchical;
+        o.cudaDevice = cudaDevice;
+        o.rendezvousTimeout =
+            std::chrono::milliseconds(take(core::coreParams().rendezvousTimeoutMs.get()));
+        core::TcpStoreOptions so;
+        so.host = addr;
+        so.port = port;
+        so.connectTimeout = o.rendezvousTimeout;
+        Result<std::unique_ptr<ProcessGroup>> r = Status();
+        {
+          pyb::gil_scoped_release nogil;
+          Result<std::unique_ptr<core::TcpStore>> client = core::TcpStore::connect(so);
+          if (!client.isOk()) {
+            r = client.status();
+          } else {
+            std::shared_ptr<core::Store> store(std::move(client).value());
+            r = ProcessGroup::create(store, o);
+          }
+        }
+        return std::make_shared<PyGroup>(take(std::move(r)), std::move(server));
+      },
+      pyb::arg("addr"), pyb::arg("port"), pyb::arg("rank"), pyb::arg("world_size"),
+      pyb::arg("local_rank"), pyb::arg("local_world_size"), pyb::arg("backend") = "host",
+      pyb::arg("hierarchical") = true, pyb::arg("cuda_device") = -1, pyb::arg("server") = nullptr,
+      "Rendezvous on the core store at addr:port (rank 0 passes the server it started, which the "
+      "group then owns)");
   m.def("collective_timeout_ms", [] { return collectiveTimeout().count(); });
 }
 

@@ -39,6 +39,55 @@ def check_collectives(outs, n):
         assert o["object"] == {"from": 0, "list": [1, 2, 0]}
         if n >= 3:
             if r in (0, 2):
-                assert o["subgroup"].item() == 4.0
-            else:
-                assert o["subgroup"] is None
+                assert o["subgroup"].item() == 4.0 and o["subgroup_member"]
+            else:  # outside the group: the collective returned at once, value untouched
+                assert o["subgroup"].item() == float(r + 1) and not o["subgroup_member"]
+
+
+def check_bagua_api(outs, n):
+    """comm_bagua's results (workers.py) against their closed forms."""
+    root = n - 1
+    odd = [k for k in range(n) if k % 2 == 1]
+    for r, o in enumerate(outs):
+        assert (o["comm_rank"], o["comm_nranks"]) == (r, n)
+        assert o["dist"] == (True, r, n)
+        assert o["dist_allreduce"] == sum(range(1, n + 1))
+        per = (10 + n - 1) // n
+        assert o["sampler"] == [(r + n * i) % 10 for i in range(per)]
+        gathered = torch.cat([torch.arange(3, dtype=torch.float32) + 10 * k for k in range(n)])
+        if r == root:
+            assert torch.equal(o["gather"], gathered)
+            assert torch.equal(o["gather_inplace"], gathered)
+        assert torch.equal(o["scatter"], torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * 7)
+        assert torch.equal(o["scatter_inplace"],
+                           torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * 7)
+        assert torch.equal(o["alltoall_v"], torch.cat(
+            [torch.full((r + 1,), float(100 * i + r)) for i in range(n)]))
+        tot = float(sum(range(1, n + 1)))
+        assert torch.equal(o["coalesced"][0], torch.full((3,), tot))
+        assert torch.equal(o["coalesced"][1], torch.full((2,), int(tot), dtype=torch.int64))
+        assert torch.equal(o["coalesced"][2], torch.full((4,), float(sum(range(n)))))
+        assert torch.equal(o["broadcast_coalesced"][0], torch.full((2,), float(root)))
+        assert torch.equal(o["broadcast_coalesced"][1], torch.full((3,), root, dtype=torch.int32))
+        xs = [torch.tensor([1 << k, 0xFF ^ (1 << k), k + 1], dtype=torch.int64) for k in range(n)]
+        exp = {"BOR": xs[0].clone(), "BAND": xs[0].clone(), "BXOR": xs[0].clone()}
+        for k in range(1, n):
+            exp["BOR"] |= xs[k]
+            exp["BAND"] &= xs[k]
+            exp["BXOR"] ^= xs[k]
+        for op, e in exp.items():
+            assert torch.equal(o["bitwise_" + op], e), op
+        assert torch.equal(o["reduce_bor"], exp["BOR"] if r == 0 else xs[r])
+        prod = 1.0
+        for k in range(n):
+            prod *= k + 2
+        assert o["product"] == prod
+        assert torch.equal(o["comm_avg"], torch.full((4,), sum(range(n)) / n))
+        ranks, outside, crank, cn = o["from_torch"]
+        assert ranks == odd and outside == (r not in odd)
+        if r in odd:
+            assert (crank, cn) == (odd.index(r), len(odd))
+            assert o["from_torch_allreduce"] == float(sum(odd))
+        else:
+            assert o["from_torch_allreduce"] == float(r)
+        assert o["patched"]

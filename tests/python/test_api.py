@@ -39,14 +39,37 @@ def test_communication_names_and_signatures():
                                     "op": bagua.ReduceOp.SUM, "comm": None}
     assert params(bagua.send) == {"tensor": "REQ", "dst": "REQ", "comm": None}
     assert params(bagua.recv) == {"tensor": "REQ", "src": "REQ", "comm": None}
-    assert {"SUM", "AVG", "MIN", "MAX", "PRODUCT"} <= set(bagua.ReduceOp.__members__)
+    # Bagua's values (its Aluminum codes), bitwise ops included.
+    assert {k: int(v) for k, v in bagua.ReduceOp.__members__.items()} == {
+        "SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "BOR": 7, "BAND": 8, "BXOR": 9, "AVG": 10}
 
 
 def test_not_initialised_error_is_actionable():
     if bagua.is_initialized():
         pytest.skip("a group exists in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
-        bagua.get_rank()
+        bagua.new_group([0])
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        bagua.allreduce_inplace(torch.zeros(1))
+
+
+def test_env_getters_before_init(monkeypatch):
+    """Bagua's scripts call get_rank() / get_local_rank() before init_process_group (e.g.
+    torch.cuda.set_device(bagua.get_local_rank())): they read the launcher's variables."""
+    if bagua.is_initialized():
+        pytest.skip("a group exists in this process")
+    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                 "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(k, v)
+    assert (bagua.get_rank(), bagua.get_world_size(), bagua.get_local_rank(),
+            bagua.get_local_size()) == (5, 8, 1, 4)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    # Bagua's defaults when nothing is set.
+    assert (bagua.get_rank(), bagua.get_world_size(), bagua.get_local_rank(),
+            bagua.get_local_size(), bagua.get_node_rank()) == (0, 1, 0, 1, 0)
+    monkeypatch.setenv("NODE_RANK", "3")
+    assert bagua.get_node_rank() == 3
 
 
 def test_algorithm_classes_and_defaults():

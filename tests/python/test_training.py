@@ -42,6 +42,7 @@ SCENARIOS_2 = {
 def runs2():
     items = {k: {"func": "train", "args": v} for k, v in SCENARIOS_2.items()}
     items["comm"] = {"func": "comm_basic"}
+    items["comm_bagua"] = {"func": "comm_bagua"}
     items["features2"] = {"func": "features2"}
     items["features"] = {"func": "features"}  # last: it aborts the group on purpose
     # Launched by baguarun (the launcher is part of what is tested); the world-3 run below is
@@ -52,6 +53,10 @@ def runs2():
 
 def test_collectives_world2(runs2):
     comm_checks.check_collectives(runs2["comm"], 2)
+
+
+def test_bagua_communication_api_world2(runs2):
+    comm_checks.check_bagua_api(runs2["comm_bagua"], 2)
 
 
 def _assert_ranks_equal(outs, key="final"):
@@ -75,9 +80,12 @@ def test_gradient_allreduce_equals_single_process(runs2, scenario):
                         "module.fc3.weight"]
     else:
         assert keys == ["fc1.weight", "fc2.weight", "fc2.bias", "fc3.weight"]
-    # Bagua #334: DDP-style checkpoint code reads model.module.state_dict().
-    assert outs[0]["module_state_dict_keys"] == ["fc1.weight", "fc2.weight", "fc2.bias",
-                                                 "fc3.weight"]
+    # DDP-style unwrap loops (while hasattr(m, "module"): m = m.module) end: one hop for the
+    # DDP wrapper, none for with_bagua (no self-referencing .module, as in Bagua), and the
+    # unwrapped state has the plain model's keys.
+    assert outs[0]["unwrap_hops"] == (1 if wrapper == "ddp" else 0)
+    assert outs[0]["unwrapped_state_dict_keys"] == ["fc1.weight", "fc2.weight", "fc2.bias",
+                                                    "fc3.weight"]
 
 
 def test_no_sync_accumulation_equals_single_process(runs2):
@@ -135,8 +143,10 @@ def test_decentralized_all_matches_simulation(runs2):
 def test_low_precision_decentralized_replica_invariant():
     outs = harness.run("bundle", 3, {"items": {"lp": {"func": "train", "args": {
         "algorithm": "low_precision_decentralized", "steps": 6,
-        "kwargs": {"hierarchical": False}}}, "comm": {"func": "comm_basic"}}})
+        "kwargs": {"hierarchical": False}}}, "comm": {"func": "comm_basic"},
+        "comm_bagua": {"func": "comm_bagua"}}})
     comm_checks.check_collectives([o["comm"] for o in outs], 3)
+    comm_checks.check_bagua_api([o["comm_bagua"] for o in outs], 3)
     outs = [o["lp"] for o in outs]
     n = 3
     for r in range(n):

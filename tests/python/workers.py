@@ -21,6 +21,13 @@ from bagua.torch_api.data_parallel import DistributedDataParallel
 WORKERS = {}
 
 
+def _init():
+    """The bundled scenarios share one process: init once (a second init raises, as in
+    Bagua)."""
+    if not bagua.is_initialized():
+        bagua.init_process_group()
+
+
 def worker(f):
     WORKERS[f.__name__] = f
     return f
@@ -63,7 +70,7 @@ def make_algorithm(name, kwargs, model, lr):
 
 @worker
 def comm_basic(a):
-    bagua.init_process_group()
+    _init()
     r, n = bagua.get_rank(), bagua.get_world_size()
     out = {"rank": r, "world": n, "local_rank": bagua.get_local_rank(),
            "local_size": bagua.get_local_size()}
@@ -101,13 +108,101 @@ def comm_basic(a):
     bagua.barrier()
     out["object"] = bagua.broadcast_object({"from": r, "list": [1, 2, r]}, src=0)
     if n >= 3:
+        # Every rank calls new_group; a non-member gets a group whose collectives do nothing.
         sub = bagua.new_group([0, 2])
-        if sub is not None:
-            s = torch.tensor([float(r + 1)])
-            bagua.allreduce_inplace(s, comm=sub)
-            out["subgroup"] = s
-        else:
-            out["subgroup"] = None
+        s = torch.tensor([float(r + 1)])
+        bagua.allreduce_inplace(s, comm=sub)
+        out["subgroup"] = s
+        out["subgroup_member"] = sub.get_global_communicator() is not \
+            bagua.communication.CommMember.NON_COMM_MEMBER
+    return out
+
+
+@worker
+def comm_bagua(a):
+    """The rest of Bagua's communication API: communicators, gather/scatter, alltoall_v,
+    coalesced ops, bitwise ops, torch.distributed initialised alongside, torch groups."""
+    import torch.distributed as dist
+    from bagua.torch_api import communication as C
+
+    _init()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+    out = {}
+    g = C._get_default_group()
+    c = g.get_global_communicator()
+    out["comm_rank"], out["comm_nranks"] = c.rank(), c.nranks()
+    # torch.distributed is usable (Bagua initialises it): barrier, all_reduce, a sampler.
+    out["dist"] = (dist.is_initialized(), dist.get_rank(), dist.get_world_size())
+    dist.barrier()
+    t = torch.tensor([float(r + 1)])
+    dist.all_reduce(t)
+    out["dist_allreduce"] = t.item()
+    sampler = torch.utils.data.distributed.DistributedSampler(list(range(10)), shuffle=False)
+    out["sampler"] = list(iter(sampler))
+    # gather / scatter (and in place) to the last rank.
+    root = n - 1
+    recv = torch.zeros(3 * n) if r == root else None
+    bagua.gather(torch.arange(3, dtype=torch.float32) + 10 * r, recv, root)
+    out["gather"] = recv
+    buf = torch.zeros(3 * n) if r == root else torch.arange(3, dtype=torch.float32) + 10 * r
+    if r == root:
+        buf[3 * r:3 * r + 3] = torch.arange(3, dtype=torch.float32) + 10 * r
+    bagua.gather_inplace(buf, 3, root)
+    out["gather_inplace"] = buf
+    src = torch.arange(2 * n, dtype=torch.float32) * 7 if r == root else None
+    part = torch.zeros(2)
+    bagua.scatter(src, part, root)
+    out["scatter"] = part
+    buf = torch.arange(2 * n, dtype=torch.float32) * 7 if r == root else torch.zeros(2)
+    bagua.scatter_inplace(buf, 2, root)
+    out["scatter_inplace"] = buf[2 * r:2 * r + 2] if r == root else buf
+    # alltoall_v: rank r sends (j + 1) elements valued 100 r + j to rank j.
+    sc = [j + 1 for j in range(n)]
+    sd = [sum(sc[:j]) for j in range(n)]
+    send = torch.cat([torch.full((j + 1,), float(100 * r + j)) for j in range(n)])
+    rc = [r + 1] * n
+    rd = [i * (r + 1) for i in range(n)]
+    recv = torch.full((n * (r + 1),), -1.0)
+    bagua.alltoall_v(send, sc, sd, recv, rc, rd)
+    out["alltoall_v"] = recv
+    # coalesced: two dtypes in one call.
+    ts = [torch.full((3,), float(r + 1)), torch.full((2,), r + 1, dtype=torch.int64),
+          torch.full((4,), float(r))]
+    bagua.allreduce_coalesced_inplace(ts, bagua.ReduceOp.SUM)
+    out["coalesced"] = ts
+    bs = [torch.full((2,), float(r)), torch.full((3,), r, dtype=torch.int32)]
+    bagua.broadcast_coalesced(bs, src=root)
+    out["broadcast_coalesced"] = bs
+    # Bitwise ops on integers (Bagua's BOR / BAND / BXOR), through the communicator object.
+    x = torch.tensor([1 << r, 0xFF ^ (1 << r), r + 1], dtype=torch.int64)
+    for op in ("BOR", "BAND", "BXOR"):
+        y = torch.empty_like(x)
+        c.allreduce(x, y, getattr(bagua.ReduceOp, op))
+        out["bitwise_" + op] = y
+    y = x.clone()
+    bagua.reduce_inplace(y, 0, bagua.ReduceOp.BOR)
+    out["reduce_bor"] = y
+    p = torch.tensor([float(r + 2)])
+    bagua.allreduce_inplace(p, bagua.ReduceOp.PRODUCT)
+    out["product"] = p.item()
+    # Tensor-level names: comm methods take tensor.ensure_bagua_tensor().bagua_backend_tensor().
+    d = torch.full((4,), float(r))
+    c.allreduce_inplace(d.ensure_bagua_tensor().bagua_backend_tensor(), bagua.ReduceOp.AVG)
+    out["comm_avg"] = d
+    # A torch group and its Bagua twin (from_torch_group, bagua_patch).
+    odd = [k for k in range(n) if k % 2 == 1]
+    tg = dist.new_group(odd)
+    bg = C.from_torch_group(tg)
+    out["from_torch"] = (bg.ranks, C._rank_not_in_group(bg),
+                         bg.get_global_communicator().rank() if r in odd else None,
+                         bg.get_global_communicator().nranks() if r in odd else None)
+    s = torch.tensor([float(r)])
+    bagua.allreduce_inplace(s, comm=bg.get_global_communicator())
+    out["from_torch_allreduce"] = s.item()
+    wg = dist.new_group(list(range(n)))
+    wg.bagua_patch()
+    out["patched"] = wg in C._torch_to_bagua_pg_map and \
+        wg.bagua_get_global_communicator().nranks() == n
     return out
 
 
@@ -118,7 +213,7 @@ def comm_basic(a):
 def train(a):
     """Trains Net with an algorithm; returns losses and final weights (and, on rank 0, the
     single-process reference on the concatenated batches when asked)."""
-    bagua.init_process_group()
+    _init()
     r, n = bagua.get_rank(), bagua.get_world_size()
     dev = torch.device(a.get("device", "cpu"))
     if dev.type == "cuda":
@@ -166,8 +261,12 @@ def train(a):
     if a.get("reference") and r == 0:
         out["reference"] = reference(init, n * accum, a.get("steps", 10), lr, a["algorithm"])
     out["state_dict_keys"] = list(wrapped.state_dict().keys())
-    if hasattr(wrapped, "module"):
-        out["module_state_dict_keys"] = list(wrapped.module.state_dict().keys())
+    # The usual unwrap loop ends (with_bagua sets no self-referencing .module).
+    inner, hops = wrapped, 0
+    while hasattr(inner, "module") and hops < 10:
+        inner, hops = inner.module, hops + 1
+    out["unwrap_hops"] = hops
+    out["unwrapped_state_dict_keys"] = list(inner.state_dict().keys())
     return out
 
 
@@ -188,7 +287,7 @@ def _steps(model, opt, r, n, offset=0):
 @worker
 def features(a):
     """find_unused_parameters, _bagua_params_and_buffers_to_ignore, algorithm switch."""
-    bagua.init_process_group()
+    _init()
     r = bagua.get_rank()
     out = {}
     # An unused layer: with find_unused_parameters it gets a zero gradient; without, the
@@ -220,7 +319,7 @@ def features(a):
 
 @worker
 def features2(a):
-    bagua.init_process_group()
+    _init()
     r = bagua.get_rank()
     out = {}
     # Ignored parameter: neither broadcast nor averaged.

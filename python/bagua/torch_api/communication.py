@@ -1,4 +1,4 @@
-"""Process groups and collectives with Bagua's names and signatures.
+"""Process groups, communicators and collectives with Bagua's names, signatures and semantics.
 
 CPU tensors go through the host backend (TCP + shared memory); CUDA tensors through NCCL when
 the extension was built with NCCL and a GPU is visible. Tensors are exchanged without copies:
@@ -6,18 +6,46 @@ the C++ core reads and writes the tensors' memory (they must be contiguous). Eve
 synchronous for the caller: it returns when the result is in the output tensor (CUDA: the
 current stream is synchronised before the collective is issued on the communicator's stream,
 and the call returns once that stream finished it).
+
+As in Bagua, ``init_process_group`` also initialises ``torch.distributed`` (NCCL when CUDA is
+usable, else Gloo) on the same rendezvous, so ``torch.distributed.barrier()`` and
+``DistributedSampler()`` work in Bagua scripts. The core's own store listens on a port that rank
+0 picks freely and publishes through torch's store: the job needs one fixed port (MASTER_PORT),
+whichever launcher set it.
+
+Collectives take ``comm``: ``None`` (the default group's global communicator), a communicator
+(``group.get_global_communicator()``), or a ``BaguaProcessGroup``. A rank outside a group gets a
+group whose communicators are ``CommMember.NON_COMM_MEMBER``, and every collective on it returns
+at once, as in Bagua.
 """
 
+import datetime
 import enum
+import functools
 import io
+import ipaddress
 import os
 import pickle
 import threading
+import warnings
+import weakref
 
 import torch
 
 from ._ext import ext
 from . import env
+
+# fmt: off
+__all__ = [
+    "ReduceOp", "new_group", "from_torch_group", "init_process_group", "destroy_process_group",
+    "is_initialized", "send", "recv", "broadcast", "broadcast_object", "allgather_object",
+    "reduce", "reduce_inplace", "allreduce", "allreduce_inplace", "allreduce_coalesced_inplace",
+    "broadcast_coalesced", "allgather", "allgather_inplace", "gather", "gather_inplace",
+    "scatter", "scatter_inplace", "reduce_scatter", "reduce_scatter_inplace",
+    "alltoall", "alltoall_inplace", "alltoall_v", "alltoall_v_inplace", "barrier",
+    "BaguaProcessGroup", "BaguaCommunicator", "CommMember", "get_backend",
+]
+# fmt: on
 
 _DTYPES = {
     torch.float32: 0,
@@ -31,13 +59,32 @@ _DTYPES = {
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operations (Bagua's names; bitwise ones are not supported)."""
+    """Reduction operations, with Bagua's values (its Aluminum codes)."""
 
     SUM = 0
-    AVG = 1
+    PRODUCT = 1
     MIN = 2
     MAX = 3
-    PRODUCT = 4
+    BOR = 7
+    BAND = 8
+    BXOR = 9
+    AVG = 10
+
+
+# Bagua's op -> the core's code (core/include/bagua/core/types.h). The bitwise ops are not in
+# the core: they are computed from an all-gather (integer tensors only).
+_CORE_OP = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
+            ReduceOp.PRODUCT: 4}
+_BITWISE = {ReduceOp.BOR: torch.bitwise_or, ReduceOp.BAND: torch.bitwise_and,
+            ReduceOp.BXOR: torch.bitwise_xor}
+
+
+def _op(op):
+    try:
+        return ReduceOp(int(op))
+    except ValueError:
+        raise ValueError("bagua: unknown reduce op {!r} (one of {})".format(
+            op, ", ".join("{}={}".format(o.name, int(o)) for o in ReduceOp)))
 
 
 def dtype_code(dtype):
@@ -51,213 +98,16 @@ def dtype_code(dtype):
         )
 
 
-class BaguaProcessGroup:
-    """A group of ranks: a host-backend communicator, plus an NCCL one when CUDA is usable.
-
-    ``ranks`` are global ranks in group order; ``rank``/``size`` are this process's rank in
-    the group and the group size.
-    """
-
-    def __init__(self, host, nccl, ranks, name):
-        self._host = host
-        self._nccl = nccl
-        self.ranks = list(ranks)
-        self.group_name = name
-
-    @property
-    def rank(self):
-        return self._host.rank
-
-    @property
-    def size(self):
-        return self._host.size
-
-    def get_global_communicator(self):
-        return self
-
-    def get_intra_node_communicator(self):  # compatibility: collectives use the global one
-        return self
-
-    def get_inter_node_communicator(self):
-        return self
-
-    def _comm_for(self, tensor):
-        if tensor.is_cuda:
-            if self._nccl is None:
-                raise RuntimeError(
-                    "bagua: CUDA tensor but no NCCL communicator (extension built without NCCL "
-                    "(HAVE_NCCL={}) or no GPU visible at init_process_group)".format(ext.HAVE_NCCL)
-                )
-            return self._nccl
-        return self._host
-
-    def destroy(self):
-        for g in (self._nccl, self._host):
-            if g is not None and g.alive:
-                g.destroy()
+class _Comm(object):
+    WORLD = object()
 
 
-_default_pg = None
-_group_count = 0
-_lock = threading.Lock()
+class CommMember(object):
+    """``WORLD``: the default group's global communicator; ``NON_COMM_MEMBER``: what a rank
+    outside a group gets for its communicators (collectives on it return at once)."""
 
-
-def is_initialized():
-    return _default_pg is not None
-
-
-def _check_init():
-    if _default_pg is None:
-        raise RuntimeError(
-            "bagua: call bagua.torch_api.init_process_group() first (under baguarun or torchrun, "
-            "which set MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK)"
-        )
-    return _default_pg
-
-
-def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
-    """Initialises the default process group from env:// (MASTER_ADDR, MASTER_PORT, RANK,
-    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), as Bagua's does; arguments >= 0 override the
-    environment. ``store`` (a torch.distributed store) is not used: the core has its own.
-    Selects the CUDA device LOCAL_RANK when CUDA is available."""
-    return _init(store, rank, world_size, -1, local_world_size)
-
-
-def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1):
-    global _default_pg
-    if store is not None:
-        import warnings
-
-        warnings.warn("bagua: init_process_group(store=...) is ignored; env:// is used")
-    with _lock:
-        if _default_pg is not None:
-            return _default_pg
-        port = _torchrun_port(rank)
-        saved = os.environ.get("MASTER_PORT")
-        if port is not None:
-            os.environ["MASTER_PORT"] = str(port)  # read once by the core's catalogue
-        try:
-            host = _init_host(rank, world_size, local_rank, local_world_size)
-        finally:
-            if port is not None:
-                os.environ["MASTER_PORT"] = saved
-        nccl = None
-        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if ext.HAVE_NCCL and 0 < ngpu < host.local_size:
-            # NCCL needs one GPU per rank of a node: CUDA collectives stay off, CPU ones work.
-            import warnings
-
-            warnings.warn(
-                "bagua: {} ranks on this node but {} GPU(s): no NCCL group, CUDA tensors "
-                "cannot be communicated (CPU tensors use the host backend)".format(
-                    host.local_size, ngpu
-                )
-            )
-        elif ext.HAVE_NCCL and ngpu > 0:
-            dev = host.local_rank % ngpu
-            torch.cuda.set_device(dev)
-            nccl = host.new_group(
-                list(range(host.size)), "nccl", backend="nccl", hierarchical=True, cuda_device=dev
-            )
-        _default_pg = BaguaProcessGroup(host, nccl, range(host.size), "default")
-        return _default_pg
-
-
-def _torchrun_port(rank):
-    """Under torchrun the elastic agent's store already listens on MASTER_PORT: rank 0 picks a
-    free port for bagua's own store and publishes it through the agent's store."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    import datetime
-    import socket
-
-    from torch.distributed import TCPStore
-
-    r = rank if rank >= 0 else env.get_rank()
-    store = TCPStore(env.get_master_addr(), int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=60))
-    key = "bagua/master_port/{}".format(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if r == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        store.set(key, str(port))
-        return port
-    return int(store.get(key))
-
-
-def _init_host(rank, world_size, local_rank, local_world_size):
-    return ext.init_from_env(
-        backend="host",
-        hierarchical=True,
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-    )
-
-
-def destroy_process_group():
-    global _default_pg
-    with _lock:
-        if _default_pg is not None:
-            _default_pg.destroy()
-            _default_pg = None
-
-
-def get_default_group():
-    return _check_init()
-
-
-def new_group(ranks=None, stream=None):
-    """A group over ``ranks`` (global ranks; None: all). Collective: every rank of the default
-    group must call it, in the same order; ranks outside the group get None."""
-    pg = _check_init()
-    global _group_count
-    _group_count += 1
-    ranks = list(range(pg.size)) if ranks is None else sorted(set(int(r) for r in ranks))
-    for r in ranks:
-        if r < 0 or r >= pg.size:
-            raise ValueError("bagua.new_group: rank {} outside [0, {})".format(r, pg.size))
-    name = "group{}".format(_group_count)
-    host = pg._host.new_group(ranks, name, backend="host", hierarchical=False)
-    nccl = None
-    if pg._nccl is not None:
-        nccl = pg._host.new_group(
-            ranks, name + "_nccl", backend="nccl", hierarchical=False,
-            cuda_device=torch.cuda.current_device(),
-        )
-    if host is None:
-        return None
-    return BaguaProcessGroup(host, nccl, ranks, name)
-
-
-def get_rank(group=None):
-    return (group or _check_init()).rank
-
-
-def get_world_size(group=None):
-    return (group or _check_init()).size
-
-
-def get_local_rank():
-    return _check_init()._host.local_rank
-
-
-def get_local_size():
-    return _check_init()._host.local_size
-
-
-def get_node_rank():
-    return _check_init()._host.node_rank
-
-
-def _group(comm):
-    if comm is None:
-        return _check_init()
-    if isinstance(comm, BaguaProcessGroup):
-        return comm
-    raise TypeError("bagua: comm must be a BaguaProcessGroup (from new_group) or None")
+    WORLD = _Comm.WORLD
+    NON_COMM_MEMBER = object()
 
 
 def _check(t, what):
@@ -270,13 +120,6 @@ def _check(t, what):
     return dtype_code(t.dtype)
 
 
-def _run(comm_obj, tensors, issue):
-    if any(t.is_cuda for t in tensors):
-        torch.cuda.current_stream().synchronize()
-    work = issue(comm_obj)
-    work.wait()
-
-
 def _same(a, b, what):
     if a.dtype != b.dtype or a.device != b.device:
         raise ValueError(
@@ -286,138 +129,945 @@ def _same(a, b, what):
         )
 
 
+def _tensor(t):
+    """A torch tensor from what Bagua's communicator methods take (a tensor or its
+    ``bagua_backend_tensor()``, which is the tensor itself here)."""
+    return t
+
+
+class BaguaCommunicator:
+    """One communicator of a group (Bagua's ``BaguaSingleCommunicatorPy``): ``rank()``,
+    ``nranks()`` and the collectives as methods on tensors (``tensor.bagua_backend_tensor()`` is
+    accepted, it is the tensor itself). A host-backend communicator, plus an NCCL one for CUDA
+    tensors when the group has one.
+
+    After ``abort()`` every operation returns without effect, as Bagua's does (an operation
+    blocked in a peer's absence returns with an error logged, not raised).
+    """
+
+    def __init__(self, host, nccl, stream=None):
+        self._host = host
+        self._nccl = nccl
+        self.cuda_stream = stream
+        self._aborted = False
+
+    def rank(self):
+        return self._host.rank
+
+    def nranks(self):
+        return self._host.size
+
+    def _for(self, tensor):
+        if tensor.is_cuda:
+            if self._nccl is None:
+                raise RuntimeError(
+                    "bagua: CUDA tensor but no NCCL communicator (extension built without NCCL "
+                    "(HAVE_NCCL={}) or no GPU visible at init_process_group)".format(ext.HAVE_NCCL)
+                )
+            return self._nccl
+        return self._host
+
+    def _run(self, tensors, issue):
+        if self._aborted:
+            return False
+        c = self._for(tensors[0])
+        if any(t.is_cuda for t in tensors):
+            torch.cuda.current_stream().synchronize()
+        try:
+            issue(c).wait()
+        except RuntimeError:
+            if self._aborted:
+                warnings.warn("bagua: a collective on an aborted communicator returned early")
+                return False
+            raise
+        return True
+
+    def abort(self):
+        """Aborts the communicator: pending and later operations return (Bagua's abort)."""
+        self._aborted = True
+        for g in (self._host, self._nccl):
+            if g is not None and g.alive:
+                g.abort("aborted by the user (communicator.abort())")
+
+    def check_abort(self):
+        return self._aborted
+
+    # -- collectives (Bagua's communicator methods) --------------------------------------------
+
+    def allreduce(self, send_tensor, recv_tensor, op=ReduceOp.SUM):
+        send_tensor, recv_tensor = _tensor(send_tensor), _tensor(recv_tensor)
+        dt = _check(send_tensor, "allreduce")
+        _check(recv_tensor, "allreduce")
+        _same(send_tensor, recv_tensor, "allreduce")
+        if send_tensor.numel() != recv_tensor.numel():
+            raise ValueError("bagua.allreduce: send and recv sizes differ")
+        op = _op(op)
+        if op in _BITWISE:
+            self._bitwise(send_tensor, recv_tensor, op)
+            return
+        self._run([send_tensor], lambda c: c.all_reduce(
+            send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt,
+            _CORE_OP[op]))
+
+    def allreduce_inplace(self, tensor, op=ReduceOp.SUM):
+        self.allreduce(tensor, tensor, op)
+
+    def _bitwise(self, send_tensor, recv_tensor, op, dst=None):
+        if send_tensor.dtype.is_floating_point:
+            raise TypeError("bagua: {} needs an integer tensor, got {}".format(
+                op.name, send_tensor.dtype))
+        n = self.nranks()
+        g = torch.empty(n * send_tensor.numel(), dtype=send_tensor.dtype,
+                        device=send_tensor.device)
+        src = send_tensor.clone() if send_tensor.data_ptr() == recv_tensor.data_ptr() else \
+            send_tensor
+        self.allgather(src, g)
+        if dst is not None and self.rank() != dst:
+            return
+        rows = g.view(n, -1)
+        acc = rows[0].clone()
+        for i in range(1, n):
+            acc = _BITWISE[op](acc, rows[i])
+        recv_tensor.view(-1).copy_(acc)
+
+    def reduce(self, send_tensor, recv_tensor, dst, op=ReduceOp.SUM):
+        dt = _check(send_tensor, "reduce")
+        _check(recv_tensor, "reduce")
+        _same(send_tensor, recv_tensor, "reduce")
+        op = _op(op)
+        if op in _BITWISE:
+            self._bitwise(send_tensor, recv_tensor, op, dst=dst)
+            return
+        self._run([send_tensor], lambda c: c.reduce(
+            send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt,
+            _CORE_OP[op], dst))
+
+    def reduce_inplace(self, tensor, dst, op=ReduceOp.SUM):
+        self.reduce(tensor, tensor, dst, op)
+
+    def broadcast(self, tensor, src=0):
+        dt = _check(tensor, "broadcast")
+        self._run([tensor], lambda c: c.broadcast(tensor.data_ptr(), tensor.numel(), dt, src))
+
+    def allgather(self, send_tensor, recv_tensor):
+        dt = _check(send_tensor, "allgather")
+        _check(recv_tensor, "allgather")
+        _same(send_tensor, recv_tensor, "allgather")
+        n = self.nranks()
+        if recv_tensor.numel() != send_tensor.numel() * n:
+            raise ValueError(
+                "bagua.allgather: recv must hold nranks * send.numel() = {} elements, has "
+                "{}".format(send_tensor.numel() * n, recv_tensor.numel()))
+        self._run([send_tensor], lambda c: c.all_gather(
+            send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt))
+
+    def allgather_inplace(self, tensor):
+        n = tensor.numel() // self.nranks()
+        r = self.rank()
+        chunk = tensor.view(-1)[r * n:(r + 1) * n].clone()
+        self.allgather(chunk, tensor)
+
+    def gather(self, send_tensor, recv_tensor, dst):
+        """``recv_tensor`` (dst only) receives every rank's ``send_tensor`` in rank order."""
+        _check(send_tensor, "gather")
+        n, r, count = self.nranks(), self.rank(), send_tensor.numel()
+        if r == dst:
+            _check(recv_tensor, "gather")
+            _same(send_tensor, recv_tensor, "gather")
+            if recv_tensor.numel() != n * count:
+                raise ValueError("bagua.gather: recv must hold nranks * send.numel() = {} "
+                                 "elements, has {}".format(n * count, recv_tensor.numel()))
+            out = recv_tensor.view(-1)
+            for peer in range(n):
+                part = out[peer * count:(peer + 1) * count]
+                if peer == r:
+                    part.copy_(send_tensor.view(-1))
+                else:
+                    self.recv(part, peer)
+        else:
+            self.send(send_tensor, dst)
+
+    def gather_inplace(self, tensor, count, dst):
+        if self.rank() == dst:
+            r = self.rank()
+            mine = tensor.view(-1)[r * count:(r + 1) * count].clone()
+            self.gather(mine, tensor, dst)
+        else:
+            self.gather(tensor.view(-1)[:count], None, dst)
+
+    def scatter(self, send_tensor, recv_tensor, src):
+        """Rank i receives the i-th chunk of ``send_tensor`` (src only) in ``recv_tensor``."""
+        _check(recv_tensor, "scatter")
+        n, r, count = self.nranks(), self.rank(), recv_tensor.numel()
+        if r == src:
+            _check(send_tensor, "scatter")
+            _same(send_tensor, recv_tensor, "scatter")
+            if send_tensor.numel() != n * count:
+                raise ValueError("bagua.scatter: send must hold nranks * recv.numel() = {} "
+                                 "elements, has {}".format(n * count, send_tensor.numel()))
+            flat = send_tensor.view(-1)
+            for peer in range(n):
+                part = flat[peer * count:(peer + 1) * count]
+                if peer == r:
+                    recv_tensor.view(-1).copy_(part)
+                else:
+                    self.send(part.contiguous(), peer)
+        else:
+            self.recv(recv_tensor, src)
+
+    def scatter_inplace(self, tensor, count, src):
+        if self.rank() == src:
+            r = self.rank()
+            out = torch.empty(count, dtype=tensor.dtype, device=tensor.device)
+            self.scatter(tensor, out, src)
+            tensor.view(-1)[r * count:(r + 1) * count].copy_(out)
+        else:
+            self.scatter(None, tensor.view(-1)[:count], src)
+
+    def reduce_scatter(self, send_tensor, recv_tensor, op=ReduceOp.SUM):
+        dt = _check(send_tensor, "reduce_scatter")
+        _check(recv_tensor, "reduce_scatter")
+        _same(send_tensor, recv_tensor, "reduce_scatter")
+        n = self.nranks()
+        if send_tensor.numel() != recv_tensor.numel() * n:
+            raise ValueError("bagua.reduce_scatter: send must hold nranks * recv.numel() elements")
+        op = _op(op)
+        if op in _BITWISE:
+            full = torch.empty_like(send_tensor)
+            self._bitwise(send_tensor, full, op)
+            c = recv_tensor.numel()
+            recv_tensor.view(-1).copy_(full.view(-1)[self.rank() * c:(self.rank() + 1) * c])
+            return
+        self._run([send_tensor], lambda c: c.reduce_scatter(
+            send_tensor.data_ptr(), recv_tensor.data_ptr(), recv_tensor.numel(), dt,
+            _CORE_OP[op]))
+
+    def reduce_scatter_inplace(self, tensor, op=ReduceOp.SUM):
+        n = tensor.numel() // self.nranks()
+        r = self.rank()
+        out = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+        self.reduce_scatter(tensor, out, op)
+        tensor.view(-1)[r * n:(r + 1) * n].copy_(out)
+
+    def alltoall(self, send_tensor, recv_tensor):
+        dt = _check(send_tensor, "alltoall")
+        _check(recv_tensor, "alltoall")
+        _same(send_tensor, recv_tensor, "alltoall")
+        n = self.nranks()
+        if send_tensor.numel() % n or send_tensor.numel() != recv_tensor.numel():
+            raise ValueError("bagua.alltoall: send and recv must hold the same multiple of nranks")
+        self._run([send_tensor], lambda c: c.all_to_all(
+            send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel() // n, dt))
+
+    def alltoall_inplace(self, tensor):
+        out = torch.empty_like(tensor)
+        self.alltoall(tensor, out)
+        tensor.copy_(out)
+
+    def alltoall_v(self, send_tensor, send_counts, send_displs, recv_tensor, recv_counts,
+                   recv_displs):
+        """Rank r sends ``send_tensor[send_displs[j]:][:send_counts[j]]`` to rank j and puts
+        what rank i sent it at ``recv_tensor[recv_displs[i]:]`` (``recv_counts[i]`` elements).
+
+        One all-to-all over chunks padded to the largest count of the job (found with one
+        MAX all-reduce): the same code path on both backends, no point-to-point ordering."""
+        _check(send_tensor, "alltoall_v")
+        _check(recv_tensor, "alltoall_v")
+        _same(send_tensor, recv_tensor, "alltoall_v")
+        n = self.nranks()
+        for name, v in (("send_counts", send_counts), ("send_displs", send_displs),
+                        ("recv_counts", recv_counts), ("recv_displs", recv_displs)):
+            if len(v) != n:
+                raise ValueError("bagua.alltoall_v: {} has {} entries for {} ranks".format(
+                    name, len(v), n))
+        most = torch.tensor([max([int(c) for c in send_counts] + [0])], dtype=torch.int64,
+                            device=send_tensor.device)
+        self.allreduce_inplace(most, ReduceOp.MAX)
+        m = int(most.item())
+        if m == 0:
+            return
+        sflat, rflat = send_tensor.view(-1), recv_tensor.view(-1)
+        packed = torch.zeros(n * m, dtype=send_tensor.dtype, device=send_tensor.device)
+        for j in range(n):
+            c, d = int(send_counts[j]), int(send_displs[j])
+            packed[j * m:j * m + c].copy_(sflat[d:d + c])
+        got = torch.empty_like(packed)
+        self.alltoall(packed, got)
+        for i in range(n):
+            c, d = int(recv_counts[i]), int(recv_displs[i])
+            rflat[d:d + c].copy_(got[i * m:i * m + c])
+
+    def alltoall_v_inplace(self, tensor, counts, displs):
+        src = tensor.clone()
+        self.alltoall_v(src, counts, displs, tensor, counts, displs)
+
+    def send(self, tensor, dst):
+        dt = _check(tensor, "send")
+        self._run([tensor], lambda c: c.send(tensor.data_ptr(), tensor.numel(), dt, dst))
+
+    def recv(self, tensor, src):
+        dt = _check(tensor, "recv")
+        self._run([tensor], lambda c: c.recv(tensor.data_ptr(), tensor.numel(), dt, src))
+
+    def barrier(self):
+        if self._aborted:
+            return
+        try:
+            self._host.barrier().wait()
+        except RuntimeError:
+            if not self._aborted:
+                raise
+
+    def destroy(self):
+        for g in (self._nccl, self._host):
+            if g is not None and g.alive:
+                g.destroy()
+
+
+class BaguaProcessGroup:
+    """A group of ranks (global ranks in ``ranks``, sorted). Members have a global communicator
+    (and, on request, intra-node and inter-node ones, built lazily like Bagua's); a rank outside
+    the group gets ``CommMember.NON_COMM_MEMBER`` for each, and collectives on it do nothing.
+
+    ``rank`` / ``size`` (our additions) are this process's rank in the group (-1 outside it) and
+    the group's size.
+    """
+
+    def __init__(self, ranks, stream, group_name, communicator=None):
+        self.ranks = list(ranks)
+        self.stream = stream
+        self.group_name = group_name
+        self._global = communicator if communicator is not None else CommMember.NON_COMM_MEMBER
+        self._sub = {}
+
+    @property
+    def is_member(self):
+        return self._global is not CommMember.NON_COMM_MEMBER
+
+    @property
+    def rank(self):
+        return self._global.rank() if self.is_member else -1
+
+    @property
+    def size(self):
+        return len(self.ranks)
+
+    # What the reducer and our own code use: the group's host and NCCL groups.
+    @property
+    def _host(self):
+        return self._global._host if self.is_member else None
+
+    @property
+    def _nccl(self):
+        return self._global._nccl if self.is_member else None
+
+    def get_global_communicator(self):
+        """This group's communicator over all its ranks (NON_COMM_MEMBER outside the group)."""
+        return self._global
+
+    def _sub_comm(self, kind):
+        if not self.is_member:
+            return CommMember.NON_COMM_MEMBER
+        if kind not in self._sub:
+            local = get_local_size()
+            me = get_rank()
+            if kind == "intra":
+                ranks = [r for r in self.ranks if r // local == me // local]
+            else:
+                ranks = [r for r in self.ranks if r % local == me % local]
+            idx = [self.ranks.index(r) for r in ranks]
+            host = self._host.new_group(idx, "{}_{}".format(self.group_name, kind),
+                                        backend="host", hierarchical=False)
+            nccl = None
+            if self._nccl is not None:
+                nccl = self._host.new_group(idx, "{}_{}_nccl".format(self.group_name, kind),
+                                            backend="nccl", hierarchical=False,
+                                            cuda_device=torch.cuda.current_device())
+            self._sub[kind] = BaguaCommunicator(host, nccl, self.stream)
+        return self._sub[kind]
+
+    def get_intra_node_communicator(self):
+        """The members on this node (collective over them: each calls it in the same order)."""
+        return self._sub_comm("intra")
+
+    def get_inter_node_communicator(self):
+        """The members with this process's local rank, one per node."""
+        return self._sub_comm("inter")
+
+    def _comm_for(self, tensor):
+        return self._global._for(tensor)
+
+    def destroy(self):
+        for c in list(self._sub.values()) + ([self._global] if self.is_member else []):
+            c.destroy()
+        self._sub.clear()
+
+
+_default_pg = None
+_default_store = None
+_owns_torch_pg = False
+_group_count = 0
+_init_count = 0
+_lock = threading.RLock()
+_pg_group_ranks = {}
+_torch_to_bagua_pg_map = weakref.WeakKeyDictionary()
+
+
+def is_initialized():
+    return _default_pg is not None
+
+
+def _check_init():
+    if _default_pg is None:
+        raise RuntimeError(
+            "bagua: call bagua.torch_api.init_process_group() first (under baguarun, torchrun or "
+            "python -m bagua.distributed.launch, which set MASTER_ADDR, MASTER_PORT, RANK, "
+            "WORLD_SIZE, LOCAL_RANK)"
+        )
+    return _default_pg
+
+
+def _get_default_group():
+    """The default group (Bagua's private name, used by its tests and Lightning)."""
+    return _check_init()
+
+
+def get_default_group():
+    return _check_init()
+
+
+def _torch_backend():
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def _listen_host(addr):
+    """Listen on MASTER_ADDR when it is an IP literal (as the core's env:// init does), else on
+    every interface."""
+    a = "127.0.0.1" if addr == "localhost" else addr
+    try:
+        ipaddress.ip_address(a)
+        return a
+    except ValueError:
+        return "0.0.0.0"
+
+
+def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
+    """Initialises the default process group, and ``torch.distributed`` as Bagua does.
+
+    ``store`` (a ``torch.distributed.Store``) is the rendezvous store: with it, ``rank``,
+    ``world_size`` and ``local_world_size`` are required (Bagua's contract) and are written to
+    RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE. Without it, env:// is used (MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, as set by every launcher), and
+    arguments >= 0 override the environment. ``torch.distributed`` is initialised on the same
+    store unless it already is (then its default store is used). A second call raises, as in
+    Bagua. Selects the CUDA device LOCAL_RANK when CUDA is available."""
+    global _default_pg, _default_store, _owns_torch_pg, _init_count
+    import torch.distributed as dist
+
+    with _lock:
+        if _default_pg is not None:
+            raise RuntimeError("bagua: trying to initialize the default process group twice "
+                               "(call destroy_process_group() first)")
+        if store is not None:
+            if rank < 0 or world_size <= 0 or local_world_size <= 0:
+                raise ValueError("bagua.init_process_group(store=...) needs rank >= 0, "
+                                 "world_size > 0 and local_world_size > 0")
+            os.environ["LOCAL_RANK"] = str(rank % local_world_size)
+        if rank >= 0:
+            os.environ["RANK"] = str(rank)
+        if world_size > 0:
+            os.environ["WORLD_SIZE"] = str(world_size)
+        if local_world_size > 0:
+            os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
+        r, w = env.get_rank(), env.get_world_size()
+        lw = local_world_size if local_world_size > 0 else \
+            env._int_env("LOCAL_WORLD_SIZE", w)
+        lr = env._int_env("LOCAL_RANK", r % lw if lw > 0 else 0)
+        timeout = datetime.timedelta(minutes=30)
+
+        owns = False
+        if dist.is_available() and dist.is_initialized():
+            tstore = dist.distributed_c10d._get_default_store()
+        else:
+            if store is None:
+                store, _, _ = next(dist.rendezvous("env://", rank=r, world_size=w,
+                                                   timeout=timeout))
+                store.set_timeout(timeout)
+            tstore = store
+            dist.init_process_group(backend=_torch_backend(), store=tstore, rank=r, world_size=w,
+                                    timeout=timeout)
+            owns = True
+        _init_count += 1
+        key = "bagua/core_store/{}/{}".format(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                                              _init_count)
+        server = None
+        if r == 0:
+            addr = env.get_master_addr()
+            server = ext.start_store_server(_listen_host(addr), 0)
+            tstore.set(key, "{}:{}".format(addr, server.port))
+            port = server.port
+        else:
+            addr, port = tstore.get(key).decode().rsplit(":", 1)
+            port = int(port)
+        try:
+            host = ext.init_group(addr, port, r, w, lr, lw, backend="host", hierarchical=True,
+                                  server=server)
+        except Exception:
+            if owns:
+                dist.destroy_process_group()
+            raise
+        nccl = None
+        stream = None
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if ext.HAVE_NCCL and 0 < ngpu < host.local_size:
+            # NCCL needs one GPU per rank of a node: CUDA collectives stay off, CPU ones work.
+            warnings.warn(
+                "bagua: {} ranks on this node but {} GPU(s): no NCCL group, CUDA tensors "
+                "cannot be communicated (CPU tensors use the host backend)".format(
+                    host.local_size, ngpu
+                )
+            )
+        elif ext.HAVE_NCCL and ngpu > 0:
+            dev = host.local_rank % ngpu
+            torch.cuda.set_device(dev)
+            nccl = host.new_group(
+                list(range(host.size)), "nccl", backend="nccl", hierarchical=True, cuda_device=dev
+            )
+            stream = torch.cuda.current_stream()
+        _default_store = tstore
+        _owns_torch_pg = owns
+        _default_pg = BaguaProcessGroup(range(host.size), stream, "default",
+                                        BaguaCommunicator(host, nccl, stream))
+        _pg_group_ranks[_default_pg] = {g: g for g in range(host.size)}
+        return _default_pg
+
+
+def _init(store=None, rank=-1, world_size=-1, local_rank=-1, local_world_size=-1):
+    """init_process_group with an explicit local rank (our Lightning strategy)."""
+    if local_rank >= 0:
+        os.environ["LOCAL_RANK"] = str(local_rank)
+    return init_process_group(store, rank, world_size, local_world_size)
+
+
+def destroy_process_group():
+    """Destroys the default group and every group made from it (and torch.distributed's
+    default group when init_process_group created it)."""
+    global _default_pg, _default_store, _owns_torch_pg
+    with _lock:
+        if _default_pg is None:
+            return
+        for pg in list(_pg_group_ranks):
+            if pg is not _default_pg:
+                pg.destroy()
+        _pg_group_ranks.clear()
+        _default_pg.destroy()
+        _default_pg = None
+        _default_store = None
+        if _owns_torch_pg:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            _owns_torch_pg = False
+
+
+def new_group(ranks=None, stream=None):
+    """A group over ``ranks`` (global ranks; None: all). Every rank of the default group calls
+    it, in the same order; members rendezvous with each other, a rank outside ``ranks`` gets a
+    group whose communicators are ``CommMember.NON_COMM_MEMBER`` (collectives on it return at
+    once). ``stream``: the CUDA stream of the group's communicators (default: the default
+    group's)."""
+    pg = _check_init()
+    global _group_count
+    with _lock:
+        _group_count += 1
+        n = get_world_size()
+        if ranks is None:
+            ranks = list(range(n))
+        for r in ranks:
+            if r < 0 or r >= n:
+                raise ValueError("bagua.new_group: invalid rank {}, should be non-negative and "
+                                 "less than world size {}".format(r, n))
+        ranks = sorted(set(int(r) for r in ranks))
+        if stream is None:
+            stream = pg.stream
+        name = "group{}".format(_group_count)
+        comm = None
+        if pg.rank in ranks:
+            host = pg._host.new_group(ranks, name, backend="host", hierarchical=False)
+            nccl = None
+            if pg._nccl is not None:
+                nccl = pg._host.new_group(
+                    ranks, name + "_nccl", backend="nccl", hierarchical=False,
+                    cuda_device=torch.cuda.current_device(),
+                )
+            comm = BaguaCommunicator(host, nccl, stream)
+        g = BaguaProcessGroup(ranks, stream, name, comm)
+        _pg_group_ranks[g] = {gr: i for i, gr in enumerate(ranks)}
+        return g
+
+
+def _torch_group_ranks(group):
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if group is None or group is getattr(dist.GroupMember, "WORLD", None):
+        return list(range(get_world_size()))
+    if hasattr(dist, "get_process_group_ranks"):
+        try:
+            return list(dist.get_process_group_ranks(group))
+        except Exception:  # not a group of this process (a non-member's placeholder)
+            return None
+    table = getattr(c10d, "_pg_group_ranks", {})
+    if group in table:
+        return sorted(table[group].keys())
+    return None
+
+
+def from_torch_group(group, stream=None):
+    """The Bagua group over the ranks of a ``torch.distributed`` group. Every rank calls it in
+    the same order (with the group ``torch.distributed.new_group`` returned it, a placeholder
+    on ranks outside the group: they get a non-member group)."""
+    ranks = _torch_group_ranks(group)
+    if ranks is None:
+        global _group_count
+        _check_init()
+        with _lock:
+            _group_count += 1
+            g = BaguaProcessGroup([], stream, "group{}".format(_group_count))
+            _pg_group_ranks[g] = {}
+            return g
+    return new_group(ranks, stream)
+
+
+def _install_torch_group_patch():
+    """``ProcessGroup.bagua_patch()`` and friends on torch's process groups (Bagua's patch)."""
+    try:
+        from torch.distributed import ProcessGroup as TorchProcessGroup
+    except ImportError:  # pragma: no cover - torch without distributed
+        return
+
+    def bagua_patch(self, stream=None):
+        if self not in _torch_to_bagua_pg_map:
+            _torch_to_bagua_pg_map[self] = from_torch_group(self, stream)
+        return self
+
+    def bagua_pg(self):
+        if self not in _torch_to_bagua_pg_map:
+            raise RuntimeError("bagua: call bagua_patch() on this torch process group first")
+        return _torch_to_bagua_pg_map[self]
+
+    TorchProcessGroup.bagua_patch = bagua_patch
+    TorchProcessGroup.bagua_pg = property(bagua_pg)
+    TorchProcessGroup.bagua_get_global_communicator = \
+        lambda self: self.bagua_pg.get_global_communicator()
+    TorchProcessGroup.bagua_get_inter_node_communicator = \
+        lambda self: self.bagua_pg.get_inter_node_communicator()
+    TorchProcessGroup.bagua_get_intra_node_communicator = \
+        lambda self: self.bagua_pg.get_intra_node_communicator()
+
+
+_install_torch_group_patch()
+
+
+def get_rank(group=None):
+    """This process's rank: in ``group`` when given, else the global rank (RANK from the
+    environment before init_process_group, as Bagua reads it)."""
+    if group is not None:
+        return group.rank
+    if _default_pg is not None:
+        return _default_pg.rank
+    return env.get_rank()
+
+
+def get_world_size(group=None):
+    if group is not None:
+        return group.size
+    if _default_pg is not None:
+        return _default_pg.size
+    return env.get_world_size()
+
+
+def get_local_rank():
+    if _default_pg is not None:
+        return _default_pg._host.local_rank
+    return env.get_local_rank()
+
+
+def get_local_size():
+    if _default_pg is not None:
+        return _default_pg._host.local_size
+    return env.get_local_size()
+
+
+def get_node_rank():
+    if _default_pg is not None:
+        return _default_pg._host.node_rank
+    return env.get_node_rank()
+
+
+def _rank_not_in_comm(comm=None):
+    """True when this process is outside the communicator."""
+    if comm is None:
+        return False
+    return comm is CommMember.NON_COMM_MEMBER
+
+
+def _rank_not_in_group(group=None):
+    """True when this process is outside the group."""
+    if group is None:
+        return False
+    return _rank_not_in_comm(group.get_global_communicator())
+
+
+def _comm(comm):
+    """The communicator a collective runs on, or None when this rank is outside it."""
+    if comm is None or comm is CommMember.WORLD:
+        return _check_init().get_global_communicator()
+    if comm is CommMember.NON_COMM_MEMBER:
+        return None
+    if isinstance(comm, BaguaProcessGroup):
+        c = comm.get_global_communicator()
+        return None if c is CommMember.NON_COMM_MEMBER else c
+    if isinstance(comm, BaguaCommunicator):
+        return comm
+    raise TypeError("bagua: comm must be a communicator (group.get_global_communicator()), a "
+                    "BaguaProcessGroup or None, got {}".format(type(comm)))
+
+
 def allreduce(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None):
-    dt = _check(send_tensor, "allreduce")
-    _check(recv_tensor, "allreduce")
-    _same(send_tensor, recv_tensor, "allreduce")
-    if send_tensor.numel() != recv_tensor.numel():
-        raise ValueError("bagua.allreduce: send and recv sizes differ")
-    g = _group(comm)
-    c = g._comm_for(send_tensor)
-    _run(c, [send_tensor], lambda c: c.all_reduce(
-        send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt, int(op)))
+    """Reduces ``send_tensor`` over every rank into ``recv_tensor`` (op: ReduceOp)."""
+    c = _comm(comm)
+    if c is not None:
+        c.allreduce(send_tensor, recv_tensor, op)
 
 
 def allreduce_inplace(tensor, op=ReduceOp.SUM, comm=None):
-    allreduce(tensor, tensor, op, comm)
+    c = _comm(comm)
+    if c is not None:
+        c.allreduce(tensor, tensor, op)
+
+
+def allreduce_coalesced_inplace(tensors, op=ReduceOp.SUM, comm=None):
+    """All-reduces a list of tensors as one flattened buffer per (dtype, device)."""
+    c = _comm(comm)
+    if c is None:
+        return
+    from .utils import flatten, unflatten
+
+    for group in _by_type(tensors):
+        flat = flatten(group)
+        c.allreduce(flat, flat, op)
+        for t, synced in zip(group, unflatten(flat, group)):
+            t.copy_(synced)
+
+
+def broadcast_coalesced(tensors, src=0, comm=None):
+    """Broadcasts a list of tensors from ``src`` as one flattened buffer per (dtype, device)."""
+    c = _comm(comm)
+    if c is None:
+        return
+    from .utils import flatten, unflatten
+
+    for group in _by_type(tensors):
+        flat = flatten(group)
+        c.broadcast(flat, src)
+        for t, synced in zip(group, unflatten(flat, group)):
+            t.copy_(synced)
+
+
+def _by_type(tensors):
+    parts = {}
+    for t in tensors:
+        parts.setdefault((t.dtype, t.device), []).append(t)
+    return list(parts.values())
 
 
 def reduce(send_tensor, recv_tensor, dst, op=ReduceOp.SUM, comm=None):
-    dt = _check(send_tensor, "reduce")
-    _check(recv_tensor, "reduce")
-    _same(send_tensor, recv_tensor, "reduce")
-    g = _group(comm)
-    c = g._comm_for(send_tensor)
-    _run(c, [send_tensor], lambda c: c.reduce(
-        send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt, int(op), dst))
+    c = _comm(comm)
+    if c is not None:
+        c.reduce(send_tensor, recv_tensor, dst, op)
 
 
 def reduce_inplace(tensor, dst, op=ReduceOp.SUM, comm=None):
-    reduce(tensor, tensor, dst, op, comm)
+    c = _comm(comm)
+    if c is not None:
+        c.reduce(tensor, tensor, dst, op)
 
 
 def broadcast(tensor, src=0, comm=None):
-    dt = _check(tensor, "broadcast")
-    g = _group(comm)
-    c = g._comm_for(tensor)
-    _run(c, [tensor], lambda c: c.broadcast(tensor.data_ptr(), tensor.numel(), dt, src))
+    c = _comm(comm)
+    if c is not None:
+        c.broadcast(tensor, src)
 
 
 def allgather(send_tensor, recv_tensor, comm=None):
-    dt = _check(send_tensor, "allgather")
-    _check(recv_tensor, "allgather")
-    _same(send_tensor, recv_tensor, "allgather")
-    g = _group(comm)
-    if recv_tensor.numel() != send_tensor.numel() * g.size:
-        raise ValueError(
-            "bagua.allgather: recv must hold world_size * send.numel() = {} elements, has {}".format(
-                send_tensor.numel() * g.size, recv_tensor.numel()))
-    c = g._comm_for(send_tensor)
-    _run(c, [send_tensor], lambda c: c.all_gather(
-        send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel(), dt))
+    c = _comm(comm)
+    if c is not None:
+        c.allgather(send_tensor, recv_tensor)
 
 
 def allgather_inplace(tensor, comm=None):
-    g = _group(comm)
-    n = tensor.numel() // g.size
-    chunk = tensor.view(-1)[g.rank * n:(g.rank + 1) * n].clone()
-    allgather(chunk, tensor, comm)
+    c = _comm(comm)
+    if c is not None:
+        c.allgather_inplace(tensor)
+
+
+def gather(send_tensor, recv_tensor, dst, comm=None):
+    """Gathers every rank's ``send_tensor`` into ``recv_tensor`` on ``dst`` (nranks * numel)."""
+    c = _comm(comm)
+    if c is not None:
+        c.gather(send_tensor, recv_tensor, dst)
+
+
+def gather_inplace(tensor, count, dst, comm=None):
+    """In place: on ``dst`` ``tensor`` holds nranks * count elements (its own chunk at its
+    rank), elsewhere ``count`` elements."""
+    c = _comm(comm)
+    if c is not None:
+        c.gather_inplace(tensor, count, dst)
+
+
+def scatter(send_tensor, recv_tensor, src, comm=None):
+    """Rank i receives the i-th chunk of ``send_tensor`` (used on ``src`` only)."""
+    c = _comm(comm)
+    if c is not None:
+        c.scatter(send_tensor, recv_tensor, src)
+
+
+def scatter_inplace(tensor, count, src, comm=None):
+    c = _comm(comm)
+    if c is not None:
+        c.scatter_inplace(tensor, count, src)
 
 
 def reduce_scatter(send_tensor, recv_tensor, op=ReduceOp.SUM, comm=None):
-    dt = _check(send_tensor, "reduce_scatter")
-    _check(recv_tensor, "reduce_scatter")
-    _same(send_tensor, recv_tensor, "reduce_scatter")
-    g = _group(comm)
-    if send_tensor.numel() != recv_tensor.numel() * g.size:
-        raise ValueError("bagua.reduce_scatter: send must hold world_size * recv.numel() elements")
-    c = g._comm_for(send_tensor)
-    _run(c, [send_tensor], lambda c: c.reduce_scatter(
-        send_tensor.data_ptr(), recv_tensor.data_ptr(), recv_tensor.numel(), dt, int(op)))
+    c = _comm(comm)
+    if c is not None:
+        c.reduce_scatter(send_tensor, recv_tensor, op)
 
 
 def reduce_scatter_inplace(tensor, op=ReduceOp.SUM, comm=None):
-    g = _group(comm)
-    n = tensor.numel() // g.size
-    out = torch.empty(n, dtype=tensor.dtype, device=tensor.device)
-    reduce_scatter(tensor, out, op, comm)
-    tensor.view(-1)[g.rank * n:(g.rank + 1) * n].copy_(out)
+    c = _comm(comm)
+    if c is not None:
+        c.reduce_scatter_inplace(tensor, op)
 
 
 def alltoall(send_tensor, recv_tensor, comm=None):
-    dt = _check(send_tensor, "alltoall")
-    _check(recv_tensor, "alltoall")
-    _same(send_tensor, recv_tensor, "alltoall")
-    g = _group(comm)
-    if send_tensor.numel() % g.size or send_tensor.numel() != recv_tensor.numel():
-        raise ValueError("bagua.alltoall: send and recv must hold the same multiple of world_size")
-    c = g._comm_for(send_tensor)
-    _run(c, [send_tensor], lambda c: c.all_to_all(
-        send_tensor.data_ptr(), recv_tensor.data_ptr(), send_tensor.numel() // g.size, dt))
+    c = _comm(comm)
+    if c is not None:
+        c.alltoall(send_tensor, recv_tensor)
 
 
 def alltoall_inplace(tensor, comm=None):
-    out = torch.empty_like(tensor)
-    alltoall(tensor, out, comm)
-    tensor.copy_(out)
+    c = _comm(comm)
+    if c is not None:
+        c.alltoall_inplace(tensor)
+
+
+def alltoall_v(send_tensor, send_counts, send_displs, recv_tensor, recv_counts, recv_displs,
+               comm=None):
+    """All-to-all with per-peer counts and displacements (see BaguaCommunicator.alltoall_v)."""
+    c = _comm(comm)
+    if c is not None:
+        c.alltoall_v(send_tensor, send_counts, send_displs, recv_tensor, recv_counts,
+                     recv_displs)
+
+
+def alltoall_v_inplace(tensor, counts, displs, comm=None):
+    c = _comm(comm)
+    if c is not None:
+        c.alltoall_v_inplace(tensor, counts, displs)
 
 
 def send(tensor, dst, comm=None):
-    dt = _check(tensor, "send")
-    c = _group(comm)._comm_for(tensor)
-    _run(c, [tensor], lambda c: c.send(tensor.data_ptr(), tensor.numel(), dt, dst))
+    c = _comm(comm)
+    if c is not None:
+        c.send(tensor, dst)
 
 
 def recv(tensor, src, comm=None):
-    dt = _check(tensor, "recv")
-    c = _group(comm)._comm_for(tensor)
-    _run(c, [tensor], lambda c: c.recv(tensor.data_ptr(), tensor.numel(), dt, src))
+    c = _comm(comm)
+    if c is not None:
+        c.recv(tensor, src)
 
 
 def barrier(comm=None):
-    _group(comm)._host.barrier().wait()
+    c = _comm(comm)
+    if c is not None:
+        c.barrier()
 
 
 def broadcast_object(obj, src=0, comm=None):
-    """Pickles ``obj`` on ``src`` and returns it on every rank."""
-    g = _group(comm)
-    if g.rank == src:
+    """Pickles ``obj`` on ``src`` and returns it on every rank (host memory only)."""
+    c = _comm(comm)
+    if c is None:
+        return obj
+    host = c._host
+    if c.rank() == src:
         buf = io.BytesIO()
         pickle.dump(obj, buf)
         data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         n = torch.tensor([data.numel()], dtype=torch.int64)
     else:
         n = torch.zeros(1, dtype=torch.int64)
-    g._host.broadcast(n.data_ptr(), 1, dtype_code(torch.int64), src).wait()
-    if g.rank != src:
+    host.broadcast(n.data_ptr(), 1, dtype_code(torch.int64), src).wait()
+    if c.rank() != src:
         data = torch.empty(int(n.item()), dtype=torch.uint8)
     if data.numel():
-        g._host.broadcast(data.data_ptr(), data.numel(), dtype_code(torch.uint8), src).wait()
-    if g.rank == src:
+        host.broadcast(data.data_ptr(), data.numel(), dtype_code(torch.uint8), src).wait()
+    if c.rank() == src:
         return obj
     return pickle.loads(data.numpy().tobytes())
 
 
 def allgather_object(obj, comm=None):
-    g = _group(comm)
-    return [broadcast_object(obj if r == g.rank else None, r, comm) for r in range(g.size)]
+    c = _comm(comm)
+    if c is None:
+        return [obj]
+    return [broadcast_object(obj if r == c.rank() else None, r, comm) for r in range(c.nranks())]
+
+
+class _Backend:
+    """The Python engine of one module (Bagua's ``get_backend(model_name)``): runs the buckets
+    of a user-written algorithm. ``register_ordered_buckets`` sets the buckets;
+    ``mark_communication_ready(tensor)`` marks a tensor ready and runs, in registration order,
+    every bucket whose tensors are all ready; ``wait_pending_comm_ops()`` runs the rest and
+    starts the next iteration. Everything runs on the calling thread (bucket.py says why)."""
+
+    def __init__(self, model_name):
+        self.model_name = model_name
+        self._buckets = []
+        self._ready = set()
+        self._next = 0
+
+    def register_ordered_buckets(self, buckets):
+        self._buckets = list(buckets)
+        self._ready = set()
+        self._next = 0
+
+    def mark_communication_ready(self, tensor, *unused):
+        self._ready.add(id(tensor))
+        while self._next < len(self._buckets):
+            b = self._buckets[self._next]
+            if not all(id(t) in self._ready for t in b.tensors):
+                break
+            self._next += 1
+            b._run_ops()
+
+    def wait_pending_comm_ops(self):
+        while self._next < len(self._buckets):
+            b = self._buckets[self._next]
+            self._next += 1
+            b._run_ops()
+        self._ready = set()
+        self._next = 0
+
+
+@functools.lru_cache(maxsize=None)
+def get_backend(model_name):
+    return _Backend(model_name)

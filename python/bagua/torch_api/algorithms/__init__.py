@@ -1,17 +1,22 @@
-"""Bagua's algorithms by class and by registry name."""
+"""Bagua's algorithms by class and by registry name (``GlobalAlgorithmRegistry``)."""
 
-from .base import Algorithm, AlgorithmImpl  # noqa: F401
+from .base import Algorithm, AlgorithmImpl, GlobalAlgorithmRegistry  # noqa: F401
+from . import bytegrad, decentralized, gradient_allreduce  # noqa: F401
+from . import q_adam, async_model_average  # noqa: F401
 from .gradient_allreduce import GradientAllReduceAlgorithm
 from .bytegrad import ByteGradAlgorithm
 from .decentralized import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
 from .q_adam import QAdamAlgorithm, QAdamOptimizer  # noqa: F401
 from .async_model_average import AsyncModelAverageAlgorithm
 
-GlobalAlgorithmRegistry = {
-    "gradient_allreduce": GradientAllReduceAlgorithm,
-    "bytegrad": ByteGradAlgorithm,
-    "decentralized": DecentralizedAlgorithm,
-    "low_precision_decentralized": LowPrecisionDecentralizedAlgorithm,
-    "qadam": QAdamAlgorithm,
-    "async": AsyncModelAverageAlgorithm,
-}
+GlobalAlgorithmRegistry.register("gradient_allreduce", GradientAllReduceAlgorithm,
+                                 description="Gradient AllReduce Algorithm")
+GlobalAlgorithmRegistry.register("bytegrad", ByteGradAlgorithm, description="ByteGrad Algorithm")
+GlobalAlgorithmRegistry.register("decentralized", DecentralizedAlgorithm,
+                                 description="Decentralized SGD Algorithm")
+GlobalAlgorithmRegistry.register("low_precision_decentralized",
+                                 LowPrecisionDecentralizedAlgorithm,
+                                 description="Low Precision Decentralized SGD Algorithm")
+GlobalAlgorithmRegistry.register("qadam", QAdamAlgorithm, description="QAdam Algorithm")
+GlobalAlgorithmRegistry.register("async", AsyncModelAverageAlgorithm,
+                                 description="Asynchronous Model Average Algorithm")

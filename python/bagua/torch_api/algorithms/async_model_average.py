@@ -1,4 +1,4 @@
-from .base import Algorithm
+from .base import Algorithm, _native_impl_class
 
 
 class AsyncModelAverageAlgorithm(Algorithm):
@@ -45,3 +45,7 @@ class AsyncModelAverageAlgorithm(Algorithm):
 
     def rounds(self):
         return self._live("rounds").rounds()
+
+
+#: The implementation ``AsyncModelAverageAlgorithm.reify`` returns (runs in the C++ reducer).
+AsyncModelAverageAlgorithmImpl = _native_impl_class("async")

@@ -1,4 +1,4 @@
-from .base import Algorithm
+from .base import Algorithm, _native_impl_class
 
 
 class ByteGradAlgorithm(Algorithm):
@@ -13,3 +13,7 @@ class ByteGradAlgorithm(Algorithm):
 
     def _kwargs(self):
         return {"hierarchical": self.hierarchical, "average": self.average}
+
+
+#: The implementation ``ByteGradAlgorithm.reify`` returns (runs in the C++ reducer).
+ByteGradAlgorithmImpl = _native_impl_class("bytegrad")

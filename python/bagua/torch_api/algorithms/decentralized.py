@@ -1,4 +1,4 @@
-from .base import Algorithm
+from .base import Algorithm, _native_impl_class
 
 
 class DecentralizedAlgorithm(Algorithm):
@@ -52,3 +52,8 @@ class LowPrecisionDecentralizedAlgorithm(Algorithm):
         if self._ext_algorithm is None:
             raise RuntimeError("replicas(): wrap a model with this algorithm first")
         return self._ext_algorithm.replicas()
+
+
+#: The implementations the two classes' ``reify`` return (run in the C++ reducer).
+DecentralizedAlgorithmImpl = _native_impl_class("decentralized")
+LowPrecisionDecentralizedAlgorithmImpl = _native_impl_class("low_precision_decentralized")

@@ -1,4 +1,4 @@
-from .base import Algorithm
+from .base import Algorithm, _native_impl_class
 
 
 class GradientAllReduceAlgorithm(Algorithm):
@@ -13,3 +13,7 @@ class GradientAllReduceAlgorithm(Algorithm):
 
     def _kwargs(self):
         return {"hierarchical": self.hierarchical, "average": self.average}
+
+
+#: The implementation ``GradientAllReduceAlgorithm.reify`` returns (runs in the C++ reducer).
+GradientAllReduceAlgorithmImpl = _native_impl_class("gradient_allreduce")

@@ -24,7 +24,7 @@ import torch
 
 from .._ext import ext
 from ..communication import dtype_code
-from .base import Algorithm
+from .base import Algorithm, _native_impl_class
 
 
 class QAdamOptimizer(torch.optim.Optimizer):
@@ -65,6 +65,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
                  for i, p in enumerate(self._params)]
         self._ext = ext.QAdamOptimizer(specs, lr, warmup_steps, betas[0], betas[1], eps,
                                        weight_decay, bool(hold_zero_variance))
+
+    def _check_covers(self, params):
+        if [id(p) for p in self._params] != [id(p) for p in params]:
+            raise ValueError(
+                "bagua: QAdamAlgorithm needs QAdamOptimizer(model.parameters(), ...) over "
+                "exactly the model's parameters, in order")
 
     @property
     def step_id(self):
@@ -122,3 +128,7 @@ class QAdamAlgorithm(Algorithm):
 
     def _qadam(self):
         return self.optimizer
+
+
+#: The implementation ``QAdamAlgorithm.reify`` returns (runs in the C++ reducer).
+QAdamAlgorithmImpl = _native_impl_class("qadam")

@@ -1,15 +1,33 @@
-"""The engine behind ``with_bagua`` and ``DistributedDataParallel``.
+"""The engine behind ``with_bagua`` and ``DistributedDataParallel`` (Bagua's
+``BaguaDistributedDataParallel``).
 
-CPU models: the C++ reducer (core::DistributedDataParallel) with the C++ algorithm. Python
+``algorithm.reify(process_group)`` gives the algorithm implementation. The built-in ones
+(``algorithms/*``: ``_NativeImpl``) run in the C++ reducer; any other ``AlgorithmImpl`` (a
+user-written algorithm) runs on Bagua's hook protocol in Python (``_PythonEngine``).
+
+C++ reducer, CPU models: core::DistributedDataParallel with the C++ algorithm. Python
 registers autograd hooks that mark each gradient ready (post-accumulate-grad hooks where torch
 has them, the AccumulateGrad node's hook otherwise), queues an end-of-backward callback that
 waits for the buckets, patches ``optimizer.step`` to run the post-step hook, and runs the
 forward-pre hook from a module forward-pre hook (training mode with grad enabled only).
-
 CUDA models: the same C++ reducer on the NCCL group (device buckets; gradient copies ordered
 after torch's current stream with CUDA events). ``CUDA_REDUCER = "python"`` selects
 ``DeviceReducer`` instead (gradient_allreduce only, in Python over the NCCL communicator; kept
 as a comparison point for the benchmark).
+
+Parameter memory: the reducer holds the parameters' (and buffers') data pointers, and keeps a
+reference to each tensor it was given so that memory stays alive. When a parameter's memory is
+replaced after the wrap (``fuse_optimizer`` after ``with_bagua``, Bagua's documented order;
+``p.data = ...``; ``.half()``; ``.to()``), the next forward or optimizer step rebuilds the
+reducer on the new memory (a collective: every rank does the same replacement, so every rank
+rebuilds at the same step; rank 0's weights are broadcast again, as at the wrap). A parameter
+that changed shape is an error that names it.
+
+``do_flatten`` (``gradient_as_bucket_view``): True lays each bucket's parameters out in one
+storage, in bucket order (the reverse of registration order, as Bagua's buckets are), so a
+bucket's weights are one contiguous block; False leaves the parameters' memory alone. The
+gradients are copied into the reducer's own buckets either way (the C++ reducer runs in copy
+mode: Python owns every tensor), so the results are the same.
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
@@ -22,14 +40,15 @@ import torch
 
 from .._ext import ext
 from .. import communication as comm
-from ..algorithms import Algorithm, GradientAllReduceAlgorithm
-from ..algorithms.q_adam import QAdamAlgorithm
+from .. import env
+from ..algorithms import Algorithm, AlgorithmImpl, GradientAllReduceAlgorithm
+from ..algorithms.base import _NativeImpl
 
 
 def _ignored_names(module):
-    names = set()
+    names = []
     for attr in ("_bagua_params_and_buffers_to_ignore", "_ddp_params_and_buffers_to_ignore"):
-        names.update(getattr(module, attr, []) or [])
+        names.extend(getattr(module, attr, []) or [])
     return names
 
 
@@ -42,9 +61,11 @@ def _spec(name, t, grad_ptr=0):
 
 def _broadcast_optimizer_state(optimizers, group):
     """Every rank takes rank 0's optimizer state (tensors directly, other values pickled)."""
+    from ..algorithms.q_adam import QAdamOptimizer
+
     for opt in optimizers:
-        if isinstance(opt, QAdamAlgorithm):
-            continue
+        if isinstance(opt, QAdamOptimizer):
+            continue  # its state lives in the core; the reducer broadcasts it
         state = getattr(opt, "state", {})
         scalars = {}
         for gi, g in enumerate(opt.param_groups):
@@ -68,8 +89,22 @@ def _broadcast_optimizer_state(optimizers, group):
                 state.setdefault(p, {})[k] = v
 
 
+def _grad_hook(p, fn):
+    """Calls ``fn()`` once p's gradient is accumulated (returns (handle, keep-alive))."""
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(lambda *_: fn()), None
+    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    return acc.register_hook(lambda *_: fn()), acc
+
+
 class BaguaDistributedDataParallel:
-    """One wrap of ``module`` with ``algorithm`` (see the module docstring)."""
+    """One wrap of ``module`` with ``algorithm`` (see the module docstring).
+
+    Bagua's attributes: ``module``, ``bagua_module_name``, ``bagua_algorithm`` (the
+    ``AlgorithmImpl``), ``bagua_optimizers``, ``bagua_buckets``, ``bagua_train_step_counter``,
+    ``parameters_to_ignore``, ``require_backward_grad_sync`` (False: gradients accumulate
+    locally, as inside ``no_sync()``), ``bagua_build_params()``.
+    """
 
     def __init__(
         self,
@@ -77,86 +112,111 @@ class BaguaDistributedDataParallel:
         optimizers,
         algorithm,
         process_group=None,
-        bucket_cap_mb=25,
-        find_unused_parameters=False,
+        bagua_module_name=None,
         gradient_as_bucket_view=True,
-        broadcast_buffers=True,
+        find_unused_parameters=False,
+        bucket_cap_mb=None,
+        broadcast_buffers=False,
         first_bucket_bytes=0,
     ):
         if algorithm is None:
             algorithm = GradientAllReduceAlgorithm()
         if not isinstance(algorithm, Algorithm):
-            raise TypeError("bagua: algorithm must be a bagua.torch_api.algorithms.Algorithm")
+            raise TypeError("bagua: algorithm must be a bagua.torch_api.algorithms.Algorithm, "
+                            "got {}".format(type(algorithm)))
         self.module = module
         self.optimizers = list(optimizers or [])
-        self.bagua_algorithm = algorithm
         self.process_group = process_group or comm.get_default_group()
+        if not self.process_group.is_member:
+            raise ValueError("bagua: this rank is not in the process group it wraps with")
+        self.bagua_module_name = bagua_module_name or "{}_{}".format(
+            type(module).__name__, id(module))
+        self.algorithm = algorithm
+        impl = algorithm.reify(self.process_group)
+        if not isinstance(impl, AlgorithmImpl):
+            raise TypeError("bagua: {}.reify() must return an AlgorithmImpl, got {}".format(
+                type(algorithm).__name__, type(impl)))
+        self.bagua_algorithm = impl
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        ignore = _ignored_names(module)
-        self._named_params = list(module.named_parameters())
-        self._params = [p for _, p in self._named_params]
-        self._named_buffers = list(module.named_buffers())
-        devices = {p.device.type for p in self._params} | {b.device.type for _, b in self._named_buffers}
-        if len(devices) > 1:
-            raise ValueError("bagua: the model has parameters on {}; put it on one device "
-                             "type".format(sorted(devices)))
-        self.is_cuda = devices == {"cuda"}
+        self.parameters_to_ignore = _ignored_names(module)
+        if bucket_cap_mb is None:
+            bucket_cap_mb = env.get_default_bucket_size() / float(1 << 20)
+        self._bucket_cap_mb = bucket_cap_mb
+        self._broadcast_buffers = broadcast_buffers
+        self._first_bucket_bytes = first_bucket_bytes
         self._hooks = []
         self._grad_accs = []
         self._patched = []
         self._in_backward = False
         self._no_sync = False
         self._closed = False
+        self._used = set()
+        self.require_backward_grad_sync = True
 
-        for i, p in enumerate(self._params):
+        named = list(module.named_parameters())
+        devices = {p.device.type for _, p in named} | {b.device.type for _, b in
+                                                       module.named_buffers()}
+        if len(devices) > 1:
+            raise ValueError("bagua: the model has parameters on {}; put it on one device "
+                             "type".format(sorted(devices)))
+        for _, p in named:
             if p.grad is not None and not p.grad.is_contiguous():
                 p.grad = p.grad.contiguous()
-        _broadcast_optimizer_state(self.optimizers, self.process_group)
-
-        if self.is_cuda and CUDA_REDUCER == "python":
-            from .device_reducer import DeviceReducer
-
-            self._reducer = DeviceReducer(
-                self._named_params, self._named_buffers, algorithm, self.process_group,
-                bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters,
-                gradient_as_bucket_view=gradient_as_bucket_view,
-                broadcast_buffers=broadcast_buffers, ignore=ignore)
+        if isinstance(impl, _NativeImpl) and impl._overrides_hooks():
+            raise NotImplementedError(
+                "bagua: {} overrides hooks of the built-in {}; derive from AlgorithmImpl to "
+                "write an algorithm (built-in implementations run in the C++ reducer)".format(
+                    type(impl).__name__, impl._native_name))
+        if isinstance(impl, _NativeImpl):
+            self._engine = _NativeEngine(self)
         else:
-            qadam = algorithm.optimizer if isinstance(algorithm, QAdamAlgorithm) else None
-            if qadam is not None:
-                ids = [id(p) for p in qadam._params]
-                if ids != [id(p) for p in self._params]:
-                    raise ValueError(
-                        "bagua: QAdamAlgorithm needs QAdamOptimizer(model.parameters(), ...) over "
-                        "exactly the model's parameters, in order")
-            # The core reads a gradient pointer when it (re)builds buckets, at creation and at
-            # algorithm resets; parameters without a gradient yet point at a shared zero buffer
-            # (read only: the core writes gradients only in finish_backward, when every
-            # pointer is a real gradient).
-            most = max([p.numel() * p.element_size() for p in self._params] + [8])
-            dev = self._params[0].device if self._params else torch.device("cpu")
-            self._zero_grad = torch.zeros(most, dtype=torch.uint8, device=dev)
-            group = self.process_group._host
-            stream = 0
-            if self.is_cuda:
-                if self.process_group._nccl is None:
-                    raise RuntimeError("bagua: CUDA model but no NCCL communicator (extension "
-                                       "built without NCCL, or no GPU at init_process_group)")
-                group = self.process_group._nccl
-                stream = torch.cuda.current_stream(dev).cuda_stream
-            params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
-            buffers = [_spec(n, b) for n, b in self._named_buffers if b.is_contiguous()]
-            ext_algo = algorithm._make_ext()
-            self._reducer = ext.Reducer(
-                group, params, buffers, ext_algo,
-                qadam._ext if qadam is not None else None,
-                float(bucket_cap_mb), bool(find_unused_parameters), bool(broadcast_buffers),
-                True, sorted(ignore), int(first_bucket_bytes), int(stream))
-        self._python_device = self.is_cuda and CUDA_REDUCER == "python"
-        self._communicated = set(self._reducer.communicated())
+            self._engine = _PythonEngine(self)
         self._register_hooks()
         self._patch_optimizers()
+
+    # ---- Bagua's attributes ----------------------------------------------------------------
+
+    @property
+    def bagua_optimizers(self):
+        return self.optimizers
+
+    @property
+    def bagua_buckets(self):
+        return self._engine.buckets()
+
+    @property
+    def bagua_train_step_counter(self):
+        return self._engine.train_step()
+
+    @property
+    def _bagua_backend(self):
+        return comm.get_backend(self.bagua_module_name)
+
+    @property
+    def _bagua_tensors(self):
+        return getattr(self._engine, "tensors", [])
+
+    def bagua_build_params(self):
+        """``[(name, parameter)]`` of the parameters that require a gradient and are not
+        ignored (with ``find_unused_parameters``: only those the last backward reached, once
+        one ran); shared parameters once."""
+        ignore = set(self.parameters_to_ignore)
+        out, seen = [], set()
+        for mname, m in self.module.named_modules():
+            for pname, p in m.named_parameters(recurse=False):
+                name = "{}.{}".format(mname, pname) if mname else pname
+                if not p.requires_grad or name in ignore or id(p) in seen:
+                    continue
+                if self.find_unused_parameters and self._used and name not in self._used:
+                    continue
+                seen.add(id(p))
+                out.append((name, p))
+        for m in self.module.modules():
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+                raise NotImplementedError("bagua: sparse gradients are not supported ({})".format(
+                    type(m).__name__))
+        return out
 
     # ---- hooks -----------------------------------------------------------------------------
 
@@ -165,80 +225,53 @@ class BaguaDistributedDataParallel:
 
         def pre_forward(module, inputs):
             s = me()
-            if s is not None:
-                s._pre_forward()
+            if s is not None and not s._closed:
+                s._pre_forward(inputs)
 
         self._hooks.append(self.module.register_forward_pre_hook(pre_forward))
-        for i, p in enumerate(self._params):
+        for name, p in self.module.named_parameters():
             if not p.requires_grad:
                 continue
 
-            def on_grad(*_, i=i):
+            def on_grad(name=name, p=p):
                 s = me()
-                if s is not None:
-                    s._on_grad(i)
+                if s is not None and not s._closed:
+                    s._on_grad(name, p)
 
-            if hasattr(p, "register_post_accumulate_grad_hook"):
-                self._hooks.append(p.register_post_accumulate_grad_hook(on_grad))
-            else:
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                self._hooks.append(acc.register_hook(on_grad))
+            h, acc = _grad_hook(p, on_grad)
+            self._hooks.append(h)
+            if acc is not None:
                 self._grad_accs.append(acc)
 
-    def _grad_ptr(self, p):
-        if p.grad is not None and p.grad.is_contiguous():
-            return p.grad.data_ptr()
-        return self._zero_grad.data_ptr()
-
-    def _pre_forward(self):
-        if self._closed or not (self.module.training and torch.is_grad_enabled()):
+    def _pre_forward(self, inputs):
+        if not (self.module.training and torch.is_grad_enabled()):
             return
-        if not self._python_device:
-            for i, p in enumerate(self._params):
-                self._reducer.set_grad(i, self._grad_ptr(p))
-        self._reducer.prepare_forward()
+        if self.find_unused_parameters:
+            self._used = set()
+        self._engine.pre_forward(inputs)
 
-    def _on_grad(self, i):
+    def _on_grad(self, name, p):
         if not self._in_backward:
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
-        if i not in self._communicated or self._no_sync:
-            return
-        p = self._params[i]
-        g = p.grad
-        if g is None:
-            return
-        if g.is_sparse:
-            raise RuntimeError("bagua: sparse gradients are not supported ({})".format(
-                self._named_params[i][0]))
-        if not g.is_contiguous():
-            p.grad = g = g.contiguous()
-        self._reducer.set_grad(i, g.data_ptr())
-        self._reducer.mark_grad_ready(i)
+        if self.find_unused_parameters:
+            self._used.add(name)
+        self._engine.on_grad(name, p)
 
     def _post_backward(self):
         self._in_backward = False
-        if self._no_sync:
-            self._reducer.finish_backward()
-            return
-        for i in self._communicated:
-            p = self._params[i]
-            if p.grad is None:
-                # Unused this iteration: a zero gradient receives the others' average.
-                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            self._reducer.set_grad(i, p.grad.data_ptr())
-        self._reducer.finish_backward()
+        self._engine.post_backward()
 
     def _patch_optimizers(self):
         me = weakref.ref(self)
         for opt in self.optimizers:
             orig = opt.step
 
-            def step(*args, _orig=orig, **kwargs):
+            def step(*args, _orig=orig, _opt=opt, **kwargs):
                 r = _orig(*args, **kwargs)
                 s = me()
                 if s is not None and not s._closed:
-                    s._reducer.step()
+                    s._engine.post_step(_opt)
                 return r
 
             opt.step = step
@@ -246,24 +279,26 @@ class BaguaDistributedDataParallel:
 
     # ---- user API --------------------------------------------------------------------------
 
+    def _sync_enabled(self):
+        return self.require_backward_grad_sync and not self._no_sync
+
     @contextlib.contextmanager
     def no_sync(self):
         """Gradients accumulate locally inside; the first backward after it reduces the sum."""
         old = self._no_sync
         self._no_sync = True
-        self._reducer.set_no_sync(True)
         try:
             yield
         finally:
             self._no_sync = old
-            self._reducer.set_no_sync(old)
-
-    @property
-    def bagua_train_step_counter(self):
-        return self._reducer.train_step
 
     def bucket_layout(self):
-        return self._reducer.bucket_layout()
+        return self._engine.bucket_layout()
+
+    def rebind(self):
+        """Rebuilds on the parameters' current memory if any was replaced (done at every
+        forward and optimizer step; call it yourself to do it earlier). Collective."""
+        self._engine.rebind_if_moved()
 
     def close(self):
         """Removes the hooks and the optimizer patches and frees the reducer."""
@@ -280,4 +315,288 @@ class BaguaDistributedDataParallel:
             if opt.step != orig:
                 opt.step = orig
         self._patched.clear()
+        self._engine.close()
+
+
+def _flatten_params(params):
+    """Lays ``params`` out in one storage per (dtype, device), in the given order."""
+    groups = {}
+    for p in params:
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    with torch.no_grad():
+        for ps in groups.values():
+            if len(ps) < 2:
+                continue
+            end = None
+            adjacent = all(p.is_contiguous() for p in ps)
+            for p in ps:
+                if end is not None and p.data_ptr() != end:
+                    adjacent = False
+                end = p.data_ptr() + p.numel() * p.element_size()
+            if adjacent:
+                continue
+            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype,
+                               device=ps[0].device)
+            off = 0
+            for p in ps:
+                n = p.numel()
+                flat[off:off + n].copy_(p.data.reshape(-1))
+                p.data = flat[off:off + n].view_as(p)
+                off += n
+
+
+class _NativeEngine:
+    """The built-in algorithms on the C++ reducer (see the module docstring)."""
+
+    def __init__(self, ddp):
+        self.ddp = ddp
+        self.impl = ddp.bagua_algorithm
         self._reducer = None
+        self._build()
+
+    def _build(self):
+        ddp, impl = self.ddp, self.impl
+        module = ddp.module
+        ignore = sorted(set(ddp.parameters_to_ignore))
+        named = list(module.named_parameters())
+        if ddp.gradient_as_bucket_view:
+            _flatten_params([p for n, p in reversed(named)
+                             if p.requires_grad and n not in ignore])
+        self._named_params = named
+        self._params = [p for _, p in named]
+        self._named_buffers = [(n, b) for n, b in module.named_buffers() if b.is_contiguous()]
+        # The memory the reducer points at: kept alive (see the module docstring).
+        self._bound = [p.data for p in self._params] + [b for _, b in self._named_buffers]
+        self._shapes = [p.shape for p in self._params]
+        self.is_cuda = any(p.is_cuda for p in self._params)
+        group = ddp.process_group
+        _broadcast_optimizer_state(ddp.optimizers, group)
+        self._python_device = self.is_cuda and CUDA_REDUCER == "python"
+        if self._python_device:
+            from .device_reducer import DeviceReducer
+
+            self._reducer = DeviceReducer(
+                self._named_params, self._named_buffers, impl._algorithm, group,
+                bucket_cap_mb=ddp._bucket_cap_mb, find_unused_parameters=ddp.find_unused_parameters,
+                gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+                broadcast_buffers=ddp._broadcast_buffers, ignore=ignore)
+        else:
+            qadam = impl._qadam_optimizer()
+            if qadam is not None:
+                qadam._check_covers(self._params)
+            # The core reads a gradient pointer when it (re)builds buckets, at creation and at
+            # algorithm resets; parameters without a gradient yet point at a shared zero buffer
+            # (read only: the core writes gradients only in finish_backward, when every
+            # pointer is a real gradient).
+            most = max([p.numel() * p.element_size() for p in self._params] + [8])
+            dev = self._params[0].device if self._params else torch.device("cpu")
+            self._zero_grad = torch.zeros(most, dtype=torch.uint8, device=dev)
+            host_group = group._host
+            stream = 0
+            if self.is_cuda:
+                if group._nccl is None:
+                    raise RuntimeError("bagua: CUDA model but no NCCL communicator (extension "
+                                       "built without NCCL, or no GPU at init_process_group)")
+                host_group = group._nccl
+                stream = torch.cuda.current_stream(dev).cuda_stream
+            params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
+            buffers = [_spec(n, b) for n, b in self._named_buffers]
+            ext_algo = impl._algorithm._make_ext()
+            self._reducer = ext.Reducer(
+                host_group, params, buffers, ext_algo,
+                qadam._ext if qadam is not None else None,
+                float(ddp._bucket_cap_mb), bool(ddp.find_unused_parameters),
+                bool(ddp._broadcast_buffers), True, ignore, int(ddp._first_bucket_bytes),
+                int(stream))
+        self._communicated = set(self._reducer.communicated())
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+
+    def _moved(self):
+        for i, p in enumerate(self._params):
+            if p.data_ptr() != self._bound[i].data_ptr() or p.dtype != self._bound[i].dtype \
+                    or p.device != self._bound[i].device:
+                if p.shape != self._shapes[i]:
+                    raise RuntimeError(
+                        "bagua: parameter {} changed shape after the wrap ({} -> {}); wrap the "
+                        "module again".format(self._named_params[i][0], tuple(self._shapes[i]),
+                                              tuple(p.shape)))
+                return True
+        cur = [p for _, p in self.ddp.module.named_parameters()]
+        if len(cur) != len(self._params) or any(a is not b for a, b in zip(cur, self._params)):
+            return True
+        nb = len(self._params)
+        for j, (n, b) in enumerate(self._named_buffers):
+            if b.data_ptr() != self._bound[nb + j].data_ptr():
+                return True
+        bufs = [b for _, b in self.ddp.module.named_buffers() if b.is_contiguous()]
+        return len(bufs) != len(self._named_buffers) or any(
+            a is not b for a, (_, b) in zip(bufs, self._named_buffers))
+
+    def rebind_if_moved(self):
+        if self._reducer is not None and self._moved():
+            self._rebuild()
+
+    def _rebuild(self):
+        old = self._reducer
+        self._reducer = None
+        if hasattr(old, "close"):
+            old.close()
+        del old
+        self._build()
+
+    def _grad_ptr(self, p):
+        if p.grad is not None and p.grad.is_contiguous():
+            return p.grad.data_ptr()
+        return self._zero_grad.data_ptr()
+
+    def pre_forward(self, inputs):
+        self.rebind_if_moved()
+        self._sync()
+        if not self._python_device:
+            for i, p in enumerate(self._params):
+                self._reducer.set_grad(i, self._grad_ptr(p))
+        self._reducer.prepare_forward()
+
+    def _sync(self):
+        sync = self.ddp._sync_enabled()
+        self._reducer.set_no_sync(not sync)
+        return sync
+
+    def on_grad(self, name, p):
+        i = self._index.get(id(p))
+        if i is None or not self._sync() or i not in self._communicated:
+            return
+        g = p.grad
+        if g is None:
+            return
+        if g.is_sparse:
+            raise RuntimeError("bagua: sparse gradients are not supported ({})".format(name))
+        if not g.is_contiguous():
+            p.grad = g = g.contiguous()
+        self._reducer.set_grad(i, g.data_ptr())
+        self._reducer.mark_grad_ready(i)
+
+    def post_backward(self):
+        if not self._sync():
+            self._reducer.finish_backward()
+            return
+        for i in self._communicated:
+            p = self._params[i]
+            if p.grad is None:
+                # Unused this iteration: a zero gradient receives the others' average.
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            self._reducer.set_grad(i, p.grad.data_ptr())
+        self._reducer.finish_backward()
+
+    def post_step(self, optimizer):
+        self.rebind_if_moved()
+        self._reducer.step()
+
+    def train_step(self):
+        return self._reducer.train_step
+
+    def bucket_layout(self):
+        return self._reducer.bucket_layout()
+
+    def buckets(self):
+        """Bagua-style bucket views of the reducer's layout (names and tensors; the reducer
+        owns the communication, so they carry no operations)."""
+        from ..bucket import BaguaBucket
+
+        by_name = dict(self._named_params)
+        out = []
+        for i, names in enumerate(self._layout_names()):
+            tensors = []
+            for n in names:
+                p = by_name[n]
+                if not p.is_bagua_tensor():
+                    p.ensure_bagua_tensor(n, self.ddp.bagua_module_name,
+                                          getter_closure=lambda p: p.grad,
+                                          setter_closure=lambda p, t: setattr(p, "grad", t))
+                tensors.append(p)
+            if tensors:
+                out.append(BaguaBucket(tensors, str(i), flatten=False))
+        return out
+
+    def _layout_names(self):
+        return self._reducer.bucket_layout()
+
+    def close(self):
+        self._reducer = None
+
+
+class _PythonEngine:
+    """A user-written ``AlgorithmImpl`` on Bagua's hook protocol (bucket.py runs the
+    operations): ``init_tensors`` -> bucketing suggestion -> ``tensors_to_buckets`` ->
+    ``init_operations`` per bucket; ``init_forward_pre_hook``, ``init_backward_hook``,
+    ``init_post_backward_hook``, ``init_post_optimizer_step_hook`` called where Bagua calls
+    them; ``need_reset()`` checked before each training forward."""
+
+    def __init__(self, ddp):
+        self.ddp = ddp
+        self.impl = ddp.bagua_algorithm
+        self.step = 0
+        self.tensors = []
+        self._buckets = []
+        self._init()
+
+    def _init(self):
+        ddp = self.ddp
+        group = ddp.process_group
+        with torch.no_grad():
+            for _, p in ddp.bagua_build_params():
+                comm.broadcast(p.data if p.data.is_contiguous() else p.data.contiguous(), 0,
+                               group)
+        _broadcast_optimizer_state(ddp.optimizers, group)
+        self.tensors = self.impl.init_tensors(ddp)
+        self._reset_buckets()
+
+    def _reset_buckets(self):
+        cap = max(1, int(self.ddp._bucket_cap_mb * (1 << 20)))
+        raw, cur, size = [], [], 0
+        for t in self.tensors:
+            if cur and (size >= cap or t.dtype != cur[0].dtype):
+                raw.append(cur)
+                cur, size = [], 0
+            cur.append(t)
+            size += t.numel() * t.element_size()
+        if cur:
+            raw.append(cur)
+        self._buckets = self.impl.tensors_to_buckets(raw, self.ddp.gradient_as_bucket_view)
+        for b in self._buckets:
+            self.impl.init_operations(self.ddp, b)
+        comm.get_backend(self.ddp.bagua_module_name).register_ordered_buckets(self._buckets)
+
+    def rebind_if_moved(self):
+        pass  # effective tensors are found through their getters at every use
+
+    def pre_forward(self, inputs):
+        self.step += 1
+        if self.impl.need_reset():
+            self._init()
+        self.impl.init_forward_pre_hook(self.ddp)(inputs)
+
+    def on_grad(self, name, p):
+        if not self.ddp._sync_enabled():
+            return
+        self.impl.init_backward_hook(self.ddp)(name, p)
+
+    def post_backward(self):
+        if not self.ddp._sync_enabled():
+            return
+        self.impl.init_post_backward_hook(self.ddp)()
+
+    def post_step(self, optimizer):
+        self.impl.init_post_optimizer_step_hook(self.ddp)(optimizer)
+
+    def train_step(self):
+        return self.step
+
+    def buckets(self):
+        return self._buckets
+
+    def bucket_layout(self):
+        return [[t.bagua_tensor_name for t in b.tensors] for b in self._buckets]
+
+    def close(self):
+        comm.get_backend(self.ddp.bagua_module_name).register_ordered_buckets([])

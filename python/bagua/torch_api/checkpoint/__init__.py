@@ -1,0 +1,1 @@
+from .checkpointing import load_checkpoint, save_checkpoint  # noqa: F401
