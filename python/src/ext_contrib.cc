@@ -4,7 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "bagua/dataset_cache/cache.h"
@@ -127,13 +130,71 @@ void bindContrib(pyb::module_& m) {
       .def("batches", [](PyBatchSampler& b) { return b.get().batches(); })
       .def_property_readonly("num_batches", [](PyBatchSampler& b) { return b.get().numBatches(); });
 
+  // The backend as a key-value store (Bagua's contrib.utils.store API); values are bytes.
+  // Every call releases the GIL (Redis calls block on the network).
   pyb::class_<cache::CacheBackend, std::shared_ptr<cache::CacheBackend>>(m, "CacheBackend")
       .def("describe", &cache::CacheBackend::describe)
-      .def("num_keys", [](cache::CacheBackend& b) { return take(b.numKeys()); })
-      .def("clear", [](cache::CacheBackend& b) { check(b.clear()); });
+      .def("num_keys",
+           [](cache::CacheBackend& b) {
+             pyb::gil_scoped_release nogil;
+             return take(b.numKeys());
+           })
+      .def("clear",
+           [](cache::CacheBackend& b) {
+             pyb::gil_scoped_release nogil;
+             check(b.clear());
+           })
+      .def("ping",
+           [](cache::CacheBackend& b) {
+             pyb::gil_scoped_release nogil;
+             return b.ping().isOk();
+           })
+      .def("get",
+           [](cache::CacheBackend& b, const std::string& key) -> pyb::object {
+             std::string value;
+             bool hit = false;
+             {
+               pyb::gil_scoped_release nogil;
+               hit = take(b.get(key, value));
+             }
+             if (!hit) {
+               return pyb::none();
+             }
+             return pyb::bytes(value);
+           })
+      .def("put",
+           [](cache::CacheBackend& b, const std::string& key, const std::string& value) {
+             pyb::gil_scoped_release nogil;
+             check(b.put(key, value));
+           })
+      .def("get_many",
+           [](cache::CacheBackend& b, const std::vector<std::string>& keys) {
+             std::vector<std::string_view> views(keys.begin(), keys.end());
+             std::vector<std::optional<std::string>> values;
+             {
+               pyb::gil_scoped_release nogil;
+               check(b.getMany(views, values));
+             }
+             pyb::list out;
+             for (auto& v : values) {
+               out.append(v.has_value() ? pyb::object(pyb::bytes(*v)) : pyb::object(pyb::none()));
+             }
+             return out;
+           })
+      .def("put_many", [](cache::CacheBackend& b,
+                          const std::vector<std::pair<std::string, std::string>>& items) {
+        std::vector<cache::KeyValue> kv;
+        kv.reserve(items.size());
+        for (const auto& [k, v] : items) {
+          kv.push_back({k, v});
+        }
+        pyb::gil_scoped_release nogil;
+        check(b.putMany(kv));
+      });
   m.def(
       "make_cache_backend",
-      [](const std::string& kind, int64_t capacityBytes) {
+      [](const std::string& kind, int64_t capacityBytes,
+         const std::vector<std::pair<std::string, int>>& hosts, int clusterMode, int nodeRank) {
         cache::CacheOptions o = take(cache::CacheOptions::fromParams());
         if (kind == "embedded") {
           o.backend = cache::BackendKind::kEmbedded;
@@ -146,9 +207,26 @@ void bindContrib(pyb::module_& m) {
           o.embedded.capacityBytes = static_cast<uint64_t>(capacityBytes);
           o.redis.capacityPerNode = static_cast<uint64_t>(capacityBytes);
         }
+        // API arguments beat the BAGUA_CACHE_REDIS_* parameters (Bagua's RedisStore(hosts=,
+        // cluster_mode=)).
+        if (!hosts.empty()) {
+          o.redis.hosts.clear();
+          for (const auto& [host, port] : hosts) {
+            o.redis.hosts.push_back(cache::RedisHost{host, port});
+          }
+        }
+        if (clusterMode >= 0) {
+          o.redis.clusterMode = clusterMode != 0;
+        }
+        if (nodeRank >= 0) {
+          o.redis.nodeRank = nodeRank;
+        }
+        pyb::gil_scoped_release nogil;
         return take(cache::makeBackend(o));
       },
-      pyb::arg("kind"), pyb::arg("capacity_bytes") = 0);
+      pyb::arg("kind"), pyb::arg("capacity_bytes") = 0,
+      pyb::arg("hosts") = std::vector<std::pair<std::string, int>>{}, pyb::arg("cluster_mode") = -1,
+      pyb::arg("node_rank") = -1);
 
   pyb::class_<PyCacheLoader>(m, "CacheLoader")
       .def(pyb::init<std::shared_ptr<cache::CacheBackend>, const std::string&, size_t>(),

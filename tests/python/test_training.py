@@ -43,6 +43,8 @@ def runs2():
     items = {k: {"func": "train", "args": v} for k, v in SCENARIOS_2.items()}
     items["comm"] = {"func": "comm_basic"}
     items["comm_bagua"] = {"func": "comm_bagua"}
+    items["dropin"] = {"func": "dropin"}
+    items["syncbn"] = {"func": "syncbn"}
     items["features2"] = {"func": "features2"}
     items["features"] = {"func": "features"}  # last: it aborts the group on purpose
     # Launched by baguarun (the launcher is part of what is tested); the world-3 run below is
@@ -235,3 +237,84 @@ def test_algorithm_switch(runs2):
     a, b = runs2["features2"]
     assert torch.isfinite(a["switch_final"]).all()
     assert torch.equal(a["switch_final"], b["switch_final"])
+
+
+def _dropin_reference(init, steps=6, lr=0.05):
+    import workers
+
+    return workers.reference(init, 2, steps, lr, "gradient_allreduce")
+
+
+@pytest.mark.parametrize("key", ["user_algo", "user_algo_pyop"])
+def test_user_written_algorithm_trains_like_allreduce(runs2, key):
+    # An AlgorithmImpl written as in Bagua's tutorial runs on the Python engine and, doing a
+    # mean all-reduce of the gradients, equals single-process training on the joint batch.
+    outs = [o[key] for o in runs2["dropin"]]
+    assert torch.equal(outs[0]["init"], outs[1]["init"])
+    _assert_ranks_equal(outs)
+    assert torch.allclose(outs[0]["final"], _dropin_reference(outs[0]["init"]), rtol=1e-5,
+                          atol=1e-6)
+    assert outs[0]["impl"] == "TutorialGradientAllReduceImpl"
+    assert outs[0]["steps"] == 6 and outs[0]["buckets"] >= 1
+    if key == "user_algo_pyop":
+        assert outs[0]["ops_run"] == 6 * outs[0]["buckets"]
+
+
+@pytest.mark.parametrize("key", ["fuse_after_wrap_flat", "fuse_after_wrap_noflat"])
+def test_fuse_optimizer_after_with_bagua(runs2, key):
+    # Bagua's order (with_bagua, then fuse_optimizer, which re-lays the parameters out), then
+    # p.data replaced by hand: the reducer rebinds each time and training equals the reference.
+    outs = [o[key] for o in runs2["dropin"]]
+    assert outs[0]["moved"]
+    _assert_ranks_equal(outs)
+    assert torch.allclose(outs[0]["final"], _dropin_reference(outs[0]["init"]), rtol=1e-5,
+                          atol=1e-6)
+    assert outs[0]["fused_count"] == 3  # fuse_optimizer's layout kept: one group per step
+    # do_flatten: the wrap made the gradients one buffer in bucket (reversed) order.
+    assert outs[0]["grads_adjacent"] == (key == "fuse_after_wrap_flat")
+
+
+def test_parameter_reshaped_after_wrap_is_named(runs2):
+    for o in runs2["dropin"]:
+        assert "fc1.weight" in o["reshape_error"] and "shape" in o["reshape_error"]
+
+
+def test_wrapper_names(runs2):
+    outs = [o["names"] for o in runs2["dropin"]]
+    for o in outs:
+        assert o["module_name"].startswith("DistributedDataParallel_V1_9_0_")
+        assert o["inner"] == "BaguaDistributedDataParallel" and o["unwrap"] == "Net"
+        assert o["ignore"] == ["fc3.weight"]
+        # find_unused_parameters: before any backward every trainable, non-ignored parameter.
+        assert o["build"] == ["fc1.weight", "fc2.weight", "fc2.bias"]
+        assert sorted(n for b in o["buckets"] for n in b) == sorted(o["build"])
+    # require_backward_grad_sync=False: local gradients differ; True: averaged, equal.
+    assert not torch.equal(outs[0]["local_grad"], outs[1]["local_grad"])
+    assert torch.equal(outs[0]["synced_grad"], outs[1]["synced_grad"])
+    assert torch.allclose(outs[0]["synced_grad"],
+                          (outs[0]["local_grad"] + outs[1]["local_grad"]) / 2, atol=1e-7)
+
+
+def test_sync_batchnorm_equals_batchnorm_on_joint_batch(runs2):
+    outs = runs2["syncbn"]
+    ref = outs[0]["ref"]
+    b = outs[0]["y"].shape[0]
+    for r, o in enumerate(outs):
+        assert o["type"] == "SyncBatchNorm" and o["batches"] == 2
+        assert torch.allclose(o["y"], ref["y"][r * b:(r + 1) * b], rtol=1e-5, atol=1e-5)
+        assert torch.allclose(o["rm"], ref["rm"], rtol=1e-5, atol=1e-6)
+        assert torch.allclose(o["rv"], ref["rv"], rtol=1e-5, atol=1e-5)
+        assert torch.allclose(o["gx"], ref["gx"][r * b:(r + 1) * b], rtol=1e-4, atol=1e-5)
+        # eval mode: the (synchronised) running statistics, no communication
+        assert torch.isfinite(o["eval"]).all()
+    # weight and bias gradients stay local: their sum over ranks is the joint batch's
+    assert torch.allclose(sum(o["gw"] for o in outs), ref["gw"], rtol=1e-4, atol=1e-5)
+    assert torch.allclose(sum(o["gb"] for o in outs), ref["gb"], rtol=1e-4, atol=1e-5)
+
+
+def test_init_process_group_with_a_store():
+    outs = harness.run("store_init", 2)
+    for r, o in enumerate(outs):
+        assert o["sum"] == 3.0 and o["dist_sum"] == 1.0 and o["rank"] == r
+        assert o["env"] == (str(r), "2", str(r))
+        assert "twice" in o["second_init"]

@@ -346,6 +346,223 @@ def features2(a):
     return out
 
 
+# ---- drop-in Bagua: user-written algorithms, fuse_optimizer after with_bagua, wrapper names ----
+
+
+class TutorialGradientAllReduceImpl(bagua.algorithms.AlgorithmImpl):
+    """A user-written algorithm in the shape of Bagua's tutorial: Bagua's default tensors
+    (gradients) and hooks, one centralized all-reduce per bucket (or a Python op doing it)."""
+
+    def __init__(self, process_group, python_op=False):
+        super().__init__(process_group)
+        self.python_op = python_op
+        self.ops_run = 0
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket.clear_ops()
+        if not self.python_op:
+            bucket.append_centralized_synchronous_op(hierarchical=False, average=True,
+                                                     group=self.process_group)
+            return
+
+        def op(name):
+            self.ops_run += 1
+            flat = bucket.flattened_tensor()
+            bagua.allreduce_inplace(flat, bagua.ReduceOp.AVG,
+                                    comm=self.process_group.get_global_communicator())
+            off = 0
+            for t in bucket.tensors:
+                g = t.bagua_getter_closure()
+                g.copy_(flat[off:off + g.numel()].view_as(g))
+                off += g.numel()
+
+        bucket.append_python_op(op, group=self.process_group)
+
+
+class TutorialGradientAllReduce(bagua.algorithms.Algorithm):
+    def __init__(self, python_op=False):
+        self.python_op = python_op
+
+    def reify(self, process_group):
+        return TutorialGradientAllReduceImpl(process_group, self.python_op)
+
+
+def _train_sgd(model, opt, r, steps, fused=False, start=0):
+    losses = []
+    for step in range(start, start + steps):
+        x, y = data(r, step)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        (opt.fuse_step() if fused else opt.step())
+        losses.append(loss.item())
+    return losses
+
+
+@worker
+def dropin(a):
+    """Scenarios of the drop-in issue (17), each against the single-process reference."""
+    from bagua.torch_api.contrib import fuse_optimizer
+    from bagua.torch_api.data_parallel.distributed import DistributedDataParallel_V1_9_0
+
+    _init()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+    lr, steps = 0.05, 6
+    out = {}
+
+    def fresh():
+        torch.manual_seed(r)  # different weights per rank: the wrap broadcasts rank 0's
+        m = Net()
+        return m, torch.optim.SGD(m.parameters(), lr=lr)
+
+    # 1. A user-written algorithm (centralized op, then a Python op), with_bagua.
+    for key, python_op in (("user_algo", False), ("user_algo_pyop", True)):
+        m, opt = fresh()
+        algo = TutorialGradientAllReduce(python_op)
+        m = m.with_bagua([opt], algo)
+        init = flat(m)
+        out[key + "_losses"] = _train_sgd(m, opt, r, steps)
+        out[key] = {"init": init, "final": flat(m), "steps": m.bagua_train_step_counter,
+                    "impl": type(m.bagua_algorithm).__name__,
+                    "buckets": len(m.bagua_buckets),
+                    "ops_run": m.bagua_algorithm.ops_run}
+        m.bagua_ddp.close()
+
+    # 2. Bagua's documented order: with_bagua, then fuse_optimizer (which replaces p.data),
+    #    with and without do_flatten; and p.data replaced by hand between steps.
+    for key, do_flatten in (("fuse_after_wrap_flat", True), ("fuse_after_wrap_noflat", False)):
+        m, opt = fresh()
+        m = m.with_bagua([opt], GradientAllReduceAlgorithm(), do_flatten=do_flatten)
+        init = flat(m)
+        from bagua.torch_api.utils import check_contiguous
+
+        grads = [p.grad for p in reversed(list(m.parameters()))]
+        grads_adjacent = all(g is not None for g in grads) and check_contiguous(grads)
+        before = [p.data_ptr() for p in m.parameters()]
+        opt = fuse_optimizer(opt)
+        moved = any(p.data_ptr() != b for p, b in zip(m.parameters(), before))
+        _train_sgd(m, opt, r, steps // 2, fused=True)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.data = p.data.clone()  # freed below the reducer unless it rebinds
+        import gc
+        gc.collect()
+        _train_sgd(m, opt, r, steps - steps // 2, start=steps // 2)
+        out[key] = {"init": init, "final": flat(m), "moved": moved,
+                    "grads_adjacent": grads_adjacent,
+                    "fused_count": opt._bagua_fused_count}
+        m.bagua_ddp.close()
+
+    # 3. A parameter changing shape after the wrap is named in the error.
+    m, opt = fresh()
+    m = m.with_bagua([opt], GradientAllReduceAlgorithm())
+    m.fc1.weight.data = torch.zeros(3, 3)
+    try:
+        m(data(r, 0)[0][:, :3])
+        out["reshape_error"] = ""
+    except RuntimeError as e:
+        out["reshape_error"] = str(e)
+    m.bagua_ddp.close()
+
+    # 4. Wrapper names: bagua_module_name, bagua_buckets, .inner, require_backward_grad_sync,
+    #    parameters_to_ignore, bagua_build_params (find_unused_parameters), DDP V1_9_0.
+    m, opt = fresh()
+    m._bagua_params_and_buffers_to_ignore = ["fc3.weight"]
+    d = DistributedDataParallel_V1_9_0(m, optimizers=[opt], find_unused_parameters=True)
+    names = {"module_name": d.module.bagua_module_name, "inner": type(d.inner).__name__,
+             "ignore": d.parameters_to_ignore,
+             "build": [nm for nm, _ in d.inner.bagua_build_params()],
+             "buckets": [[t.bagua_tensor_name for t in b.tensors] for b in d.bagua_buckets]}
+    x, y = data(r, 0)
+    d.require_backward_grad_sync = False
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(d(x), y).backward()
+    names["local_grad"] = m.fc1.weight.grad.detach().clone()
+    d.require_backward_grad_sync = True
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(d(x), y).backward()
+    names["synced_grad"] = m.fc1.weight.grad.detach().clone()
+    names["unwrap"] = type(d.module).__name__
+    out["names"] = names
+    d.close()
+    return out
+
+
+@worker
+def syncbn(a):
+    """SyncBatchNorm on CPU: outputs, running statistics and gradients of each rank's part,
+    plus (rank 0) plain BatchNorm on the concatenated batch."""
+    from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
+
+    _init()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+
+    def inputs(k):
+        g = torch.Generator().manual_seed(50 + k)
+        return torch.randn(4, 3, 5, generator=g) * (k + 1) + k, torch.randn(4, 3, 5, generator=g)
+
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(3))
+    model = SyncBatchNorm.convert_sync_batchnorm(model)
+    bn = model[0]
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    x, w = inputs(r)
+    x.requires_grad_()
+    outs = []
+    for _ in range(2):  # two steps: running statistics move twice
+        y = model(x)
+        (y * w).sum().backward()
+        outs.append(y.detach().clone())
+    out = {"type": type(bn).__name__, "y": outs[-1], "rm": bn.running_mean.clone(),
+           "rv": bn.running_var.clone(), "gx": x.grad.clone(), "gw": bn.weight.grad.clone(),
+           "gb": bn.bias.grad.clone(), "batches": int(bn.num_batches_tracked)}
+    if r == 0:
+        ref = torch.nn.BatchNorm1d(3)
+        with torch.no_grad():
+            ref.weight.copy_(bn.weight)
+            ref.bias.copy_(bn.bias)
+        parts = [inputs(k) for k in range(n)]
+        xs = torch.cat([p[0] for p in parts]).requires_grad_()
+        ws = torch.cat([p[1] for p in parts])
+        for _ in range(2):
+            y = ref(xs)
+            (y * ws).sum().backward()
+        out["ref"] = {"y": y.detach(), "rm": ref.running_mean.clone(),
+                      "rv": ref.running_var.clone(), "gx": xs.grad.clone(),
+                      "gw": ref.weight.grad.clone(), "gb": ref.bias.grad.clone()}
+    model.eval()
+    out["eval"] = model(x.detach())
+    return out
+
+
+@worker
+def store_init(a):
+    """init_process_group(store=..., rank=, world_size=, local_world_size=) with a store the
+    script made (Bagua's contract), then a collective and torch.distributed."""
+    import datetime
+    import torch.distributed as dist
+
+    r = int(os.environ.pop("RANK"))
+    w = int(os.environ.pop("WORLD_SIZE"))
+    os.environ.pop("LOCAL_RANK")
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), w, r == 0,
+                          datetime.timedelta(seconds=60))
+    bagua.init_process_group(store=store, rank=r, world_size=w, local_world_size=w)
+    t = torch.tensor([float(r + 1)])
+    bagua.allreduce_inplace(t)
+    x = torch.tensor([float(r)])
+    dist.all_reduce(x)
+    out = {"sum": t.item(), "dist_sum": x.item(), "rank": bagua.get_rank(),
+           "env": (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"])}
+    try:
+        bagua.init_process_group()
+        out["second_init"] = ""
+    except RuntimeError as e:
+        out["second_init"] = str(e)
+    return out
+
+
 def reference(init, world, steps, lr, algorithm):
     """Single process on the concatenated batch (the mean of the per-rank mean losses)."""
     model = Net()

@@ -23,11 +23,14 @@ reducer on the new memory (a collective: every rank does the same replacement, s
 rebuilds at the same step; rank 0's weights are broadcast again, as at the wrap). A parameter
 that changed shape is an error that names it.
 
-``do_flatten`` (``gradient_as_bucket_view``): True lays each bucket's parameters out in one
-storage, in bucket order (the reverse of registration order, as Bagua's buckets are), so a
-bucket's weights are one contiguous block; False leaves the parameters' memory alone. The
-gradients are copied into the reducer's own buckets either way (the C++ reducer runs in copy
-mode: Python owns every tensor), so the results are the same.
+``do_flatten`` (``gradient_as_bucket_view``): True makes the gradients of the communicated
+parameters views of one buffer per (dtype, device), in bucket order (the reverse of
+registration order), at the wrap, as Bagua's flattened buckets make them; the weights are left
+alone. The C++ reducer still copies gradients into its own buckets (it runs in copy mode:
+Python owns every tensor), so results are the same either way; what the layout changes is what
+code that looks at the memory sees (``fuse_optimizer`` fuses only tensors adjacent in its own
+order, as in Bagua). Gradients re-created later (``zero_grad(set_to_none=True)``) are ordinary
+tensors again.
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
@@ -318,30 +321,23 @@ class BaguaDistributedDataParallel:
         self._engine.close()
 
 
-def _flatten_params(params):
-    """Lays ``params`` out in one storage per (dtype, device), in the given order."""
+def _flatten_grads(params):
+    """Makes the gradients of ``params`` views of one zero-initialised (or copied) buffer per
+    (dtype, device), in the given order."""
     groups = {}
     for p in params:
         groups.setdefault((p.dtype, p.device), []).append(p)
     with torch.no_grad():
         for ps in groups.values():
-            if len(ps) < 2:
-                continue
-            end = None
-            adjacent = all(p.is_contiguous() for p in ps)
-            for p in ps:
-                if end is not None and p.data_ptr() != end:
-                    adjacent = False
-                end = p.data_ptr() + p.numel() * p.element_size()
-            if adjacent:
-                continue
-            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype,
+            flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype,
                                device=ps[0].device)
             off = 0
             for p in ps:
                 n = p.numel()
-                flat[off:off + n].copy_(p.data.reshape(-1))
-                p.data = flat[off:off + n].view_as(p)
+                view = flat[off:off + n].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
                 off += n
 
 
@@ -352,16 +348,15 @@ class _NativeEngine:
         self.ddp = ddp
         self.impl = ddp.bagua_algorithm
         self._reducer = None
-        self._build()
+        self._build(first=True)
 
-    def _build(self):
+    def _build(self, first=False):
         ddp, impl = self.ddp, self.impl
         module = ddp.module
         ignore = sorted(set(ddp.parameters_to_ignore))
         named = list(module.named_parameters())
-        if ddp.gradient_as_bucket_view:
-            _flatten_params([p for n, p in reversed(named)
-                             if p.requires_grad and n not in ignore])
+        if first and ddp.gradient_as_bucket_view:
+            _flatten_grads([p for n, p in reversed(named) if p.requires_grad and n not in ignore])
         self._named_params = named
         self._params = [p for _, p in named]
         self._named_buffers = [(n, b) for n, b in module.named_buffers() if b.is_contiguous()]

@@ -1,0 +1,1 @@
+"""Key-value stores for the dataset cache (Bagua's ``contrib.utils``)."""
