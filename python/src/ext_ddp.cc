@@ -128,6 +128,14 @@ class PyQAdam {
     }
     check(s);
   }
+  // Where m (second = false) or v of parameter i lives (host or device memory, float32, numel
+  // elements; owned by this optimizer): Python aliases it as the torch optimizer's state.
+  uintptr_t statePtr(int i, bool second) {
+    if (i < 0 || i >= static_cast<int>(params_.size())) {
+      throw pyb::index_error("QAdamOptimizer: parameter index out of range");
+    }
+    return reinterpret_cast<uintptr_t>(second ? opt_->expAvgSq(i) : opt_->expAvg(i));
+  }
   algo::QAdamOptimizer* get() { return opt_.get(); }
 
  private:
@@ -304,6 +312,7 @@ void bindDdp(pyb::module_& m) {
       .def_property_readonly("step_count", &PyQAdam::stepCount)
       .def_property_readonly("hold_zero_variance", &PyQAdam::holdZeroVariance)
       .def("state", &PyQAdam::state, pyb::arg("index"), pyb::arg("second"))
+      .def("state_ptr", &PyQAdam::statePtr, pyb::arg("index"), pyb::arg("second"))
       .def("set_state", &PyQAdam::setState, pyb::arg("index"), pyb::arg("second"),
            pyb::arg("data"));
 

@@ -85,7 +85,7 @@ def test_algorithm_classes_and_defaults():
     assert params(q_adam.QAdamAlgorithm) == {"q_adam_optimizer": "REQ", "hierarchical": True}
     assert params(q_adam.QAdamOptimizer) == {"params": "REQ", "lr": 1e-3, "warmup_steps": 100,
                                              "betas": (0.9, 0.999), "eps": 1e-8,
-                                             "weight_decay": 0.0, "hold_zero_variance": True}
+                                             "weight_decay": 0.0, "hold_zero_variance": False}
     with pytest.raises(ValueError):
         q_adam.QAdamOptimizer([torch.nn.Parameter(torch.zeros(2))], warmup_steps=0)
     with pytest.raises(ValueError):

@@ -230,9 +230,9 @@ def test_checkpoint_round_trip(tmp_path):
 
     m = torch.nn.Linear(3, 2)
     opt = torch.optim.Adam(m.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     m(torch.ones(1, 3)).sum().backward()
     opt.step()
-    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     sched.step()
     save_checkpoint(7, str(tmp_path), m, opt, sched)
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "7"

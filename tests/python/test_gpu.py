@@ -32,11 +32,12 @@ SCENARIOS = {
     "qadam_warmup": {"algorithm": "qadam", "steps": 8, "lr": 1e-2, "device": "cuda",
                      "kwargs": {"opt": {"warmup_steps": 100}, "algo": {"hierarchical": False}}},
     # The default eps (1e-8): elements whose gradient was exactly zero through the warm-up (dead
-    # ReLU units: v = 0) are held by hold_zero_variance (default True) in the CUDA kernel, as on
-    # the CPU (Bagua's exact update diverges here: CPU path 0.973 -> 1.204 over these 16 steps,
+    # ReLU units: v = 0) are held by hold_zero_variance=True (our option; the default is Bagua's
+    # exact update, which diverges here: CPU path 0.973 -> 1.204 over these 16 steps,
     # tests/python/test_training.py).
     "qadam_compressed": {"algorithm": "qadam", "steps": 16, "lr": 1e-2, "device": "cuda",
-                         "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
+                         "kwargs": {"opt": {"warmup_steps": 4, "hold_zero_variance": True},
+                                    "algo": {"hierarchical": False}}},
     # Async model average on CUDA weights (the averaging thread on its own stream).
     "async": {"algorithm": "async", "steps": 30, "device": "cuda",
               "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}},

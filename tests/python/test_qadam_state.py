@@ -2,6 +2,8 @@
 set_state round trip, on CPU parameters and, on a machine with a GPU, on CUDA parameters of the
 core optimizer (device m and v, read and written through readState / writeState)."""
 
+import math
+
 import pytest
 import torch
 
@@ -39,20 +41,19 @@ def test_cpu_state_after_steps_and_round_trip():
     opt = q_adam.QAdamOptimizer(params, lr=1e-2, warmup_steps=10, betas=BETAS)
     m = [torch.zeros(s) for s in SHAPES]
     v = [torch.zeros(s) for s in SHAPES]
-    # The core's constants are float32: beta and 1 - beta computed in float32.
-    b1, b2 = (torch.tensor(b, dtype=torch.float32) for b in BETAS)
-    one = torch.tensor(1.0, dtype=torch.float32)
+    # Bagua's update (torch operations, Python-float constants), bit for bit.
+    b1, b2 = BETAS
     for step in range(3):
         for p, g in zip(params, grads(step)):
             p.grad = g.clone()
         opt.step()
         for i, g in enumerate(grads(step)):
-            m[i] = b1 * m[i] + (one - b1) * g
-            v[i] = b2 * v[i] + (one - b2) * g * g
+            m[i].mul_(b1).add_(g, alpha=1 - b1)
+            v[i].mul_(b2).addcmul_(g, g, value=1 - b2)
     for i in range(len(SHAPES)):
         assert opt.exp_avg(i).shape == params[i].shape
-        assert torch.allclose(opt.exp_avg(i), m[i], rtol=1e-6, atol=1e-8), i
-        assert torch.allclose(opt.exp_avg_sq(i), v[i], rtol=1e-6, atol=1e-10), i
+        assert torch.equal(opt.exp_avg(i), m[i]), i
+        assert torch.equal(opt.exp_avg_sq(i), v[i]), i
     # Written state reads back bit for bit, on the parameter it was written to only.
     before = [opt.exp_avg_sq(i).clone() for i in range(len(SHAPES))]
     pattern = torch.arange(SHAPES[2][0] * SHAPES[2][1], dtype=torch.float32) * 0.37 - 5.0
@@ -123,3 +124,125 @@ def test_cuda_state_equals_cpu_and_round_trip():
             assert gpu_opt.state(i, second) == cpu_opt.state(i, second), (i, second)
         assert torch.equal(bits(gpu[i].cpu()), bits(host[i])), i
     assert gpu_opt.state(1, False) != unwritten
+
+
+# ---- Bagua's QAdamOptimizer contract (issue 17) -------------------------------------------------
+
+
+class BaguaNet(torch.nn.Module):
+    """Bagua's tests/torch_api/test_qadam.py model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(2, 10, bias=False)
+        self.fc2 = torch.nn.Linear(10, 50, bias=True)
+        self.fc3 = torch.nn.Linear(50, 4, bias=False)
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return torch.softmax(self.fc3(x), dim=1)
+
+
+def _train(opt_cls, flags, steps, seed=13, groups=False, sched=None):
+    torch.manual_seed(seed)
+    model = BaguaNet()
+    params = model.parameters()
+    if groups:
+        params = [{"params": [model.fc1.weight]},
+                  {"params": [model.fc2.weight, model.fc2.bias], "lr": flags["lr"] / 2},
+                  {"params": [model.fc3.weight], "weight_decay": 0.0}]
+    opt = opt_cls(params, **flags)
+    s = sched(opt) if sched else None
+    for _ in range(steps):
+        data, target = torch.randn(4, 2), torch.randn(4, 4)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(data), target)
+        loss.backward()
+        opt.step()
+        if s is not None:
+            s.step()
+    return model, opt, loss
+
+
+def test_warmup_is_torch_adam_bit_for_bit():
+    # Bagua's test_qadam: during the warm-up QAdam is torch.optim.Adam, loss for loss (exact).
+    _, _, l1 = _train(torch.optim.Adam, {"lr": 0.001, "weight_decay": 0.1}, 300)
+    _, _, l2 = _train(q_adam.QAdamOptimizer, {"lr": 0.001, "weight_decay": 0.1,
+                                              "warmup_steps": 2000}, 300)
+    assert l1.item() == l2.item()
+
+
+def test_param_groups_and_lr_scheduler_are_honoured():
+    # Per-group lr and weight_decay, and a scheduler changing param_group["lr"]: the same as
+    # torch Adam with the same groups and scheduler, bit for bit, during the warm-up.
+    sched = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=5, gamma=0.5)  # noqa: E731
+    m1, _, _ = _train(torch.optim.Adam, {"lr": 0.01, "weight_decay": 0.1}, 30, groups=True,
+                      sched=sched)
+    m2, opt, _ = _train(q_adam.QAdamOptimizer, {"lr": 0.01, "weight_decay": 0.1,
+                                                "warmup_steps": 100}, 30, groups=True,
+                        sched=sched)
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+    assert opt.param_groups[1]["lr"] == 0.005 * 0.5 ** 6
+
+
+def _bagua_reference(params, grads_per_step, lr, warmup, betas, eps, wd, hold=False):
+    """Bagua's update, written out: m and v only in the warm-up, then frozen v."""
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    b1, b2 = betas
+    for t, grads in enumerate(grads_per_step, start=1):
+        for i, (p, g) in enumerate(zip(params, grads)):
+            g = g.add(p, alpha=wd) if wd else g
+            if t < warmup:
+                m[i].mul_(b1).add_(g, alpha=1 - b1)
+                v[i].mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v[i].sqrt() / math.sqrt(1 - b2 ** t)).add_(eps)
+            upd = m[i] * (v[i] != 0) if hold and t >= warmup else m[i]
+            p.addcdiv_(upd, denom, value=-lr / (1 - b1 ** t))
+    return params, m, v
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_compression_stage_update_and_state_dict(hold):
+    # Single process: after the warm-up the optimizer alone keeps m (the algorithm would mix and
+    # average it) and freezes v; the update is Bagua's bit for bit. m and v are in state_dict()
+    # and load back.
+    ws = weights()
+    ws[0][0, 0] = 0.0
+    params = [torch.nn.Parameter(w.clone()) for w in ws]
+    opt = q_adam.QAdamOptimizer(params, lr=1e-2, warmup_steps=3, betas=BETAS, eps=1e-8,
+                                weight_decay=0.01, hold_zero_variance=hold)
+    steps = [grads(s) for s in range(6)]
+    for s in steps:
+        s[0][0, 0] = 0.0  # one element never gets a gradient: v stays 0
+    for s in steps:
+        for p, g in zip(params, s):
+            p.grad = g.clone()
+        opt.step()
+    ref, m, v = _bagua_reference([w.clone() for w in ws], steps, 1e-2, 3, BETAS, 1e-8, 0.01,
+                                 hold)
+    for p, r in zip(params, ref):
+        assert torch.equal(p.detach(), r), (p, r)
+    sd = opt.state_dict()
+    for i in range(len(SHAPES)):
+        st = sd["state"][i]
+        assert st["step"] == 6
+        assert torch.equal(st["exp_avg"], m[i]) and torch.equal(st["exp_avg_sq"], v[i])
+    # load_state_dict: a fresh optimizer continues exactly like the original.
+    params2 = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt2 = q_adam.QAdamOptimizer(params2, lr=1e-2, warmup_steps=3, betas=BETAS, eps=1e-8,
+                                 weight_decay=0.01, hold_zero_variance=hold)
+    opt2.load_state_dict(sd)
+    assert opt2._ext.step_count == 6 and opt2.step_id == 6
+    for p, p2, g in zip(params, params2, grads(9)):
+        p.grad, p2.grad = g.clone(), g.clone()
+    opt.step()
+    opt2.step()
+    for p, p2 in zip(params, params2):
+        assert torch.equal(p, p2)
+    # The core holds the same m the state shows (the algorithm reads it there).
+    for i in range(len(SHAPES)):
+        core_m = torch.frombuffer(bytearray(opt2._ext.state(i, False)), dtype=torch.float32)
+        assert torch.equal(core_m.view(SHAPES[i]), opt2.state[params2[i]]["exp_avg"])

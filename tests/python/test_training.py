@@ -25,13 +25,13 @@ SCENARIOS_2 = {
     "qadam_compressed": {"algorithm": "qadam", "steps": 12, "lr": 1e-2,
                          "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
     # Bagua #654 "QAdam NaN": the default eps (1e-8) on a model with units that get no gradient
-    # through the warm-up. hold_zero_variance (default True) keeps it training; False is Bagua's
-    # exact update, which diverges here.
+    # through the warm-up. hold_zero_variance=True (our option) keeps it training; the default
+    # (False) is Bagua's exact update, which diverges here.
     "qadam_default_eps": {"algorithm": "qadam", "steps": 16, "lr": 1e-2,
-                          "kwargs": {"opt": {"warmup_steps": 4}, "algo": {"hierarchical": False}}},
+                          "kwargs": {"opt": {"warmup_steps": 4, "hold_zero_variance": True},
+                                     "algo": {"hierarchical": False}}},
     "qadam_default_eps_nohold": {"algorithm": "qadam", "steps": 16, "lr": 1e-2,
-                                 "kwargs": {"opt": {"warmup_steps": 4,
-                                                    "hold_zero_variance": False},
+                                 "kwargs": {"opt": {"warmup_steps": 4},
                                             "algo": {"hierarchical": False}}},
     "async": {"algorithm": "async", "steps": 30,
               "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}},

@@ -584,8 +584,28 @@ def bundle(a):
     return {name: WORKERS[item["func"]](item.get("args", {})) for name, item in a["items"].items()}
 
 
+@worker
+def launched(a):
+    """comm_basic plus what the launcher gave this worker (Bagua's launchers' tests)."""
+    env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                          "NODE_RANK", "BAGUA_DEFAULT_BUCKET_SIZE",
+                                          "BAGUA_AUTOTUNE", "NCCL_NET_PLUGIN")}
+    before = (bagua.get_rank(), bagua.get_local_rank(), bagua.get_world_size(),
+              bagua.get_local_size())  # before init: from the launcher's variables
+    out = comm_basic(a)
+    out.update({"env": env, "before": before, "local_rank_arg": LOCAL_RANK_ARG})
+    return out
+
+
+LOCAL_RANK_ARG = None
+
+
 def main():
-    func, out, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    global LOCAL_RANK_ARG
+    argv = sys.argv[1:]
+    if argv and argv[0].startswith("--local_rank="):  # bagua.distributed.launch --set_additional_flag
+        LOCAL_RANK_ARG = int(argv.pop(0).split("=", 1)[1])
+    func, out, args = argv[0], argv[1], json.loads(argv[2])
     result = WORKERS[func](args)
     torch.save(result, os.path.join(out, "rank{}.pt".format(os.environ.get("RANK", "0"))))
     if bagua.is_initialized():

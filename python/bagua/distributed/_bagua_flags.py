@@ -1,0 +1,125 @@
+"""What both launchers share: Bagua's own flags and the environment they set for the workers.
+
+Both launchers turn their command line into ``torch.distributed.run``'s and call its ``run``:
+the elastic agent starts and watches the workers and sets RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT; bagua.init_process_group rendezvouses
+through the agent's store (no second port). Bagua's flags become environment variables the
+workers inherit:
+
+    --default_bucket_size B      BAGUA_DEFAULT_BUCKET_SIZE (with_bagua's bucket size, bytes)
+    --enable_bagua_net           NCCL_NET_PLUGIN = our Bagua-Net plugin (libnccl-net-bagua.so)
+    --autotune_level L           BAGUA_AUTOTUNE (read by the C++ autotune library; the Python
+    --autotune_max_samples ...   front end does not autotune: python/README.md)
+    --bagua_service_port P       BAGUA_SERVICE_PORT (accepted; no autotune service here)
+    --report_metrics             BAGUA_REPORT_METRICS=1
+"""
+
+import os
+import warnings
+
+
+def add_bagua_flags(parser, service_port_default=29501):
+    g = parser.add_argument_group("Bagua")
+    g.add_argument("--bagua_service_port", type=int, default=service_port_default,
+                   help="Bagua's autotune service port (accepted for compatibility)")
+    g.add_argument("--autotune_level", type=int, default=0,
+                   help="BAGUA_AUTOTUNE for the C++ autotune library (0: off)")
+    g.add_argument("--is_output_autotune_log", action="store_true", default=False)
+    g.add_argument("--report_metrics", action="store_true", default=False)
+    g.add_argument("--autotune_max_samples", type=int, default=60)
+    g.add_argument("--autotune_sampling_confidence_time", type=float, default=5.0)
+    g.add_argument("--autotune_warmup_time", type=float, default=30.0)
+    g.add_argument("--default_bucket_size", type=int, default=10 * 1024 ** 2,
+                   help="bucket size in bytes (BAGUA_DEFAULT_BUCKET_SIZE)")
+    g.add_argument("--enable_bagua_net", action="store_true", default=False,
+                   help="NCCL uses our Bagua-Net network plugin (sets NCCL_NET_PLUGIN)")
+    g.add_argument("--host_list", type=str, default=None,
+                   help="accepted for compatibility (multi-node start over SSH is baguarun's)")
+    g.add_argument("--ssh_port", type=int, default=None, help="see --host_list")
+    return parser
+
+
+def bagua_net_plugin():
+    """Path of the Bagua-Net NCCL plugin of this build (next to the extension's build folder:
+    <build>/net_plugin/libnccl-net-bagua.so), or None."""
+    try:
+        import _bagua_ext
+    except ImportError:
+        return None
+    build = os.path.dirname(os.path.dirname(os.path.abspath(_bagua_ext.__file__)))
+    for name in ("libnccl-net-bagua.so", "libnccl-net.so"):
+        for d in (os.path.join(build, "net_plugin"), os.path.dirname(_bagua_ext.__file__)):
+            p = os.path.join(d, name)
+            if os.path.isfile(p):
+                return p
+    return None
+
+
+def bagua_env(args):
+    """The variables Bagua's flags set for the workers."""
+    e = {
+        "BAGUA_SERVICE_PORT": str(args.bagua_service_port),
+        "BAGUA_DEFAULT_BUCKET_SIZE": str(args.default_bucket_size),
+        "BAGUA_AUTOTUNE": str(args.autotune_level),
+        "BAGUA_AUTOTUNE_MAX_SAMPLES": str(args.autotune_max_samples),
+        "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": str(args.autotune_sampling_confidence_time),
+        "BAGUA_AUTOTUNE_WARMUP_TIME_S": str(args.autotune_warmup_time),
+        "BAGUA_IS_OUTPUT_AUTOTUNE_LOG": str(int(args.is_output_autotune_log)),
+    }
+    if args.report_metrics:
+        e["BAGUA_REPORT_METRICS"] = "1"
+    if args.enable_bagua_net:
+        plugin = bagua_net_plugin()
+        if plugin is None:
+            raise SystemExit("bagua: --enable_bagua_net: the Bagua-Net plugin "
+                             "(libnccl-net-bagua.so) was not found next to this build; build "
+                             "net_plugin/ or set NCCL_NET_PLUGIN yourself")
+        e["NCCL_NET_PLUGIN"] = plugin
+    if args.host_list or args.ssh_port:
+        warnings.warn("bagua: --host_list / --ssh_port are not used by this launcher (run it "
+                      "on every node, or use baguarun)")
+    return e
+
+
+def _fix_std_parsing():
+    """Debian's torch 1.13 on Python 3.11: ``Std.from_str("0")`` returns None (iterating an
+    IntFlag no longer yields NONE), so torchrun's default ``--redirects 0`` crashes the agent.
+    Map a plain number to ``Std(n)`` when torch's parser gives None (in this process only)."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    orig = api.Std.from_str.__func__
+    if getattr(orig, "_bagua_fixed", False) or orig(api.Std, "0") is not None:
+        return
+
+    def from_str(cls, vm):
+        got = orig(cls, vm)
+        if got is None and vm.strip().isdigit():
+            return cls(int(vm))
+        if isinstance(got, dict):
+            return {k: (v if v is not None else cls.NONE) for k, v in got.items()}
+        return got
+
+    from_str._bagua_fixed = True
+    api.Std.from_str = classmethod(from_str)
+
+
+def launch(torch_args, extra_env):
+    """Runs torch.distributed.run with ``torch_args`` (its namespace) and ``extra_env`` for the
+    workers; returns the exit status (1 when a worker failed, after the agent's report)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed import run as torchrun
+
+    os.environ.update(extra_env)
+    _fix_std_parsing()
+    try:
+        torchrun.run(torch_args)
+    except ChildFailedError as e:
+        import sys
+
+        sys.stderr.write(str(e) + "\n")
+        failures = getattr(e, "failures", {}) or {}
+        what = ", ".join("rank {} exited with code {}".format(r, f.exitcode)
+                         for r, f in sorted(failures.items())) or "a worker failed"
+        print("bagua: FAILED: {}".format(what), file=sys.stderr, flush=True)
+        return 1
+    return 0
