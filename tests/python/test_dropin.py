@@ -297,3 +297,28 @@ def test_tensor_methods():
         p.ensure_bagua_tensor("other", "mod")
     t = torch.zeros(2).to_bagua_tensor("t")
     assert t.is_bagua_tensor() and t.bagua_backend_tensor() is t
+
+
+def test_calculate_mutual_groups():
+    """Bagua's case (tests/contrib/test_fused_optimizer.py): runs contiguous in every list."""
+    from bagua.torch_api.contrib.fuse.optimizer import calculate_mutual_groups
+
+    t = torch.rand(100)
+    piece = [t[i * 10:(i + 1) * 10] for i in range(10)]
+    g1 = [piece[3], piece[1], piece[2], piece[0], piece[8], piece[9], torch.rand(10)]
+    g2 = [torch.rand(10) for _ in g1]
+    g3 = [piece[3], piece[1], piece[2], piece[0], torch.rand(10), torch.rand(10), torch.rand(10)]
+    g4 = [torch.rand(10), piece[1], piece[2], piece[0], piece[8], piece[9], torch.rand(10)]
+    assert calculate_mutual_groups([g1, g2]) == []
+    assert calculate_mutual_groups([g1, g3]) == [[3, 1, 2, 0]]
+    assert calculate_mutual_groups([g1, g4]) == [[4, 5]]
+    assert calculate_mutual_groups([g1, g1]) == [[3, 1, 2, 0], [4, 5]]
+
+
+def test_cached_dataset_iterates_like_a_sequence():
+    """for x in dataset: the source's IndexError ends the iteration (it is re-raised as is,
+    not wrapped), as Bagua's test iterates its CachedDataset."""
+    c = CachedDataset([10, 20, 30], backend="embedded", dataset_name="seq")
+    assert [x for x in c] == [10, 20, 30]
+    with pytest.raises(IndexError):
+        c[3]

@@ -54,7 +54,21 @@ class CacheLoader:
 
     def get(self, key, load_fn):
         """The cached value of ``key``, or ``load_fn(key)`` (then cached)."""
-        data = self._loader.get(str(key), lambda _k: pickle.dumps(load_fn(key)))
+        raised = []
+
+        def load(_k):
+            try:
+                return pickle.dumps(load_fn(key))
+            except BaseException as e:  # re-raised below as it is (IndexError ends iteration)
+                raised.append(e)
+                raise
+
+        try:
+            data = self._loader.get(str(key), load)
+        except RuntimeError:
+            if raised:
+                raise raised[0] from None
+            raise
         return pickle.loads(data)
 
     def num_keys(self):

@@ -38,6 +38,40 @@ def _span(tensors):
     return torch.cat([t.detach().reshape(-1) for t in tensors]), False
 
 
+def _runs(tensors):
+    """Runs (>= 2) of positions whose tensors lie back to back in memory, each in address
+    order."""
+    order = sorted(range(len(tensors)), key=lambda i: tensors[i].data_ptr())
+    runs, cur = [], []
+    for i in order:
+        t = tensors[i]
+        if cur:
+            prev = tensors[cur[-1]]
+            if (t.is_contiguous() and prev.is_contiguous() and t.dtype == prev.dtype and
+                    t.device == prev.device and
+                    t.data_ptr() == prev.data_ptr() + prev.numel() * prev.element_size()):
+                cur.append(i)
+                continue
+            if len(cur) >= 2:
+                runs.append(cur)
+        cur = [i]
+    if len(cur) >= 2:
+        runs.append(cur)
+    return runs
+
+
+def calculate_mutual_groups(tensors_list):
+    """Groups of positions that are contiguous in memory in every list of ``tensors_list``
+    (e.g. parameters, gradients and a state, position by position): each group lists the
+    positions in address order; a group counts only if every list has exactly that run
+    (Bagua's helper for fusing without flattening)."""
+    if not tensors_list:
+        return []
+    first = _runs(tensors_list[0])
+    others = [set(tuple(r) for r in _runs(ts)) for ts in tensors_list[1:]]
+    return [r for r in first if all(tuple(r) in o for o in others)]
+
+
 def fuse_optimizer(optimizer, do_flatten=True, check_flatten=True):
     """Makes ``optimizer`` fusable and returns it (Bagua's API). Raises if already fused."""
     if is_fused_optimizer(optimizer):
