@@ -158,7 +158,7 @@ def comm_bagua(a):
     out["scatter_inplace"] = buf[2 * r:2 * r + 2] if r == root else buf
     # alltoall_v: rank r sends (j + 1) elements valued 100 r + j to rank j.
     sc = [j + 1 for j in range(n)]
-    sd = [sum(sc[:j]) for j in range(n)]
+    sd = [sum(sc[:j]) for j in range(n + 1)]  # n + 1 entries, as Bagua's example passes
     send = torch.cat([torch.full((j + 1,), float(100 * r + j)) for j in range(n)])
     rc = [r + 1] * n
     rd = [i * (r + 1) for i in range(n)]

@@ -377,7 +377,9 @@ class BaguaCommunicator:
         n = self.nranks()
         for name, v in (("send_counts", send_counts), ("send_displs", send_displs),
                         ("recv_counts", recv_counts), ("recv_displs", recv_displs)):
-            if len(v) != n:
+            # Longer lists are accepted and their first nranks entries used, as Bagua's
+            # backend did (its example passes nranks + 1 displacements).
+            if len(v) < n:
                 raise ValueError("bagua.alltoall_v: {} has {} entries for {} ranks".format(
                     name, len(v), n))
         most = torch.tensor([max([int(c) for c in send_counts] + [0])], dtype=torch.int64,
