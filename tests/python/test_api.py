@@ -120,3 +120,58 @@ def test_contrib_signatures():
         "sampler": "REQ", "batch_fn": "REQ", "drop_last": False}
     assert params(contrib.fuse_optimizer) == {"optimizer": "REQ", "do_flatten": True,
                                               "check_flatten": True}
+
+
+def test_names_lightning_bagua_imports():
+    # lightning_bagua's strategy.py (the Lightning strategy Bagua users have) imports these
+    # names and calls these attributes; Lightning itself is on the GPU machine only.
+    import importlib
+
+    from bagua.torch_api.algorithms.q_adam import QAdamOptimizer  # noqa: F401
+    from bagua.torch_api.communication import (  # noqa: F401
+        ReduceOp, allreduce_inplace, barrier, broadcast_object, is_initialized)
+    from bagua.torch_api.data_parallel.distributed import DistributedDataParallel_V1_9_0
+
+    assert importlib.util.find_spec("bagua.torch_api") is not None  # module_available()
+    for op in ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"):
+        assert hasattr(ReduceOp, op)
+    p = params(DistributedDataParallel_V1_9_0.__init__)
+    assert {"module", "optimizers", "algorithm", "gradient_as_bucket_view"} <= set(p)
+    for attr in ("require_backward_grad_sync", "bagua_algorithm", "bagua_optimizers",
+                 "bagua_buckets", "parameters_to_ignore", "no_sync"):
+        assert hasattr(DistributedDataParallel_V1_9_0, attr), attr
+    assert callable(bagua.algorithms.Algorithm.init)
+
+
+def test_bagua_module_level_names():
+    # Names Bagua's tests and examples reach through the package.
+    import bagua.torch_api.contrib as contrib_mod
+
+    assert bagua.contrib is contrib_mod  # an attribute, as in Bagua
+    for name in ("BaguaModule", "BaguaTensor", "get_backend", "gather", "gather_inplace",
+                 "scatter", "scatter_inplace", "alltoall_v", "alltoall_v_inplace",
+                 "allreduce_coalesced_inplace", "broadcast_coalesced", "from_torch_group"):
+        assert hasattr(bagua, name), name
+    for name in ("_get_default_group", "_rank_not_in_group", "_rank_not_in_comm", "CommMember",
+                 "_torch_to_bagua_pg_map", "_pg_group_ranks"):
+        assert hasattr(bagua.communication, name), name
+    for name in ("flatten", "unflatten", "apply_flattened_call", "to_bagua_datatype",
+                 "StatisticalAverage", "check_contiguous", "get_flattened_tensor",
+                 "average_by_removing_extreme_values"):
+        assert hasattr(bagua.utils, name), name
+    for name in ("get_bagua_service_port", "is_report_metrics_switch_on", "get_autotune_level",
+                 "find_free_network_port", "get_default_bucket_size", "get_node_rank"):
+        assert callable(getattr(bagua.env, name)), name
+    from bagua.torch_api.contrib.sync_batchnorm import SyncBatchNorm
+
+    assert callable(SyncBatchNorm.convert_sync_batchnorm)
+    from bagua.torch_api.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+    from bagua.torch_api.data_parallel import functional
+
+    assert callable(functional.all_reduce)
+    from bagua.bagua_define import BaguaHyperparameter, TensorDeclaration, TensorDtype
+
+    hp = BaguaHyperparameter(is_hierarchical_reduce=False)
+    buckets = [[TensorDeclaration({"name": "A", "num_elements": 123, "dtype": TensorDtype.F32})]]
+    assert hp.update({"buckets": buckets}) is hp and hp.buckets == buckets
+    assert hp.is_hierarchical_reduce is False

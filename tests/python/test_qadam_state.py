@@ -246,3 +246,29 @@ def test_compression_stage_update_and_state_dict(hold):
     for i in range(len(SHAPES)):
         core_m = torch.frombuffer(bytearray(opt2._ext.state(i, False)), dtype=torch.float32)
         assert torch.equal(core_m.view(SHAPES[i]), opt2.state[params2[i]]["exp_avg"])
+
+
+def test_fuse_step_keeps_state_in_the_core():
+    # fuse_optimizer + fuse_step on QAdam: bitwise the plain step, and m / v stay views of the
+    # core's memory (what the qadam algorithm reads) after fused steps.
+    from bagua.torch_api.contrib import fuse_optimizer
+
+    def run(fused):
+        params = [torch.nn.Parameter(w) for w in weights()]
+        opt = q_adam.QAdamOptimizer(params, lr=1e-2, warmup_steps=4, betas=BETAS)
+        if fused:
+            opt = fuse_optimizer(opt)
+        for step in range(6):
+            for p, g in zip(params, grads(step)):
+                p.grad = g.clone()
+            opt.fuse_step() if fused else opt.step()
+        return params, opt
+
+    p1, _ = run(False)
+    p2, opt = run(True)
+    assert opt._bagua_fused_count > 0
+    for a, b in zip(p1, p2):
+        assert torch.equal(a, b)
+    for i, p in enumerate(opt._order):
+        assert opt.state[p]["exp_avg"].data_ptr() == opt._ext.state_ptr(i, False)
+        assert opt.state[p]["exp_avg_sq"].data_ptr() == opt._ext.state_ptr(i, True)

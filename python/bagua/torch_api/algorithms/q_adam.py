@@ -153,6 +153,23 @@ class QAdamOptimizer(torch.optim.Optimizer):
         if [id(p) for p in self._order] != [id(p) for p in params]:
             self._bind(list(params))
 
+    def _bagua_resync_state(self):
+        """Puts m and v back into the core's memory when something replaced the state tensors
+        (``fuse_step`` steps a fused copy and leaves views of it; a user may assign them), and
+        makes the state view the core's memory again. Called after every (fused) step."""
+        core = self._ext
+        for i, p in enumerate(self._order):
+            st = self.state[p]
+            for key, second in (("exp_avg", False), ("exp_avg_sq", True)):
+                t = st.get(key)
+                ptr = core.state_ptr(i, second)
+                if t is None or p.numel() == 0 or t.data_ptr() == ptr:
+                    continue
+                alias = _alias(core, ptr, p)
+                with torch.no_grad():
+                    alias.copy_(t)
+                st[key] = alias
+
     @property
     def step_id(self):
         """The step count of the first parameter (what QAdam's stage switch reads)."""
@@ -166,6 +183,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._bagua_resync_state()
         for d in self._cuda_devices:
             # The reducer's device work (averaged momentum) was ordered on torch's stream at
             # wrap; the core's memory is read here on torch's current stream.

@@ -200,4 +200,7 @@ def fuse_step(optimizer, closure=None):
                             ps[k] = v
                     off += n
     optimizer._bagua_fused_count += fused_groups
+    resync = getattr(optimizer, "_bagua_resync_state", None)
+    if resync is not None:  # QAdam: its m and v live in the core, which the algorithm reads
+        resync()
     return loss
