@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Drop-in Bagua (issue 17) on the GPU machine, with the venv's torch (2.11): Bagua's own test
+# suite, its synthetic benchmark and communication-primitives example run unchanged under both
+# of our launchers (every algorithm, with and without --fuse-optimizer), and lightning-Bagua's
+# strategy tests. Upstream's files are not in the repository: they travel in the ignored folder
+# third_party_fetch/dropin17 (carry it: run's carry ["third_party_fetch/dropin17"]; how to make
+# it: python/README.md, "Bagua's own tests").
+#
+# Parts (DROPIN_PARTS, default all; each fits one device call): "upstream" (Bagua's tests/),
+# "bench" (synthetic_benchmark.py: 6 algorithms x 2 launchers x fuse on/off), "prims"
+# (communication_primitives/main.py under both launchers; its alltoall_v case hard-codes 8
+# ranks, so it needs 8 GPUs), "lightning" (lightning-Bagua's tests, if Lightning is installed).
+# DROPIN_NPROC: ranks per launch (default: min(GPUs, 8); bench uses min(that, DROPIN_BENCH_NPROC=2)).
+# Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Logs under $OUT/dropin/; one line per case here.
+set -uo pipefail
+ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}"
+BUILD="${BUILD:-$ROOT/build-gpu}"
+OUT="${OUT:-$ROOT/gpu-out}"
+D="$OUT/dropin"
+mkdir -p "$D"
+PY="${DROPIN_PYTHON:-/opt/torch/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+UP="$ROOT/third_party_fetch/dropin17"
+[ -d "$UP/bagua-tests/tests" ] || { echo "dropin: $UP missing (carry third_party_fetch/dropin17)"; exit 0; }
+PYTHONPATH="$ROOT/python:$BUILD/python" "$PY" -c 'import _bagua_ext' 2>/dev/null \
+  || { echo "dropin: _bagua_ext not importable by $PY (run step 50 first)"; exit 1; }
+export PYTHONPATH="$ROOT/python:$BUILD/python"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+NPROC="${DROPIN_NPROC:-$(( NGPU < 8 ? NGPU : 8 ))}"
+BNPROC="${DROPIN_BENCH_NPROC:-2}"; [ "$BNPROC" -gt "$NPROC" ] && BNPROC="$NPROC"
+PARTS=" ${DROPIN_PARTS:-upstream bench prims lightning} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+echo "dropin: $("$PY" -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])') gpus=$NGPU nproc=$NPROC upstream: $(cat "$UP/SOURCES" 2>/dev/null)"
+port() { echo $(( 20000 + RANDOM % 20000 )); }
+
+if want upstream; then
+  # Bagua's tests/ as they are (each GPU test spawns torch.cuda.device_count() ranks).
+  # tests/service is Bagua's HTTP autotune service, not provided (python/README.md).
+  (cd "$UP/bagua-tests" && timeout "${DROPIN_UPSTREAM_TIMEOUT:-560}" "$PY" -m pytest -q \
+      -p no:cacheprovider -rfEs --ignore=tests/service --junitxml="$D/upstream.xml" tests \
+      > "$D/upstream.log" 2>&1)
+  echo "upstream tests rc=$?: $(tail -1 "$D/upstream.log")"
+  grep -E "^(FAILED|ERROR)" "$D/upstream.log" | head -20
+fi
+
+run_launch() {  # label launcher nproc script args...
+  local label="$1" launcher="$2" n="$3"; shift 3
+  local log="$D/$label.log" t0=$SECONDS rc
+  if [ "$launcher" = launch ]; then
+    timeout "${DROPIN_CASE_TIMEOUT:-150}" "$PY" -m bagua.distributed.launch --nproc_per_node "$n" \
+      --master_port "$(port)" "$@" > "$log" 2>&1
+  else
+    timeout "${DROPIN_CASE_TIMEOUT:-150}" "$PY" -m bagua.distributed.run --standalone \
+      --nproc_per_node "$n" "$@" > "$log" 2>&1
+  fi
+  rc=$?
+  echo "$label rc=$rc $((SECONDS - t0))s $(grep -E 'Total img/sec|Img/sec per' "$log" | tail -1)"
+  [ "$rc" = 0 ] || grep -E "Error|error|FAILED" "$log" | tail -3
+}
+
+if want bench; then
+  "$PY" -c 'import torchvision' 2>/dev/null \
+    || echo "bench: torchvision not importable by $PY (synthetic_benchmark.py needs it)"
+  for algo in gradient_allreduce bytegrad decentralized low_precision_decentralized qadam async; do
+    for launcher in launch run; do
+      for fuse in "" "--fuse-optimizer"; do
+        run_launch "bench-$algo-$launcher${fuse:+-fuse}" "$launcher" "$BNPROC" \
+          "$UP/examples/benchmark/synthetic_benchmark.py" --algorithm "$algo" --model resnet18 \
+          --batch-size 32 --num-warmup-batches 2 --num-batches-per-iter 5 --num-iters 3 \
+          --async-warmup-steps 2 --async-sync-interval 50 $fuse
+      done
+    done
+  done
+fi
+
+if want prims; then
+  for launcher in launch run; do
+    run_launch "prims-$launcher" "$launcher" "$NPROC" "$UP/examples/communication_primitives/main.py"
+  done
+  [ "$NPROC" = 8 ] || echo "prims: main.py's alltoall_v case hard-codes 8 ranks; with $NPROC it fails in torch's all_to_all_single before Bagua's call"
+fi
+
+if want lightning; then
+  if "$PY" -c 'import lightning_utilities; import lightning' 2>/dev/null \
+      || "$PY" -c 'import lightning_utilities; import pytorch_lightning' 2>/dev/null; then
+    # lightning-Bagua's tests, the standalone (multi-GPU) ones one process tree each, as its
+    # run_standalone_tests.sh does.
+    (cd "$UP/lightning-Bagua" && export PYTHONPATH="$UP/lightning-Bagua/src:$PYTHONPATH" \
+      PL_RUN_STANDALONE_TESTS=1 && \
+      ids=$("$PY" -m pytest -q --collect-only -p no:cacheprovider tests 2>/dev/null | grep '::') ; \
+      pass=0; fail=0; for id in $ids; do
+        if timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$id" >> "$D/lightning.log" 2>&1; then
+          pass=$((pass + 1)); else fail=$((fail + 1)); echo "lightning FAILED $id"; fi
+      done; echo "lightning-Bagua tests: $pass passed, $fail failed")
+  else
+    echo "lightning: neither lightning nor pytorch_lightning importable by $PY"
+  fi
+fi
