@@ -92,6 +92,5 @@ def test_launcher_help_lists_bagua_flags():
         assert p.returncode == 0
         for flag in (b"--enable_bagua_net", b"--default_bucket_size", b"--autotune_level"):
             assert flag in p.stdout, (module, flag)
-    p = subprocess.run([sys.executable, "-m", "bagua.distributed.run", "--help"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
-    assert b"--rdzv_backend" in p.stdout and b"--max_restarts" in p.stdout
+        if module.endswith(".run"):  # torchrun's own flags too
+            assert b"--rdzv_backend" in p.stdout and b"--max_restarts" in p.stdout
