@@ -45,6 +45,7 @@ def runs2():
     items["comm_bagua"] = {"func": "comm_bagua"}
     items["dropin"] = {"func": "dropin"}
     items["syncbn"] = {"func": "syncbn"}
+    items["broadcast_state"] = {"func": "broadcast_state"}
     items["features2"] = {"func": "features2"}
     items["features"] = {"func": "features"}  # last: it aborts the group on purpose
     # Launched by baguarun (the launcher is part of what is tested); the world-3 run below is
@@ -318,3 +319,18 @@ def test_init_process_group_with_a_store():
         assert o["sum"] == 3.0 and o["dist_sum"] == 1.0 and o["rank"] == r
         assert o["env"] == (str(r), "2", str(r))
         assert "twice" in o["second_init"]
+
+
+def test_wrap_broadcasts_model_and_optimizer_state(runs2):
+    # Our equivalent of Bagua's test_broadcast_state (which calls inspect.getargspec): after
+    # rank-local training, with_bagua leaves every rank with rank 0's weights and optimizer
+    # state (tensors and scalars), for SGD (momentum), SGD, Adam and Rprop.
+    outs = runs2["broadcast_state"]
+    for case in outs[0]:
+        a, b = outs[0][case], outs[1][case]
+        assert [n for n, _ in a["model"]] == [n for n, _ in b["model"]]
+        assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a["model"], b["model"])), case
+        assert len(a["optim"]) == len(b["optim"]) and (case == "SGD_1" or a["optim"]), case
+        for (p1, n1, v1), (p2, n2, v2) in zip(a["optim"], b["optim"]):
+            assert (p1, n1) == (p2, n2)
+            assert torch.equal(v1, v2) if torch.is_tensor(v1) else v1 == v2, (case, n1)

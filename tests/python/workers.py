@@ -537,6 +537,38 @@ def syncbn(a):
 
 
 @worker
+def broadcast_state(a):
+    """Bagua's test_broadcast_state (its own code calls inspect.getargspec, gone in Python 3.11):
+    each rank trains alone first, then with_bagua makes every rank take rank 0's model and
+    optimizer state."""
+    _init()
+    r = bagua.get_rank()
+    out = {}
+    cases = [(torch.optim.SGD, dict(lr=0.2, momentum=0.9, weight_decay=0.1)),
+             (torch.optim.SGD, dict(lr=0.2)),
+             (torch.optim.Adam, dict(lr=0.2, weight_decay=0.1)),
+             (torch.optim.Rprop, dict(lr=0.2))]
+    for k, (cls, kw) in enumerate(cases):
+        torch.manual_seed(100 * k + r)
+        m = Net()
+        opt = cls(m.parameters(), **kw)
+        for step in range(10):
+            x, y = data(r, 50 + step)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+        m = m.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=True))
+        sd = opt.state_dict()
+        state = [(pid, name, v.clone() if torch.is_tensor(v) else v)
+                 for pid, st in sorted(sd["state"].items()) for name, v in sorted(st.items())]
+        out["{}_{}".format(cls.__name__, k)] = {
+            "model": [(n, t.clone()) for n, t in sorted(m.state_dict().items())],
+            "optim": state}
+        m.bagua_ddp.close()
+    return out
+
+
+@worker
 def store_init(a):
     """init_process_group(store=..., rank=, world_size=, local_world_size=) with a store the
     script made (Bagua's contract), then a collective and torch.distributed."""

@@ -122,7 +122,6 @@ class QAdamOptimizer(torch.optim.Optimizer):
         self._ext = core
         self._order = list(order)
         self._index = {id(p): i for i, p in enumerate(order)}
-        self._cuda_devices = sorted({p.device.index for p in order if p.is_cuda})
         for i, p in enumerate(order):
             st = self.state[p]
             m = _alias(core, core.state_ptr(i, False), p)
@@ -183,11 +182,10 @@ class QAdamOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # No stream wait: like any torch optimizer this runs on torch's current stream; the
+        # reducer ordered its gradient copies before it, and the qadam algorithm's momentum
+        # (device memory) is complete when finish_backward returns.
         self._bagua_resync_state()
-        for d in self._cuda_devices:
-            # The reducer's device work (averaged momentum) was ordered on torch's stream at
-            # wrap; the core's memory is read here on torch's current stream.
-            torch.cuda.current_stream(d).synchronize()
         for group in self.param_groups:
             lr = group["lr"]
             weight_decay = group["weight_decay"]
