@@ -322,3 +322,15 @@ def test_cached_dataset_iterates_like_a_sequence():
     assert [x for x in c] == [10, 20, 30]
     with pytest.raises(IndexError):
         c[3]
+
+
+def test_store_server_on_a_busy_port_says_so():
+    """Our equivalent of torch's TCPStore address-in-use test that Bagua's tree carries: the
+    core store server that init_process_group starts names the cause and the fix."""
+    from bagua.torch_api._ext import ext
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        with pytest.raises(RuntimeError, match="Address already in use.*MASTER_PORT"):
+            ext.start_store_server("127.0.0.1", s.getsockname()[1])
