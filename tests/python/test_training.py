@@ -334,3 +334,10 @@ def test_wrap_broadcasts_model_and_optimizer_state(runs2):
         for (p1, n1, v1), (p2, n2, v2) in zip(a["optim"], b["optim"]):
             assert (p1, n1) == (p2, n2)
             assert torch.equal(v1, v2) if torch.is_tensor(v1) else v1 == v2, (case, n1)
+
+
+def test_buffers_broadcast_as_bagua_or_torch_ddp(runs2):
+    outs = runs2["dropin"]
+    for r, o in enumerate(outs):
+        assert torch.equal(o["buffers_with_bagua"], torch.full((3,), float(r)))  # never
+        assert torch.equal(o["buffers_ddp"], torch.zeros(3))  # rank 0's, before the forward

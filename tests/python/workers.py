@@ -453,6 +453,19 @@ def dropin(a):
                     "fused_count": opt._bagua_fused_count}
         m.bagua_ddp.close()
 
+    # 2b. Buffers: with_bagua never broadcasts them (Bagua's behaviour); the DDP wrapper with
+    #     broadcast_buffers=True does, before each training forward (torch DDP's).
+    for key in ("buffers_with_bagua", "buffers_ddp"):
+        m, opt = fresh()
+        m.register_buffer("tag", torch.full((3,), float(r)))
+        if key == "buffers_with_bagua":
+            w = m.with_bagua([opt], GradientAllReduceAlgorithm())
+        else:
+            w = DistributedDataParallel(m, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
+        _train_sgd(w, opt, r, 1)
+        out[key] = m.tag.clone()
+        (w.bagua_ddp if key == "buffers_with_bagua" else w).close()
+
     # 3. A parameter changing shape after the wrap is named in the error.
     m, opt = fresh()
     m = m.with_bagua([opt], GradientAllReduceAlgorithm())

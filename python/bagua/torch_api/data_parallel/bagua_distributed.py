@@ -359,7 +359,11 @@ class _NativeEngine:
             _flatten_grads([p for n, p in reversed(named) if p.requires_grad and n not in ignore])
         self._named_params = named
         self._params = [p for _, p in named]
-        self._named_buffers = [(n, b) for n, b in module.named_buffers() if b.is_contiguous()]
+        # Buffers go to the reducer only to be broadcast (at the wrap, at algorithm resets and
+        # before each training forward): only with broadcast_buffers, as torch DDP does it.
+        # with_bagua and DistributedDataParallel_V1_9_0 never broadcast them, as Bagua did not.
+        self._named_buffers = [(n, b) for n, b in module.named_buffers()
+                               if b.is_contiguous()] if ddp._broadcast_buffers else []
         # The memory the reducer points at: kept alive (see the module docstring).
         self._bound = [p.data for p in self._params] + [b for _, b in self._named_buffers]
         self._shapes = [p.shape for p in self._params]
@@ -423,6 +427,8 @@ class _NativeEngine:
         for j, (n, b) in enumerate(self._named_buffers):
             if b.data_ptr() != self._bound[nb + j].data_ptr():
                 return True
+        if not self.ddp._broadcast_buffers:
+            return False
         bufs = [b for _, b in self.ddp.module.named_buffers() if b.is_contiguous()]
         return len(bufs) != len(self._named_buffers) or any(
             a is not b for a, (_, b) in zip(bufs, self._named_buffers))
