@@ -118,8 +118,12 @@ def test_bytegrad_ranks_bitwise_equal_and_close(runs2):
     assert torch.allclose(outs[0]["final"], outs[0]["reference"], atol=2e-3)
 
 
-def test_decentralized_all_matches_simulation(runs2):
-    outs = runs2["decentralized"]
+@pytest.mark.parametrize("which", ["builtin", "user_written"])
+def test_decentralized_all_matches_simulation(runs2, which):
+    # The built-in algorithm (C++ reducer) and a user-written one in the shape of Bagua's own
+    # Python implementation (Python engine, lr 0.05 both).
+    outs = runs2["decentralized"] if which == "builtin" else \
+        [o["user_decentralized"] for o in runs2["dropin"]]
     # x_{t+1} = avg(x_t) - lr * g_r(x_t): simulate both ranks.
     import workers
     models = []

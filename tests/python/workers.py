@@ -379,6 +379,50 @@ class TutorialGradientAllReduceImpl(bagua.algorithms.AlgorithmImpl):
         bucket.append_python_op(op, group=self.process_group)
 
 
+class UserDecentralizedImpl(bagua.algorithms.AlgorithmImpl):
+    """A user-written decentralized SGD ('all' peers) in the shape of Bagua's own
+    DecentralizedAlgorithmImpl: weights are the Bagua tensors, marked ready before the forward,
+    averaged into a peer weight, copied back after backward; one bucket."""
+
+    def init_tensors(self, bagua_ddp):
+        self.tensors = [p.ensure_bagua_tensor(name, bagua_ddp.bagua_module_name)
+                        for name, p in reversed(bagua_ddp.bagua_build_params())]
+        return self.tensors
+
+    def tensors_to_buckets(self, tensors, do_flatten):
+        from bagua.torch_api.bucket import BaguaBucket
+
+        return [BaguaBucket([t for b in tensors for t in b], flatten=do_flatten, name="0")]
+
+    def init_forward_pre_hook(self, bagua_ddp):
+        def hook(input):
+            for t in self.tensors:
+                t.bagua_mark_communication_ready()
+        return hook
+
+    def init_backward_hook(self, bagua_ddp):
+        return lambda name, param: None
+
+    def init_post_backward_hook(self, bagua_ddp):
+        def hook():
+            bagua_ddp._bagua_backend.wait_pending_comm_ops()
+            for bucket in bagua_ddp.bagua_buckets:
+                bucket._decentralized_op.copy_back_peer_weight(bucket.backend_bucket)
+        return hook
+
+    def init_operations(self, bagua_ddp, bucket):
+        bucket._peer_weight = bucket.flattened_tensor().ensure_bagua_tensor("peer_weight")
+        bucket.clear_ops()
+        bucket._decentralized_op = bucket.append_decentralized_synchronous_op(
+            peer_weight=bucket._peer_weight, hierarchical=False, peer_selection_mode="all",
+            group=self.process_group)
+
+
+class UserDecentralized(bagua.algorithms.Algorithm):
+    def reify(self, process_group):
+        return UserDecentralizedImpl(process_group)
+
+
 class TutorialGradientAllReduce(bagua.algorithms.Algorithm):
     def __init__(self, python_op=False):
         self.python_op = python_op
@@ -427,6 +471,15 @@ def dropin(a):
                     "buckets": len(m.bagua_buckets),
                     "ops_run": m.bagua_algorithm.ops_run}
         m.bagua_ddp.close()
+
+    # 1b. A user-written decentralized algorithm (weights as Bagua tensors, do_flatten on: the
+    #     weights become one buffer) against the step-by-step simulation.
+    m, opt = fresh()
+    m = m.with_bagua([opt], UserDecentralized(), do_flatten=True)
+    init = flat(m)
+    _train_sgd(m, opt, r, 8)
+    out["user_decentralized"] = {"init": init, "final": flat(m)}
+    m.bagua_ddp.close()
 
     # 2. Bagua's documented order: with_bagua, then fuse_optimizer (which replaces p.data),
     #    with and without do_flatten; and p.data replaced by hand between steps.

@@ -13,7 +13,8 @@ Operations: ``append_python_op`` (any function of the bucket's name),
 ``append_centralized_synchronous_op`` (all-reduce of the flattened effective tensors, mean or
 sum; ``hierarchical`` and ``scattergather`` give the same result here), and
 ``append_decentralized_synchronous_op`` with ``peer_selection_mode="all"`` (the average of the
-group's effective tensors written to ``peer_weight``). Compressed and asynchronous operations
+group's effective tensors written to ``peer_weight``; the returned handle's
+``copy_back_peer_weight(bucket)`` writes it back, as Bagua's). Compressed and asynchronous operations
 are what the built-in ``bytegrad``, ``low_precision_decentralized`` and ``async`` algorithms
 do: use those (they raise here with that advice).
 """
@@ -120,16 +121,11 @@ class BaguaBucket:
                 "('all' is); DecentralizedAlgorithm is the built-in one".format(
                     peer_selection_mode))
         group = group if group is not None else _get_default_group()
-        self._peer_weight = peer_weight
+        op = _DecentralizedOp(self, peer_weight, group)
+        self._ops.append(op.run)
+        return op
 
-        def run():
-            peer_weight.view(-1).copy_(self.flattened_tensor())
-            allreduce_inplace(peer_weight, ReduceOp.AVG, comm=group)
-
-        self._ops.append(run)
-        return self
-
-    def append_low_precision_decentralized_synchronous_op(self, *args, **kwargs):
+    def append_low_precision_decentralized_synchronous_op(self, *args, **kwargs):  # noqa: D102
         raise NotImplementedError("bagua: use LowPrecisionDecentralizedAlgorithm (built in) for "
                                   "low-precision decentralized communication")
 
@@ -162,3 +158,28 @@ class BaguaBucket:
     def _run_ops(self):
         for op in self._ops:
             op()
+
+
+class _DecentralizedOp:
+    """What ``append_decentralized_synchronous_op`` returns (Bagua's handle):
+    ``copy_back_peer_weight(bucket)`` writes the averaged weights into the bucket's tensors."""
+
+    def __init__(self, bucket, peer_weight, group):
+        self.bucket = bucket
+        self.peer_weight = peer_weight
+        self.group = group
+
+    def run(self):
+        with torch.no_grad():
+            self.peer_weight.view(-1).copy_(self.bucket.flattened_tensor())
+        allreduce_inplace(self.peer_weight, ReduceOp.AVG, comm=self.group)
+
+    def copy_back_peer_weight(self, bucket=None):
+        bucket = bucket if bucket is not None else self.bucket
+        flat = self.peer_weight.view(-1)
+        off = 0
+        with torch.no_grad():
+            for t in bucket._all_tensors:
+                e = t.bagua_getter_closure()
+                e.view(-1).copy_(flat[off:off + e.numel()])
+                off += e.numel()
