@@ -145,6 +145,19 @@ def test_decentralized_all_matches_simulation(runs2, which):
                 torch.nn.utils.vector_to_parameters(avg - 0.05 * grads[r], m.parameters())
     for r in range(2):
         assert torch.allclose(outs[r]["final"], workers.flat(models[r]), rtol=1e-5, atol=1e-6)
+    if which == "builtin":
+        # bagua_buckets[0]._peer_weight: the last average, parameters in reverse order (Bagua's
+        # single decentralized bucket); the same on both ranks.
+        n, pw = outs[0]["peer_weight"]
+        last = torch.cat([t.reshape(-1) for t in reversed(
+            [p.detach() for p in _unflat(avg, workers.Net())])])
+        assert n == 1 and torch.allclose(pw, last, rtol=1e-5, atol=1e-6)
+        assert torch.equal(outs[1]["peer_weight"][1], pw)
+
+
+def _unflat(vec, model):
+    torch.nn.utils.vector_to_parameters(vec.clone(), model.parameters())
+    return list(model.parameters())
 
 
 def test_low_precision_decentralized_replica_invariant():
@@ -162,6 +175,8 @@ def test_low_precision_decentralized_replica_invariant():
         right = outs[(r + 1) % n]["replicas"]["left"]
         assert torch.equal(me, left) and torch.equal(me, right)
         assert all(torch.isfinite(torch.tensor(outs[r]["losses"])))
+        nb, wn, rn = outs[r]["lp_bucket"]  # Bagua's bucket view: one bucket, the replica
+        assert nb == 1 and wn == rn
 
 
 def test_qadam_warmup_equals_adam(runs2):

@@ -258,6 +258,13 @@ def train(a):
     if a["algorithm"] == "low_precision_decentralized" and dev.type == "cpu":
         reps = algo.replicas()
         out["replicas"] = {k: torch.tensor(v) for k, v in reps.items()}
+        b = wrapped.bagua_buckets
+        out["lp_bucket"] = (len(b), torch.norm(b[0]._weight).item(),
+                            torch.norm(out["replicas"]["self"]).item())
+    if a["algorithm"] == "decentralized":
+        # Bagua's tests read the last averaged weight from the (single) bucket.
+        b = wrapped.bagua_buckets
+        out["peer_weight"] = (len(b), b[0]._peer_weight.detach().cpu().clone())
     if a.get("reference") and r == 0:
         out["reference"] = reference(init, n * accum, a.get("steps", 10), lr, a["algorithm"])
     out["state_dict_keys"] = list(wrapped.state_dict().keys())

@@ -488,6 +488,15 @@ class _NativeEngine:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             self._reducer.set_grad(i, p.grad.data_ptr())
         self._reducer.finish_backward()
+        if self.impl._native_name == "decentralized":
+            # Bagua's bucket exposes the averaged weights of the last communication step
+            # (its tests read bagua_buckets[0]._peer_weight): here they are the weights the
+            # reducer has just written back, before the optimizer steps.
+            every = max(1, int(self.impl._algorithm.communication_interval))
+            if (self._reducer.train_step - 1) % every == 0:
+                with torch.no_grad():
+                    self._peer_weight = torch.cat([
+                        self._params[i].detach().reshape(-1) for i in self._weight_indices()])
 
     def post_step(self, optimizer):
         self.rebind_if_moved()
@@ -501,10 +510,35 @@ class _NativeEngine:
 
     def buckets(self):
         """Bagua-style bucket views of the reducer's layout (names and tensors; the reducer
-        owns the communication, so they carry no operations)."""
+        owns the communication, so they carry no operations). The decentralized algorithms have
+        one bucket of every communicated weight, in reverse order, as Bagua's: decentralized's
+        ``_peer_weight`` is the last averaged weight, low-precision decentralized's ``_weight``,
+        ``_left_peer_weight``, ``_right_peer_weight`` its replicas."""
         from ..bucket import BaguaBucket
 
+        name = self.impl._native_name
         by_name = dict(self._named_params)
+        if name in ("decentralized", "low_precision_decentralized"):
+            names = [self._named_params[i][0] for i in self._weight_indices()]
+            tensors = []
+            for n in names:
+                p = by_name[n]
+                if not p.is_bagua_tensor():
+                    p.ensure_bagua_tensor(n, self.ddp.bagua_module_name)
+                tensors.append(p)
+            if not tensors:
+                return []
+            b = BaguaBucket(tensors, "0", flatten=False)
+            if name == "decentralized":
+                b._peer_weight = getattr(self, "_peer_weight", None)
+                if b._peer_weight is None:
+                    b._peer_weight = b.flattened_tensor()
+            elif not self.is_cuda:
+                reps = self.impl._algorithm.replicas()
+                b._weight = torch.tensor(reps["self"])
+                b._left_peer_weight = torch.tensor(reps["left"])
+                b._right_peer_weight = torch.tensor(reps["right"])
+            return [b]
         out = []
         for i, names in enumerate(self._layout_names()):
             tensors = []
@@ -518,6 +552,12 @@ class _NativeEngine:
             if tensors:
                 out.append(BaguaBucket(tensors, str(i), flatten=False))
         return out
+
+    def _weight_indices(self):
+        """The weights a decentralized algorithm averages, in Bagua's bucket order (reverse)."""
+        ignore = set(self.ddp.parameters_to_ignore)
+        return [i for i in reversed(range(len(self._named_params)))
+                if self._params[i].requires_grad and self._named_params[i][0] not in ignore]
 
     def _layout_names(self):
         return self._reducer.bucket_layout()
