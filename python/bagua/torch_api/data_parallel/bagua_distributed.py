@@ -511,9 +511,10 @@ class _NativeEngine:
     def buckets(self):
         """Bagua-style bucket views of the reducer's layout (names and tensors; the reducer
         owns the communication, so they carry no operations). The decentralized algorithms have
-        one bucket of every communicated weight, in reverse order, as Bagua's: decentralized's
+        one bucket of every trained weight, in reverse order, as Bagua's: decentralized's
         ``_peer_weight`` is the last averaged weight, low-precision decentralized's ``_weight``,
-        ``_left_peer_weight``, ``_right_peer_weight`` its replicas."""
+        ``_left_peer_weight``, ``_right_peer_weight`` its replicas (read back after the first
+        forward)."""
         from ..bucket import BaguaBucket
 
         name = self.impl._native_name
@@ -533,11 +534,12 @@ class _NativeEngine:
                 b._peer_weight = getattr(self, "_peer_weight", None)
                 if b._peer_weight is None:
                     b._peer_weight = b.flattened_tensor()
-            elif not self.is_cuda:
-                reps = self.impl._algorithm.replicas()
-                b._weight = torch.tensor(reps["self"])
-                b._left_peer_weight = torch.tensor(reps["left"])
-                b._right_peer_weight = torch.tensor(reps["right"])
+            else:
+                reps = self.impl._algorithm.replicas()  # read back from host or device
+                dev = tensors[0].device
+                b._weight = torch.tensor(reps["self"], device=dev)
+                b._left_peer_weight = torch.tensor(reps["left"], device=dev)
+                b._right_peer_weight = torch.tensor(reps["right"], device=dev)
             return [b]
         out = []
         for i, names in enumerate(self._layout_names()):
