@@ -1,55 +1,25 @@
 #include "bagua/core/ddp.h"
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
+#include "bagua/core/bucket_assignment.h"
 #include "bagua/core/params.h"
-
-#if BAGUA_CORE_WITH_NCCL
-#include <cuda_runtime.h>
-#endif
+#include "device_stager.h"
 
 namespace bagua::core {
 
-std::vector<std::vector<int>> assignInOrder(const std::vector<TensorRef>& tensors,
-                                            const std::vector<int>& order,
-                                            const std::vector<size_t>& limits);
-
 namespace {
+
 using Clock = std::chrono::steady_clock;
 
-#if BAGUA_CORE_WITH_NCCL
-#define BAGUA_DDP_CUDA(call, ...)                                                  \
-  do {                                                                             \
-    cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                       \
-      (void)cudaGetLastError();                                                    \
-      return BAGUA_ERROR(kCudaError, "%s: %s (%s)", #call, cudaGetErrorString(e_), \
-                         strPrintf(__VA_ARGS__).c_str());                          \
-    }                                                                              \
-  } while (0)
-
-// Polls an event until it completed or the deadline passed (never an unbounded wait).
-Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
-  while (true) {
-    const cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) {
-      return Status::ok();
-    }
-    if (e != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return BAGUA_ERROR(kCudaError, "%s: %s", what, cudaGetErrorString(e));
-    }
-    if (Clock::now() >= deadline) {
-      return BAGUA_ERROR(kDeadlineExceeded, "%s: the device did not get there in time", what);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+// Where tensor `k` of the bucket lives in its flat storage.
+uint8_t* slotOf(const Bucket& b, size_t k) {
+  return static_cast<uint8_t*>(b.flat) + b.offsets[k] * dataTypeSize(b.dtype);
 }
-#endif
+
 }  // namespace
 
 Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create(
@@ -91,7 +61,8 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
   for (const auto* list : {&params, &buffers}) {
     for (const Parameter& p : *list) {
       if (p.device.type != DeviceType::kCpu && !ddp->isIgnored(p.name)) {
-        BAGUA_RETURN_IF_ERROR(ddp->checkDeviceTensor({p.name, -1, p.numel, p.dtype, p.device}));
+        BAGUA_RETURN_IF_ERROR(
+            ddp->stager_->checkDevice(p.name, p.device, group.global().backendName()));
       }
     }
   }
@@ -116,7 +87,8 @@ DistributedDataParallel::DistributedDataParallel(std::vector<Parameter>& params,
       algorithm_(std::move(algorithm)),
       group_(group),
       options_(options),
-      timeout_(options.timeout) {}
+      timeout_(options.timeout),
+      stager_(std::make_unique<DeviceStager>(options.cudaStream)) {}
 
 DistributedDataParallel::~DistributedDataParallel() {
   commThread_.request_stop();
@@ -124,7 +96,8 @@ DistributedDataParallel::~DistributedDataParallel() {
   if (commThread_.joinable()) {
     commThread_.join();
   }
-  releaseDeviceState();
+  // The bucket storage goes before the algorithm, which may hold pointers into it.
+  stager_.reset();
 }
 
 bool DistributedDataParallel::isIgnored(const std::string& name) const {
@@ -155,7 +128,7 @@ Status DistributedDataParallel::broadcastState() {
       add(p);
     }
   }
-  BAGUA_RETURN_IF_ERROR(waitForTrainerStream(todo));
+  BAGUA_RETURN_IF_ERROR(stager_->waitForTrainerStream(todo, timeout_));
   std::vector<WorkPtr> works;
   for (const Parameter* p : todo) {
     works.push_back(c.broadcast(p->data, p->numel, p->dtype, 0));
@@ -190,7 +163,6 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
     tensorOfParam_[p] = static_cast<int>(t);
   }
   std::vector<Bucket> buckets;
-  std::vector<std::vector<uint8_t>> storage;
   bucketOfTensor_.assign(tensors_.size(), -1);
   slotOfTensor_.assign(tensors_.size(), -1);
   for (size_t bi = 0; bi < assignment.size(); ++bi) {
@@ -214,14 +186,14 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
                            bi, tr.name.c_str(), dataTypeName(tr.dtype), dataTypeName(b.dtype));
       }
       if (tr.device.type != DeviceType::kCpu) {
-        BAGUA_RETURN_IF_ERROR(checkDeviceTensor(tr));
+        BAGUA_RETURN_IF_ERROR(
+            stager_->checkDevice(tr.name, tr.device, group_.global().backendName()));
       }
       b.offsets.push_back(b.numel);
       b.numel += tr.numel;
       bucketOfTensor_[t] = static_cast<int>(bi);
       slotOfTensor_[t] = static_cast<int>(k);
     }
-    storage.emplace_back(b.device.type == DeviceType::kCpu ? b.bytes() + 64 : 0);
     buckets.push_back(std::move(b));
   }
   for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -229,50 +201,15 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
       return BAGUA_ERROR(kInternal, "tensor %s is in no bucket", tensors_[t].name.c_str());
     }
   }
-  // Device buckets: the old storage goes once the new one exists (no bucket is in flight
-  // between iterations, and the old Bucket::flat pointers stay valid if this fails).
-  std::vector<void*> oldStorage = std::move(deviceStorage_);
-  std::vector<void*> oldEvents = std::move(bucketEvents_);
-  deviceStorage_.assign(buckets.size(), nullptr);
-  bucketEvents_.assign(buckets.size(), nullptr);
-  for (size_t bi = 0; bi < buckets.size(); ++bi) {
-    Bucket& b = buckets[bi];
-#if BAGUA_CORE_WITH_NCCL
-    if (b.device.type != DeviceType::kCpu) {
-      BAGUA_DDP_CUDA(cudaSetDevice(b.device.index), "bucket %zu", bi);
-      if (copyStream_ == nullptr) {
-        cudaStream_t st = nullptr;
-        BAGUA_DDP_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "copy stream");
-        copyStream_ = st;
-        copyDevice_ = b.device.index;
-        cudaEvent_t ev = nullptr;
-        BAGUA_DDP_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "ready event");
-        readyEvent_ = ev;
-      }
-      if (b.device.index != copyDevice_) {
-        return BAGUA_ERROR(kInvalidArgument,
-                           "bucket %zu is on cuda:%d, others on cuda:%d: one process reduces the "
-                           "tensors of one device",
-                           bi, b.device.index, copyDevice_);
-      }
-      BAGUA_DDP_CUDA(cudaMalloc(&deviceStorage_[bi], b.bytes() + 64),
-                     "bucket %zu: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
-      cudaEvent_t ev = nullptr;
-      BAGUA_DDP_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "bucket %zu", bi);
-      bucketEvents_[bi] = ev;
-    }
-#endif
-    b.flat = b.device.type == DeviceType::kCpu ? static_cast<void*>(storage[bi].data())
-                                               : deviceStorage_[bi];
-    const size_t es = dataTypeSize(b.dtype);
-    if (b.device.type != DeviceType::kCpu) {
-      BAGUA_RETURN_IF_ERROR(zeroInBucket(b, b.flat, b.bytes()));
-    }
+  // The old storage stays until commit(): gradients that are views into the old buckets are
+  // copied out of them below (no bucket is in flight between iterations).
+  BAGUA_RETURN_IF_ERROR(stager_->allocate(buckets));
+  for (Bucket& b : buckets) {
     for (size_t k = 0; k < b.tensors.size(); ++k) {
       Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
-      uint8_t* slot = static_cast<uint8_t*>(b.flat) + b.offsets[k] * es;
+      uint8_t* slot = slotOf(b, k);
       if (p.grad != nullptr) {
-        BAGUA_RETURN_IF_ERROR(copyIntoBucket(b, slot, p.grad, p.bytes()));
+        BAGUA_RETURN_IF_ERROR(stager_->copyIn(b, slot, p.grad, p.bytes()));
       }
       if (options_.gradientAsBucketView) {
         if (!p.setGrad) {
@@ -319,19 +256,7 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
     }
   }
   buckets_ = std::move(buckets);
-  storage_ = std::move(storage);
-#if BAGUA_CORE_WITH_NCCL
-  for (void* ev : oldEvents) {
-    if (ev != nullptr) {
-      cudaEventDestroy(static_cast<cudaEvent_t>(ev));
-    }
-  }
-  for (void* m : oldStorage) {
-    if (m != nullptr) {
-      cudaFree(m);
-    }
-  }
-#endif
+  stager_->commit();
   marked_.assign(tensors_.size(), false);
   pendingInBucket_.resize(buckets_.size());
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -364,7 +289,10 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
   for (size_t i = 0; i < readyOrder_.size() && i < order.size(); ++i) {
     order[i] = readyOrder_[i];
   }
-  BAGUA_RETURN_IF_ERROR(broadcastHostI64(order.data(), order.size()));
+  const int device =
+      group_.options().cudaDevice >= 0 ? group_.options().cudaDevice : group_.localRank();
+  BAGUA_RETURN_IF_ERROR(
+      stager_->broadcastHostI64(group_.global(), device, order.data(), order.size(), timeout_));
   std::vector<int> positions;
   std::vector<bool> seen(tensors_.size(), false);
   for (int64_t t : order) {
@@ -375,7 +303,8 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
     positions.push_back(static_cast<int>(t));
   }
   const size_t cap = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
-  auto assignment = assignInOrder(tensors_, positions, {options_.firstBucketBytes, cap});
+  auto assignment =
+      computeBucketAssignmentInOrder(tensors_, positions, {options_.firstBucketBytes, cap});
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
   rebuilt_ = true;
   BAGUA_LOG_INFO(kLogBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
@@ -409,7 +338,7 @@ Status DistributedDataParallel::prepareForward() {
         todo.push_back(&b);
       }
     }
-    BAGUA_RETURN_IF_ERROR(waitForTrainerStream(todo));
+    BAGUA_RETURN_IF_ERROR(stager_->waitForTrainerStream(todo, timeout_));
     std::vector<WorkPtr> works;
     for (const Parameter* b : todo) {
       works.push_back(group_.global().broadcast(b->data, b->numel, b->dtype, 0));
@@ -447,13 +376,11 @@ Status DistributedDataParallel::markGradReady(int paramIndex) {
   const int bi = bucketOfTensor_[t];
   Bucket& b = buckets_[bi];
   const Parameter& p = params_[paramIndex];
-  uint8_t* slot =
-      static_cast<uint8_t*>(b.flat) + b.offsets[slotOfTensor_[t]] * dataTypeSize(b.dtype);
+  uint8_t* slot = slotOf(b, slotOfTensor_[t]);
   if (!options_.gradientAsBucketView && p.grad != slot) {
-    BAGUA_RETURN_IF_ERROR(copyIntoBucket(b, slot, p.grad, p.bytes()));
-  } else if (b.device.type != DeviceType::kCpu) {
-    // A bucket view: the trainer wrote into the bucket on its stream; order the bucket after it.
-    BAGUA_RETURN_IF_ERROR(copyIntoBucket(b, nullptr, nullptr, 0));
+    BAGUA_RETURN_IF_ERROR(stager_->copyIn(b, slot, p.grad, p.bytes()));
+  } else {
+    BAGUA_RETURN_IF_ERROR(stager_->orderAfterTrainer(b));
   }
   BAGUA_RETURN_IF_ERROR(impl_->onBackwardReady(*this, t));
   --pendingInBucket_[bi];
@@ -463,7 +390,7 @@ Status DistributedDataParallel::markGradReady(int paramIndex) {
 Status DistributedDataParallel::launchReadyBuckets() {
   // Device buckets: mark "all gradients copied" on the copy stream before handing them over.
   for (size_t bi = nextBucket_; bi < buckets_.size() && pendingInBucket_[bi] == 0; ++bi) {
-    BAGUA_RETURN_IF_ERROR(recordBucketReady(static_cast<int>(bi)));
+    BAGUA_RETURN_IF_ERROR(stager_->markReady(buckets_[bi]));
   }
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
@@ -501,7 +428,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
       s = commError_;
     }
     if (s.isOk()) {
-      s = waitBucketReady(bi);
+      s = stager_->waitReady(buckets_[bi], Clock::now() + timeout_);
     }
     if (s.isOk()) {
       s = impl_->runBucket(buckets_[bi], group_);
@@ -568,11 +495,8 @@ Status DistributedDataParallel::finishBackward() {
     }
     for (int t : unused) {
       const int bi = bucketOfTensor_[t];
-      Bucket& b = buckets_[bi];
-      const size_t es = dataTypeSize(b.dtype);
-      BAGUA_RETURN_IF_ERROR(
-          zeroInBucket(b, static_cast<uint8_t*>(b.flat) + b.offsets[slotOfTensor_[t]] * es,
-                       tensors_[t].bytes()));
+      const Bucket& b = buckets_[bi];
+      BAGUA_RETURN_IF_ERROR(stager_->zero(b, slotOf(b, slotOfTensor_[t]), tensors_[t].bytes()));
       marked_[t] = true;
       --pendingInBucket_[bi];
     }
@@ -587,20 +511,15 @@ Status DistributedDataParallel::finishBackward() {
   if (!s.isOk()) {
     return s;
   }
-  bool anyDevice = false;
-  for (const Bucket& b : buckets_) {
-    anyDevice = anyDevice || b.device.type != DeviceType::kCpu;
-    if (options_.gradientAsBucketView) {
-      continue;
-    }
-    const size_t es = dataTypeSize(b.dtype);
-    for (size_t k = 0; k < b.tensors.size(); ++k) {
-      Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
-      BAGUA_RETURN_IF_ERROR(copyIntoBucket(
-          b, p.grad, static_cast<const uint8_t*>(b.flat) + b.offsets[k] * es, p.bytes()));
+  if (!options_.gradientAsBucketView) {
+    for (const Bucket& b : buckets_) {
+      for (size_t k = 0; k < b.tensors.size(); ++k) {
+        Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+        BAGUA_RETURN_IF_ERROR(stager_->copyOut(b, p.grad, slotOf(b, k), p.bytes()));
+      }
     }
   }
-  BAGUA_RETURN_IF_ERROR(finishCopyBack(anyDevice));
+  BAGUA_RETURN_IF_ERROR(stager_->releaseToTrainer());
   // Next iteration.
   std::fill(marked_.begin(), marked_.end(), false);
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -622,222 +541,6 @@ Status DistributedDataParallel::step() {
   }
   return impl_->onPostOptimizerStep(*this);
 }
-
-// ---- Device buckets ---------------------------------------------------------------------------
-
-#if BAGUA_CORE_WITH_NCCL
-
-Status DistributedDataParallel::checkDeviceTensor(const TensorRef& tensor) {
-  if (group_.global().backendName() != "nccl") {
-    return BAGUA_ERROR(kInvalidArgument,
-                       "%s lives on cuda:%d but the process group's backend is %s: device "
-                       "tensors need the NCCL backend (ProcessGroupOptions::backend = kNccl)",
-                       tensor.name.c_str(), tensor.device.index,
-                       group_.global().backendName().c_str());
-  }
-  if (copyDevice_ >= 0 && tensor.device.index != copyDevice_) {
-    return BAGUA_ERROR(kInvalidArgument,
-                       "%s lives on cuda:%d, other tensors on cuda:%d: one process reduces the "
-                       "tensors of one device",
-                       tensor.name.c_str(), tensor.device.index, copyDevice_);
-  }
-  return Status::ok();
-}
-
-Status DistributedDataParallel::copyIntoBucket(const Bucket& bucket, void* dst, const void* src,
-                                               size_t bytes) {
-  if (bucket.device.type == DeviceType::kCpu) {
-    if (bytes > 0) {
-      std::memcpy(dst, src, bytes);
-    }
-    return Status::ok();
-  }
-  auto copyStream = static_cast<cudaStream_t>(copyStream_);
-  auto ready = static_cast<cudaEvent_t>(readyEvent_);
-  BAGUA_DDP_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  // Whatever the trainer's stream enqueued so far (the gradient) comes before the copy.
-  BAGUA_DDP_CUDA(cudaEventRecord(ready, static_cast<cudaStream_t>(options_.cudaStream)),
-                 "bucket %d", bucket.index);
-  BAGUA_DDP_CUDA(cudaStreamWaitEvent(copyStream, ready, 0), "bucket %d", bucket.index);
-  if (bytes > 0) {
-    BAGUA_DDP_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, copyStream),
-                   "bucket %d, %zu bytes", bucket.index, bytes);
-  }
-  return Status::ok();
-}
-
-Status DistributedDataParallel::zeroInBucket(const Bucket& bucket, void* dst, size_t bytes) {
-  if (bucket.device.type == DeviceType::kCpu) {
-    std::memset(dst, 0, bytes);
-    return Status::ok();
-  }
-  BAGUA_DDP_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  BAGUA_DDP_CUDA(cudaMemsetAsync(dst, 0, bytes, static_cast<cudaStream_t>(copyStream_)),
-                 "bucket %d, %zu bytes", bucket.index, bytes);
-  return Status::ok();
-}
-
-Status DistributedDataParallel::recordBucketReady(int bucket) {
-  const Bucket& b = buckets_[bucket];
-  if (b.device.type == DeviceType::kCpu) {
-    return Status::ok();
-  }
-  BAGUA_DDP_CUDA(cudaSetDevice(b.device.index), "bucket %d", bucket);
-  BAGUA_DDP_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(bucketEvents_[bucket]),
-                                 static_cast<cudaStream_t>(copyStream_)),
-                 "bucket %d", bucket);
-  return Status::ok();
-}
-
-Status DistributedDataParallel::waitBucketReady(int bucket) {
-  const Bucket& b = buckets_[bucket];
-  if (b.device.type == DeviceType::kCpu) {
-    return Status::ok();
-  }
-  // The bucket thread issues the algorithm's device work: it must run on the bucket's device.
-  BAGUA_DDP_CUDA(cudaSetDevice(b.device.index), "bucket %d", bucket);
-  return pollEvent(static_cast<cudaEvent_t>(bucketEvents_[bucket]), Clock::now() + timeout_,
-                   "waiting for the gradients copied into a device bucket");
-}
-
-Status DistributedDataParallel::finishCopyBack(bool anyDevice) {
-  if (!anyDevice) {
-    return Status::ok();
-  }
-  // The trainer's stream reads the gradients only after the copy-back (or, with bucket views,
-  // after nothing: the collectives already finished, the host waited for them).
-  BAGUA_DDP_CUDA(cudaSetDevice(copyDevice_), "copy back");
-  auto ready = static_cast<cudaEvent_t>(readyEvent_);
-  BAGUA_DDP_CUDA(cudaEventRecord(ready, static_cast<cudaStream_t>(copyStream_)), "copy back");
-  BAGUA_DDP_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(options_.cudaStream), ready, 0),
-                 "copy back");
-  return Status::ok();
-}
-
-Status DistributedDataParallel::broadcastHostI64(int64_t* data, size_t count) {
-  Communicator& c = group_.global();
-  if (c.backendName() != "nccl") {
-    return c.broadcast(data, count, DataType::kI64, 0)->wait(timeout_);
-  }
-  // NCCL reads device memory only: stage through the communicator's device.
-  const int device =
-      group_.options().cudaDevice >= 0 ? group_.options().cudaDevice : group_.localRank();
-  const size_t bytes = count * sizeof(int64_t);
-  BAGUA_DDP_CUDA(cudaSetDevice(device), "broadcast staging");
-  void* staging = nullptr;
-  BAGUA_DDP_CUDA(cudaMalloc(&staging, bytes > 0 ? bytes : 8), "%zu bytes", bytes);
-  Status s;
-  if (cudaMemcpy(staging, data, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy to cuda:%d failed", device);
-  }
-  if (s.isOk() && cudaStreamSynchronize(nullptr) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: synchronising cuda:%d failed", device);
-  }
-  if (s.isOk()) {
-    s = c.broadcast(staging, count, DataType::kI64, 0)->wait(timeout_);
-  }
-  if (s.isOk() && cudaMemcpy(data, staging, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy from cuda:%d failed", device);
-  }
-  cudaFree(staging);
-  return s;
-}
-
-Status DistributedDataParallel::waitForTrainerStream(const std::vector<const Parameter*>& tensors) {
-  int device = -1;
-  for (const Parameter* p : tensors) {
-    if (p->device.type != DeviceType::kCpu) {
-      device = p->device.index;
-      break;
-    }
-  }
-  if (device < 0) {
-    return Status::ok();
-  }
-  BAGUA_DDP_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
-  cudaEvent_t ev = nullptr;
-  BAGUA_DDP_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
-  Status s;
-  if (cudaEventRecord(ev, static_cast<cudaStream_t>(options_.cudaStream)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "recording an event on the trainer's stream failed");
-  } else {
-    s = pollEvent(ev, Clock::now() + timeout_, "waiting for the trainer's stream");
-  }
-  cudaEventDestroy(ev);
-  return s;
-}
-
-void DistributedDataParallel::releaseDeviceState() {
-  if (copyDevice_ >= 0) {
-    cudaSetDevice(copyDevice_);
-  }
-  if (copyStream_ != nullptr) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(copyStream_));
-  }
-  for (void* ev : bucketEvents_) {
-    if (ev != nullptr) {
-      cudaEventDestroy(static_cast<cudaEvent_t>(ev));
-    }
-  }
-  bucketEvents_.clear();
-  for (void* m : deviceStorage_) {
-    if (m != nullptr) {
-      cudaFree(m);
-    }
-  }
-  deviceStorage_.clear();
-  if (readyEvent_ != nullptr) {
-    cudaEventDestroy(static_cast<cudaEvent_t>(readyEvent_));
-    readyEvent_ = nullptr;
-  }
-  if (copyStream_ != nullptr) {
-    cudaStreamDestroy(static_cast<cudaStream_t>(copyStream_));
-    copyStream_ = nullptr;
-  }
-}
-
-#else  // host-only build
-
-Status DistributedDataParallel::checkDeviceTensor(const TensorRef& tensor) {
-  return BAGUA_ERROR(kFailedPrecondition,
-                     "%s lives on cuda:%d but bagua was built without NCCL/CUDA, so the reducer "
-                     "flattens host buckets only (configure with -Dcuda=enabled -Dnccl=enabled)",
-                     tensor.name.c_str(), tensor.device.index);
-}
-Status DistributedDataParallel::copyIntoBucket(const Bucket& /*bucket*/, void* dst, const void* src,
-                                               size_t bytes) {
-  if (bytes > 0) {
-    std::memcpy(dst, src, bytes);
-  }
-  return Status::ok();
-}
-Status DistributedDataParallel::zeroInBucket(const Bucket& /*bucket*/, void* dst, size_t bytes) {
-  std::memset(dst, 0, bytes);
-  return Status::ok();
-}
-Status DistributedDataParallel::recordBucketReady(int /*bucket*/) {
-  return Status::ok();
-}
-Status DistributedDataParallel::waitBucketReady(int /*bucket*/) {
-  return Status::ok();
-}
-Status DistributedDataParallel::finishCopyBack(bool /*anyDevice*/) {
-  return Status::ok();
-}
-Status DistributedDataParallel::broadcastHostI64(int64_t* data, size_t count) {
-  return group_.global().broadcast(data, count, DataType::kI64, 0)->wait(timeout_);
-}
-Status DistributedDataParallel::waitForTrainerStream(
-    const std::vector<const Parameter*>& /*tensors*/) {
-  return Status::ok();
-}
-void DistributedDataParallel::releaseDeviceState() {}
-
-#endif
 
 Result<std::unique_ptr<DistributedDataParallel>> withBagua(std::vector<Parameter>& params,
                                                            std::vector<Parameter>& buffers,

@@ -224,7 +224,7 @@ class PyReducer {
     o.broadcastBuffers = broadcastBuffers;
     o.rebuildBuckets = rebuildBuckets;
     o.paramsToIgnore = ignore;
-    o.cudaStream = reinterpret_cast<void*>(cudaStream);
+    o.cudaStream = reinterpret_cast<CUstream_st*>(cudaStream);
     std::vector<core::Optimizer*> opts;
     if (qadam != nullptr) {
       stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());

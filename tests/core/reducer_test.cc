@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "bagua/core/bucket_assignment.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
 #include "multi_rank.h"
@@ -64,6 +65,21 @@ TEST(BucketAssignment, MultiLimitMultiDtype) {
                  {50, DataType::kF32},
                  {25, DataType::kF64}});
   EXPECT_EQ(computeBucketAssignmentBySize(t, {200, 400}), (Assignment{{0}, {1}, {2, 4}, {3, 5}}));
+}
+
+// The rebuild's form: the given order is walked and the buckets stay in the order they closed
+// (sorting them by smallest position, as computeBucketAssignmentBySize does, would give
+// {{2, 0}, {3, 1}, {4}, {5}}).
+TEST(BucketAssignment, InOrderKeepsClosingOrder) {
+  auto t = refs({{50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64},
+                 {50, DataType::kF32},
+                 {25, DataType::kF64}});
+  EXPECT_EQ(computeBucketAssignmentInOrder(t, {5, 4, 3, 2, 1, 0}, {200, 400}),
+            (Assignment{{5}, {4}, {3, 1}, {2, 0}}));
+  EXPECT_EQ(computeBucketAssignmentInOrder(t, {}, {200, 400}), Assignment{});
 }
 
 // ---- Training harness ------------------------------------------------------------------------

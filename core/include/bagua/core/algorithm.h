@@ -14,20 +14,11 @@
 #include <vector>
 
 #include "bagua/base/status.h"
+#include "bagua/core/bucket_assignment.h"
 #include "bagua/core/parameter.h"
 #include "bagua/core/process_group.h"
 
 namespace bagua::core {
-
-// A communicated tensor: the "effective tensor" of a parameter (its gradient by default).
-struct TensorRef {
-  std::string name;
-  int paramIndex = -1;  // index in DistributedDataParallel::parameters()
-  size_t numel = 0;
-  DataType dtype = DataType::kF32;
-  Device device;
-  size_t bytes() const { return numel * dataTypeSize(dtype); }
-};
 
 // A bucket: tensors of one dtype and device, flattened into contiguous storage that the
 // reducer owns. Communication always runs on `flat`.
@@ -41,18 +32,6 @@ struct Bucket {
   void* flat = nullptr;
   size_t bytes() const { return numel * dataTypeSize(dtype); }
 };
-
-struct BucketOptions {
-  size_t firstBucketBytes = 1 << 20;
-  size_t bucketCapBytes = 25 << 20;
-};
-
-// PyTorch DDP's compute_bucket_assignment_by_size: groups by (dtype, device) in the given
-// order; a bucket closes once its bytes reach the current limit; the limits advance per key
-// (limits[0] for the first bucket, then limits[1], ...); leftovers close at the end; buckets
-// are sorted by their smallest tensor position. Returns positions into `tensors`.
-std::vector<std::vector<int>> computeBucketAssignmentBySize(const std::vector<TensorRef>& tensors,
-                                                            const std::vector<size_t>& limits);
 
 class DistributedDataParallel;
 

@@ -43,7 +43,13 @@
 #include "bagua/core/parameter.h"
 #include "bagua/core/process_group.h"
 
+// The CUDA runtime's stream type (cudaStream_t is CUstream_st*), declared so that this header
+// needs no CUDA headers: a trainer passes its cudaStream_t as it is.
+struct CUstream_st;
+
 namespace bagua::core {
+
+class DeviceStager;  // core-private (src/device_stager.h): bucket storage, copies, CUDA state
 
 struct DdpOptions {
   double bucketCapMb = 25.0;
@@ -60,7 +66,7 @@ struct DdpOptions {
   std::chrono::milliseconds timeout{0};
   // Device tensors: the cudaStream_t the trainer produces gradients on and reads them from
   // (nullptr: the legacy default stream). Gradient copies wait for it; it waits for copy-back.
-  void* cudaStream = nullptr;
+  CUstream_st* cudaStream = nullptr;
 };
 
 class DistributedDataParallel {
@@ -120,18 +126,6 @@ class DistributedDataParallel {
   Status launchReadyBuckets();
   void commLoop(std::stop_token stop);
   Status waitForBuckets();
-  // Device buckets (no-ops or errors in builds without NCCL).
-  Status checkDeviceTensor(const TensorRef& tensor);
-  Status copyIntoBucket(const Bucket& bucket, void* dst, const void* src, size_t bytes);
-  Status zeroInBucket(const Bucket& bucket, void* dst, size_t bytes);
-  Status recordBucketReady(int bucket);
-  Status waitBucketReady(int bucket);
-  Status finishCopyBack(bool anyDevice);
-  Status broadcastHostI64(int64_t* data, size_t count);
-  // Device parameters or buffers: waits (bounded) until the trainer's stream has written them,
-  // before a collective on another stream reads them.
-  Status waitForTrainerStream(const std::vector<const Parameter*>& tensors);
-  void releaseDeviceState();
 
   std::vector<Parameter>& params_;
   std::vector<Parameter>& buffers_;
@@ -145,19 +139,14 @@ class DistributedDataParallel {
   std::vector<TensorRef> tensors_;
   std::vector<int> tensorOfParam_;  // param index -> tensor index or -1
   std::vector<Bucket> buckets_;
-  std::vector<std::vector<uint8_t>> storage_;  // one flat allocation per host bucket
+  std::vector<int> bucketOfTensor_;
+  std::vector<int> slotOfTensor_;
   // Own gradient memory of host parameters that were bucket views and are in no bucket after a
   // rebuild (an algorithm's later stage reducing fewer tensors, e.g. async after its warm-up).
   std::vector<std::vector<uint8_t>> ownGrads_;
-  // One cudaMalloc'd allocation per device bucket (null for host buckets), the copy stream, the
-  // event marking the trainer's stream, and one "gradients copied" event per bucket.
-  std::vector<void*> deviceStorage_;
-  void* copyStream_ = nullptr;
-  int copyDevice_ = -1;
-  void* readyEvent_ = nullptr;
-  std::vector<void*> bucketEvents_;
-  std::vector<int> bucketOfTensor_;
-  std::vector<int> slotOfTensor_;
+  // The buckets' storage and the copies into and out of it (host memory, or device memory with
+  // the copy stream and events).
+  std::unique_ptr<DeviceStager> stager_;
 
   // Per-iteration state (trainer thread).
   std::vector<bool> marked_;

@@ -1,0 +1,304 @@
+#include "device_stager.h"
+
+#include <thread>
+
+#if BAGUA_CORE_WITH_NCCL
+#include <cuda_runtime.h>
+#endif
+
+namespace bagua::core {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Host and shared paths ---------------------------------------------------------------------
+
+Status DeviceStager::allocate(std::vector<Bucket>& buckets) {
+  release(next_);  // a layout allocated by a failed rebuild and never committed
+  next_.host.resize(buckets.size());
+  next_.device.assign(buckets.size(), nullptr);
+  next_.copied.assign(buckets.size(), nullptr);
+  for (Bucket& b : buckets) {
+    if (b.device.type == DeviceType::kCpu) {
+      next_.host[b.index].assign(b.bytes() + 64, 0);
+      b.flat = next_.host[b.index].data();
+      continue;
+    }
+    Status s = allocateDevice(b, next_);
+    if (!s.isOk()) {
+      release(next_);
+      return s;
+    }
+  }
+  return Status::ok();
+}
+
+void DeviceStager::commit() {
+  release(current_);
+  current_ = std::move(next_);
+  next_ = Layout{};
+}
+
+#if BAGUA_CORE_WITH_NCCL
+
+// ---- Device paths ------------------------------------------------------------------------------
+
+namespace {
+
+#define BAGUA_STAGER_CUDA(call, ...)                                               \
+  do {                                                                             \
+    cudaError_t e_ = (call);                                                       \
+    if (e_ != cudaSuccess) {                                                       \
+      (void)cudaGetLastError();                                                    \
+      return BAGUA_ERROR(kCudaError, "%s: %s (%s)", #call, cudaGetErrorString(e_), \
+                         strPrintf(__VA_ARGS__).c_str());                          \
+    }                                                                              \
+  } while (0)
+
+// Polls an event until it completed or the deadline passed (never an unbounded wait).
+Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
+  while (true) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) {
+      return Status::ok();
+    }
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return BAGUA_ERROR(kCudaError, "%s: %s", what, cudaGetErrorString(e));
+    }
+    if (Clock::now() >= deadline) {
+      return BAGUA_ERROR(kDeadlineExceeded, "%s: the device did not get there in time", what);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+DeviceStager::~DeviceStager() {
+  if (copyDevice_ >= 0) {
+    cudaSetDevice(copyDevice_);
+  }
+  if (copyStream_ != nullptr) {
+    cudaStreamSynchronize(copyStream_);
+  }
+  release(next_);
+  release(current_);
+  if (trainerMark_ != nullptr) {
+    cudaEventDestroy(trainerMark_);
+  }
+  if (copyStream_ != nullptr) {
+    cudaStreamDestroy(copyStream_);
+  }
+}
+
+Status DeviceStager::checkDevice(const std::string& name, const Device& device,
+                                 const std::string& backend) const {
+  if (backend != "nccl") {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "%s lives on cuda:%d but the process group's backend is %s: device "
+                       "tensors need the NCCL backend (ProcessGroupOptions::backend = kNccl)",
+                       name.c_str(), device.index, backend.c_str());
+  }
+  if (copyDevice_ >= 0 && device.index != copyDevice_) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "%s lives on cuda:%d, other tensors on cuda:%d: one process reduces the "
+                       "tensors of one device",
+                       name.c_str(), device.index, copyDevice_);
+  }
+  return Status::ok();
+}
+
+Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
+  const int bi = b.index;
+  BAGUA_STAGER_CUDA(cudaSetDevice(b.device.index), "bucket %d", bi);
+  if (copyStream_ == nullptr) {
+    BAGUA_STAGER_CUDA(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking),
+                      "copy stream");
+    copyDevice_ = b.device.index;
+    BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&trainerMark_, cudaEventDisableTiming),
+                      "ready event");
+  }
+  if (b.device.index != copyDevice_) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "bucket %d is on cuda:%d, others on cuda:%d: one process reduces the "
+                       "tensors of one device",
+                       bi, b.device.index, copyDevice_);
+  }
+  layout.anyDevice = true;
+  BAGUA_STAGER_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
+                    "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
+  BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&layout.copied[bi], cudaEventDisableTiming),
+                    "bucket %d", bi);
+  b.flat = layout.device[bi];
+  return deviceZero(b, b.flat, b.bytes());
+}
+
+void DeviceStager::release(Layout& layout) {
+  for (CUevent_st* ev : layout.copied) {
+    if (ev != nullptr) {
+      cudaEventDestroy(ev);
+    }
+  }
+  for (void* m : layout.device) {
+    if (m != nullptr) {
+      cudaFree(m);
+    }
+  }
+  layout = Layout{};
+}
+
+Status DeviceStager::deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes) {
+  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  // Whatever the trainer's stream enqueued so far (the gradient) comes before the copy.
+  BAGUA_STAGER_CUDA(cudaEventRecord(trainerMark_, trainerStream_), "bucket %d", bucket.index);
+  BAGUA_STAGER_CUDA(cudaStreamWaitEvent(copyStream_, trainerMark_, 0), "bucket %d", bucket.index);
+  if (bytes > 0) {
+    BAGUA_STAGER_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, copyStream_),
+                      "bucket %d, %zu bytes", bucket.index, bytes);
+  }
+  return Status::ok();
+}
+
+Status DeviceStager::deviceZero(const Bucket& bucket, void* dst, size_t bytes) {
+  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_STAGER_CUDA(cudaMemsetAsync(dst, 0, bytes, copyStream_), "bucket %d, %zu bytes",
+                    bucket.index, bytes);
+  return Status::ok();
+}
+
+Status DeviceStager::deviceMarkReady(const Bucket& bucket) {
+  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_STAGER_CUDA(cudaEventRecord(current_.copied[bucket.index], copyStream_), "bucket %d",
+                    bucket.index);
+  return Status::ok();
+}
+
+Status DeviceStager::deviceWaitReady(const Bucket& bucket, Clock::time_point deadline) {
+  // The bucket thread issues the algorithm's device work: it must run on the bucket's device.
+  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  return pollEvent(current_.copied[bucket.index], deadline,
+                   "waiting for the gradients copied into a device bucket");
+}
+
+Status DeviceStager::releaseToTrainer() {
+  if (!current_.anyDevice) {
+    return Status::ok();
+  }
+  // The trainer's stream reads the gradients only after the copy-back (or, with bucket views,
+  // after nothing: the collectives already finished, the host waited for them).
+  BAGUA_STAGER_CUDA(cudaSetDevice(copyDevice_), "copy back");
+  BAGUA_STAGER_CUDA(cudaEventRecord(trainerMark_, copyStream_), "copy back");
+  BAGUA_STAGER_CUDA(cudaStreamWaitEvent(trainerStream_, trainerMark_, 0), "copy back");
+  return Status::ok();
+}
+
+Status DeviceStager::waitForTrainerStream(const std::vector<const Parameter*>& tensors,
+                                          std::chrono::milliseconds timeout) {
+  int device = -1;
+  for (const Parameter* p : tensors) {
+    if (p->device.type != DeviceType::kCpu) {
+      device = p->device.index;
+      break;
+    }
+  }
+  if (device < 0) {
+    return Status::ok();
+  }
+  BAGUA_STAGER_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
+  cudaEvent_t ev = nullptr;
+  BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
+  Status s;
+  if (cudaEventRecord(ev, trainerStream_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "recording an event on the trainer's stream failed");
+  } else {
+    s = pollEvent(ev, Clock::now() + timeout, "waiting for the trainer's stream");
+  }
+  cudaEventDestroy(ev);
+  return s;
+}
+
+Status DeviceStager::broadcastHostI64(Communicator& comm, int device, int64_t* data, size_t count,
+                                      std::chrono::milliseconds timeout) {
+  if (comm.backendName() != "nccl") {
+    return comm.broadcast(data, count, DataType::kI64, 0)->wait(timeout);
+  }
+  // NCCL reads device memory only: stage through the communicator's device.
+  const size_t bytes = count * sizeof(int64_t);
+  BAGUA_STAGER_CUDA(cudaSetDevice(device), "broadcast staging");
+  void* staging = nullptr;
+  BAGUA_STAGER_CUDA(cudaMalloc(&staging, bytes > 0 ? bytes : 8), "%zu bytes", bytes);
+  Status s;
+  if (cudaMemcpy(staging, data, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy to cuda:%d failed", device);
+  }
+  if (s.isOk() && cudaStreamSynchronize(nullptr) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "broadcast staging: synchronising cuda:%d failed", device);
+  }
+  if (s.isOk()) {
+    s = comm.broadcast(staging, count, DataType::kI64, 0)->wait(timeout);
+  }
+  if (s.isOk() && cudaMemcpy(data, staging, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    (void)cudaGetLastError();
+    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy from cuda:%d failed", device);
+  }
+  cudaFree(staging);
+  return s;
+}
+
+#else  // host-only build: no device tensor gets past checkDevice(), so no device bucket exists
+
+namespace {
+
+Status noDevice() {
+  return BAGUA_ERROR(kInternal, "a device bucket in a build without CUDA");
+}
+
+}  // namespace
+
+DeviceStager::~DeviceStager() = default;
+
+Status DeviceStager::checkDevice(const std::string& name, const Device& device,
+                                 const std::string& /*backend*/) const {
+  return BAGUA_ERROR(kFailedPrecondition,
+                     "%s lives on cuda:%d but bagua was built without NCCL/CUDA, so the reducer "
+                     "flattens host buckets only (configure with -Dcuda=enabled -Dnccl=enabled)",
+                     name.c_str(), device.index);
+}
+Status DeviceStager::allocateDevice(Bucket& /*bucket*/, Layout& /*layout*/) {
+  return noDevice();
+}
+void DeviceStager::release(Layout& layout) {
+  layout = Layout{};
+}
+Status DeviceStager::deviceCopy(const Bucket& /*bucket*/, void* /*dst*/, const void* /*src*/,
+                                size_t /*bytes*/) {
+  return noDevice();
+}
+Status DeviceStager::deviceZero(const Bucket& /*bucket*/, void* /*dst*/, size_t /*bytes*/) {
+  return noDevice();
+}
+Status DeviceStager::deviceMarkReady(const Bucket& /*bucket*/) {
+  return noDevice();
+}
+Status DeviceStager::deviceWaitReady(const Bucket& /*bucket*/, Clock::time_point /*deadline*/) {
+  return noDevice();
+}
+Status DeviceStager::releaseToTrainer() {
+  return Status::ok();
+}
+Status DeviceStager::waitForTrainerStream(const std::vector<const Parameter*>& /*tensors*/,
+                                          std::chrono::milliseconds /*timeout*/) {
+  return Status::ok();
+}
+
+Status DeviceStager::broadcastHostI64(Communicator& comm, int /*device*/, int64_t* data,
+                                      size_t count, std::chrono::milliseconds timeout) {
+  return comm.broadcast(data, count, DataType::kI64, 0)->wait(timeout);
+}
+
+#endif
+
+}  // namespace bagua::core

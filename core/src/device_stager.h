@@ -1,0 +1,153 @@
+// The reducer's bucket storage and every copy into and out of it (core-private: ddp.cc only).
+//
+// Host buckets are plain host memory and memcpy. Device buckets (builds with NCCL and CUDA) are
+// one cudaMalloc'd allocation each; gradients are copied in and out with cudaMemcpyAsync on the
+// stager's own non-blocking copy stream, ordered after the trainer's stream with an event, never
+// through host memory. Each device bucket has a "gradients copied" event: markReady() records it
+// once the bucket's last gradient was copied, and the bucket thread polls it (waitReady) before
+// handing the bucket to the algorithm. After the copy-back the trainer's stream waits for the
+// copy stream (releaseToTrainer), so the trainer reads the reduced gradients in order. All the
+// CUDA state lives here, so that bagua/core/ddp.h holds none of it.
+//
+// Layouts: allocate() gives a new bucket list its storage while the previous layout's storage
+// stays valid (a rebuild copies gradients that are views into the old buckets); commit() then
+// frees the previous layout. A failed allocate() leaves the current layout as it was.
+//
+// Thread model: the trainer's thread calls everything except waitReady(), which the reducer's
+// bucket thread ("bagua-bucket") calls for the bucket it is about to run. The trainer records a
+// bucket's event (markReady) before queueing the bucket and does not touch it again until the
+// iteration's buckets are done, and the layout changes only between iterations, so no lock is
+// needed. One process stages the tensors of one device.
+//
+// Errors: CUDA failures are kCudaError naming the call and the bucket; waits on the device past
+// their deadline are kDeadlineExceeded. In a build without CUDA, device tensors are refused by
+// checkDevice() and the device paths are never reached.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bagua/base/status.h"
+#include "bagua/core/algorithm.h"
+#include "bagua/core/communicator.h"
+#include "bagua/core/parameter.h"
+
+// The CUDA runtime's handle types (cudaStream_t is CUstream_st*, cudaEvent_t is CUevent_st*),
+// declared so that this header needs no CUDA headers.
+struct CUstream_st;
+struct CUevent_st;
+
+namespace bagua::core {
+
+class DeviceStager {
+ public:
+  // `trainerStream`: the stream the trainer produces and reads gradients on
+  // (DdpOptions::cudaStream; null: the legacy default stream). Borrowed.
+  explicit DeviceStager(CUstream_st* trainerStream) : trainerStream_(trainerStream) {}
+  // Waits for the copy stream, then frees both layouts, the events and the stream.
+  ~DeviceStager();
+  DeviceStager(const DeviceStager&) = delete;
+  DeviceStager& operator=(const DeviceStager&) = delete;
+
+  // Whether a tensor on `device` can be staged: device tensors need the NCCL backend
+  // (`backend` is the process group's), a build with it, and the device of the others.
+  Status checkDevice(const std::string& name, const Device& device,
+                     const std::string& backend) const;
+
+  // Gives every bucket zeroed storage (Bucket::flat); see "Layouts" above.
+  Status allocate(std::vector<Bucket>& buckets);
+  void commit();
+
+  // ---- Hot path, trainer thread -------------------------------------------------------------
+  // A gradient into its bucket slot. Device: asynchronous, after everything the trainer's stream
+  // enqueued so far.
+  Status copyIn(const Bucket& bucket, void* slot, const void* grad, size_t bytes) {
+    if (bucket.device.type == DeviceType::kCpu) {
+      hostCopy(slot, grad, bytes);
+      return Status::ok();
+    }
+    return deviceCopy(bucket, slot, grad, bytes);
+  }
+  // A reduced bucket slot back into the gradient (same ordering as copyIn).
+  Status copyOut(const Bucket& bucket, void* grad, const void* slot, size_t bytes) {
+    if (bucket.device.type == DeviceType::kCpu) {
+      hostCopy(grad, slot, bytes);
+      return Status::ok();
+    }
+    return deviceCopy(bucket, grad, slot, bytes);
+  }
+  // A device gradient that is a bucket view: the trainer wrote it into the bucket on its
+  // stream, so only the order is needed (the bucket's event comes after the trainer's work).
+  Status orderAfterTrainer(const Bucket& bucket) {
+    if (bucket.device.type == DeviceType::kCpu) {
+      return Status::ok();
+    }
+    return deviceCopy(bucket, nullptr, nullptr, 0);
+  }
+  Status zero(const Bucket& bucket, void* dst, size_t bytes) {
+    if (bucket.device.type == DeviceType::kCpu) {
+      std::memset(dst, 0, bytes);
+      return Status::ok();
+    }
+    return deviceZero(bucket, dst, bytes);
+  }
+  // Every gradient of the bucket has been copied in (device: records the bucket's event).
+  Status markReady(const Bucket& bucket) {
+    return bucket.device.type == DeviceType::kCpu ? Status::ok() : deviceMarkReady(bucket);
+  }
+  // After the iteration's copy-backs: the trainer's stream waits for them (device layouts).
+  Status releaseToTrainer();
+
+  // ---- Bucket thread -------------------------------------------------------------------------
+  // Waits (polling, until `deadline`) until the bucket's copies are done, and makes the calling
+  // thread current on the bucket's device (the algorithm issues device work from it).
+  Status waitReady(const Bucket& bucket, std::chrono::steady_clock::time_point deadline) {
+    return bucket.device.type == DeviceType::kCpu ? Status::ok()
+                                                  : deviceWaitReady(bucket, deadline);
+  }
+
+  // ---- Set-up paths, trainer thread ----------------------------------------------------------
+  // Device parameters or buffers: waits (bounded) until the trainer's stream has written them,
+  // before a collective on another stream reads them. No-op for host tensors.
+  Status waitForTrainerStream(const std::vector<const Parameter*>& tensors,
+                              std::chrono::milliseconds timeout);
+  // Broadcasts host int64 values from rank 0 of `comm`. NCCL reads device memory only, so over
+  // NCCL they are staged through `device` (a temporary allocation).
+  Status broadcastHostI64(Communicator& comm, int device, int64_t* data, size_t count,
+                          std::chrono::milliseconds timeout);
+
+ private:
+  // One layout's storage, by bucket index.
+  struct Layout {
+    std::vector<std::vector<uint8_t>> host;  // empty for device buckets
+    std::vector<void*> device;               // cudaMalloc'd; null for host buckets
+    std::vector<CUevent_st*> copied;         // "gradients copied"; null for host buckets
+    bool anyDevice = false;
+  };
+
+  static void hostCopy(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) {
+      std::memcpy(dst, src, bytes);
+    }
+  }
+  Status allocateDevice(Bucket& bucket, Layout& layout);
+  void release(Layout& layout);
+  Status deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes);
+  Status deviceZero(const Bucket& bucket, void* dst, size_t bytes);
+  Status deviceMarkReady(const Bucket& bucket);
+  Status deviceWaitReady(const Bucket& bucket, std::chrono::steady_clock::time_point deadline);
+
+  CUstream_st* const trainerStream_;
+  // Created with the first device bucket; one device per process.
+  CUstream_st* copyStream_ = nullptr;
+  int copyDevice_ = -1;
+  CUevent_st* trainerMark_ = nullptr;  // marks the trainer's (or the copy) stream for a wait
+  Layout current_;
+  Layout next_;  // allocated, not yet committed
+};
+
+}  // namespace bagua::core
