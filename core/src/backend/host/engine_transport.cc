@@ -129,20 +129,6 @@ class EngineTransport final : public TransportBase {
                   strPrintf("rank %d: %s rank %d failed (did it exit or fail?): %s", rank_, what,
                             peer, s.message().c_str()));
   }
-  static void report(RecvState& r) {
-    RecvOp& op = *r.op;
-    if (!op.onSegment) {
-      r.reported = r.prefix;
-      return;
-    }
-    const size_t seg = op.segment == 0 ? op.len : op.segment;
-    while (r.reported < op.len &&
-           (r.prefix - r.reported >= seg || (r.prefix == op.len && r.reported < r.prefix))) {
-      size_t n = std::min(seg, op.len - r.reported);
-      op.onSegment(r.reported, n);
-      r.reported += n;
-    }
-  }
 
   size_t piece_;     // worker thread only
   int streams_ = 1;  // established per connection (set by connect)
@@ -258,57 +244,20 @@ Status EngineTransport::connect(Store& store, const EngineTransportOptions& opti
 
 Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
                                  Deadline deadline) {
-  if (aborted()) {
-    return abortedStatus();
-  }
+  BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
   std::vector<SendState> ss;
   std::vector<RecvState> rs;
-  ss.reserve(sends.size());
-  rs.reserve(recvs.size());
-  std::vector<const SendOp*> selfSends;
-  std::vector<RecvOp*> selfRecvs;
+  ss.reserve(remoteSends_.size());
+  rs.reserve(remoteRecvs_.size());
   std::vector<PeerQueues> q(size_);
-  for (const SendOp& s : sends) {
-    if (s.peer < 0 || s.peer >= size_) {
-      return BAGUA_ERROR(kInvalidArgument, "send to rank %d of a group of %d", s.peer, size_);
-    }
-    if (s.peer == rank_) {
-      selfSends.push_back(&s);
-    } else if (s.len > 0) {
-      q[s.peer].sendOps.push_back(ss.size());
-      ss.push_back({&s});
-    }
+  for (const SendOp* s : remoteSends_) {
+    q[s->peer].sendOps.push_back(ss.size());
+    ss.push_back({s});
   }
-  for (RecvOp& r : recvs) {
-    if (r.peer < 0 || r.peer >= size_) {
-      return BAGUA_ERROR(kInvalidArgument, "recv from rank %d of a group of %d", r.peer, size_);
-    }
-    if (r.peer == rank_) {
-      selfRecvs.push_back(&r);
-    } else if (r.len > 0) {
-      q[r.peer].recvOps.push_back(rs.size());
-      rs.emplace_back(&r);
-      rs.back().piece.assign(pieces(r.len), false);
-    } else {
-      RecvState empty(&r);
-      report(empty);
-    }
-  }
-  if (selfSends.size() != selfRecvs.size()) {
-    return BAGUA_ERROR(kInternal, "rank %d: %zu self sends but %zu self receives", rank_,
-                       selfSends.size(), selfRecvs.size());
-  }
-  for (size_t i = 0; i < selfSends.size(); ++i) {
-    if (selfSends[i]->len != selfRecvs[i]->len) {
-      return BAGUA_ERROR(kInternal, "rank %d: self send of %zu bytes into a receive of %zu", rank_,
-                         selfSends[i]->len, selfRecvs[i]->len);
-    }
-    if (selfSends[i]->len > 0 && selfRecvs[i]->data != selfSends[i]->data) {
-      std::memmove(selfRecvs[i]->data, selfSends[i]->data, selfSends[i]->len);
-    }
-    RecvState st(selfRecvs[i]);
-    st.prefix = selfRecvs[i]->len;
-    report(st);
+  for (RecvOp* r : remoteRecvs_) {
+    q[r->peer].recvOps.push_back(rs.size());
+    rs.emplace_back(r);
+    rs.back().piece.assign(pieces(r->len), false);
   }
 
   size_t pending = ss.size() + rs.size();
@@ -413,7 +362,7 @@ Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
         while (rcv.prefix < rcv.op->len && rcv.piece[rcv.prefix / piece_]) {
           rcv.prefix = std::min(rcv.op->len, rcv.prefix + piece_);
         }
-        report(rcv);
+        reportSegments(*rcv.op, rcv.prefix, &rcv.reported);
         if (rcv.nDone == rcv.piece.size()) {
           --pending;
         }
@@ -432,18 +381,10 @@ Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      std::string waiting;
-      for (int p = 0; p < size_; ++p) {
-        if (!q[p].sendFlight.empty() || !q[p].recvFlight.empty() ||
-            q[p].sendHead < q[p].sendOps.size() || q[p].recvHead < q[p].recvOps.size()) {
-          waiting += strPrintf("%s%d", waiting.empty() ? "" : ",", p);
-        }
-      }
-      return BAGUA_ERROR(kDeadlineExceeded,
-                         "rank %d: transfer did not complete before the collective deadline; "
-                         "still waiting on ranks [%s] (a peer is stuck or issued a different "
-                         "collective)",
-                         rank_, waiting.c_str());
+      return transferDeadline([&](int p) {
+        return !q[p].sendFlight.empty() || !q[p].recvFlight.empty() ||
+               q[p].sendHead < q[p].sendOps.size() || q[p].recvHead < q[p].recvOps.size();
+      });
     }
     notifier_.waitChange(seen, std::min(deadline, now + std::chrono::milliseconds(50)));
   }

@@ -7,6 +7,9 @@
 // for small messages, scatter + ring all-gather for large; ring all-gather and reduce-scatter;
 // all-to-all as one batch of n-1 concurrent exchanges.
 //
+// Files: host_communicator.cc (queue and worker), host_collectives.cc (entry points and
+// algorithms), host_tuning.cc (live tuning).
+//
 // Thread model: callers enqueue (mutex-protected queue) and get a Work; the worker pops in FIFO
 // order and runs each operation under the collective deadline. Locks: queueMu_ (queue and
 // broken state) is never held while an operation runs. abort() may be called from any thread.
@@ -36,6 +39,18 @@ struct HostOptions {
   size_t segmentBytes = 256 * 1024;
   int reduceThreads = 1;
 };
+
+// How a collective cuts a buffer into one chunk per rank: byte offset and length of chunk i.
+struct Chunks {
+  std::vector<size_t> offsets;
+  std::vector<size_t> lengths;
+};
+// `count` elements of `elementSize` bytes over `n` ranks, back to back; the first count % n
+// chunks hold one element more (the ring all-reduce's and the scatter's layout, the same on every
+// rank). Chunks may be empty when count < n.
+Chunks splitCount(size_t count, int n, size_t elementSize);
+// `n` chunks of `bytes` each, back to back (the all-gather's layout).
+Chunks equalChunks(int n, size_t bytes);
 
 // Reads the BAGUA_HOST_* parameters (and BAGUA_COLLECTIVE_TIMEOUT_MS when timeout is 0).
 // `ranksPerHost` sizes the automatic number of reduction threads.
@@ -92,10 +107,9 @@ class HostCommunicator final : public Communicator {
                        Deadline dl);
   Status ringAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, Deadline dl);
   Status doublingAllReduce(uint8_t* data, size_t count, DataType dtype, ReduceOp op, Deadline dl);
-  // Ring all-gather over n arbitrary chunks of data (chunk i at offsets[i], lengths[i] bytes);
-  // on entry chunk `have` is present locally, on exit all are.
-  Status ringAllGather(uint8_t* data, const std::vector<size_t>& offsets,
-                       const std::vector<size_t>& lengths, int have, Deadline dl);
+  // Ring all-gather over n arbitrary chunks of data; on entry chunk `have` is present locally,
+  // on exit all are.
+  Status ringAllGather(uint8_t* data, const Chunks& chunks, int have, Deadline dl);
   Status treeBroadcast(uint8_t* data, size_t bytes, int root, Deadline dl);
   bool useTree(size_t bytes) const;
   uint8_t* scratch(size_t bytes);

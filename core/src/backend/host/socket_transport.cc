@@ -160,21 +160,6 @@ class SocketTransport final : public TransportBase {
     size_t reported = 0;
   };
 
-  static void report(RecvState& r) {
-    RecvOp& op = *r.op;
-    if (!op.onSegment) {
-      r.reported = r.done;
-      return;
-    }
-    const size_t seg = op.segment == 0 ? op.len : op.segment;
-    while (r.reported < op.len &&
-           (r.done - r.reported >= seg || (r.done == op.len && r.reported < r.done))) {
-      size_t n = std::min(seg, op.len - r.reported);
-      op.onSegment(r.reported, n);
-      r.reported += n;
-    }
-  }
-
   bool local(int peer) const { return shm_ != nullptr && shm_->isLocal(peer); }
   // Wakes a local peer sleeping in poll(): one byte on the TCP connection, which otherwise
   // carries no data for local peers.
@@ -185,6 +170,31 @@ class SocketTransport final : public TransportBase {
     }
   }
 
+  // Move up to `len` bytes to / from `peer` without blocking, through its shared-memory ring
+  // (pieces of at most 256 KiB, so that the receiver can start copying out early; the peer is
+  // woken) or its socket. Return the bytes moved, or -1 with errno set (EAGAIN: not now).
+  ssize_t trySend(int peer, const uint8_t* data, size_t len) {
+    if (!local(peer)) {
+      return ::send(fds_[peer].get(), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    return shmMoved(peer, shm_->trySend(peer, data, std::min<size_t>(len, kShmPiece)));
+  }
+  ssize_t tryRecv(int peer, uint8_t* data, size_t len) {
+    if (!local(peer)) {
+      return ::recv(fds_[peer].get(), data, len, MSG_DONTWAIT);
+    }
+    return shmMoved(peer, shm_->tryRecv(peer, data, std::min<size_t>(len, kShmPiece)));
+  }
+  ssize_t shmMoved(int peer, size_t n) {
+    if (n == 0) {
+      errno = EAGAIN;
+      return -1;
+    }
+    wake(peer);
+    return static_cast<ssize_t>(n);
+  }
+
+  static constexpr size_t kShmPiece = 256 * 1024;
   std::vector<Fd> fds_;           // indexed by peer rank; -1 for self
   std::unique_ptr<ShmMesh> shm_;  // local peers' data path (null: TCP only)
   // Local peers whose connection closed. What they left in the rings is still delivered.
@@ -193,53 +203,16 @@ class SocketTransport final : public TransportBase {
 
 Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
                                  Deadline deadline) {
-  if (aborted()) {
-    return abortedStatus();
-  }
-  // Per-peer FIFO queues (indices into the state arrays).
+  BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
   std::vector<SendState> ss;
   std::vector<RecvState> rs;
-  ss.reserve(sends.size());
-  rs.reserve(recvs.size());
-  std::vector<const SendOp*> selfSends;
-  std::vector<RecvOp*> selfRecvs;
-  for (const SendOp& s : sends) {
-    if (s.peer < 0 || s.peer >= size_) {
-      return BAGUA_ERROR(kInvalidArgument, "send to rank %d of a group of %d", s.peer, size_);
-    }
-    if (s.peer == rank_) {
-      selfSends.push_back(&s);
-    } else if (s.len > 0) {
-      ss.push_back({&s});
-    }
+  ss.reserve(remoteSends_.size());
+  rs.reserve(remoteRecvs_.size());
+  for (const SendOp* s : remoteSends_) {
+    ss.push_back({s});
   }
-  for (RecvOp& r : recvs) {
-    if (r.peer < 0 || r.peer >= size_) {
-      return BAGUA_ERROR(kInvalidArgument, "recv from rank %d of a group of %d", r.peer, size_);
-    }
-    if (r.peer == rank_) {
-      selfRecvs.push_back(&r);
-    } else if (r.len > 0) {
-      rs.push_back({&r});
-    } else {
-      RecvState empty{&r};
-      report(empty);
-    }
-  }
-  if (selfSends.size() != selfRecvs.size()) {
-    return BAGUA_ERROR(kInternal, "rank %d: %zu self sends but %zu self receives", rank_,
-                       selfSends.size(), selfRecvs.size());
-  }
-  for (size_t i = 0; i < selfSends.size(); ++i) {
-    if (selfSends[i]->len != selfRecvs[i]->len) {
-      return BAGUA_ERROR(kInternal, "rank %d: self send of %zu bytes into a receive of %zu", rank_,
-                         selfSends[i]->len, selfRecvs[i]->len);
-    }
-    if (selfSends[i]->len > 0 && selfRecvs[i]->data != selfSends[i]->data) {
-      std::memmove(selfRecvs[i]->data, selfSends[i]->data, selfSends[i]->len);
-    }
-    RecvState st{selfRecvs[i], selfRecvs[i]->len, 0};
-    report(st);
+  for (RecvOp* r : remoteRecvs_) {
+    rs.push_back({r});
   }
 
   // Head of each peer's queue: first not-finished op in that direction.
@@ -271,21 +244,7 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       if (sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable()) {
         SendState& s = ss[sendHead[p]];
         const auto* base = static_cast<const uint8_t*>(s.op->data);
-        const size_t avail = s.limit() - s.done;
-        ssize_t n;
-        if (local(p)) {
-          // Pieces of at most 256 KiB so the receiver can start copying out early.
-          n = static_cast<ssize_t>(
-              shm_->trySend(p, base + s.done, std::min<size_t>(avail, 256 * 1024)));
-          if (n > 0) {
-            wake(p);
-          } else {
-            n = -1;
-            errno = EAGAIN;
-          }
-        } else {
-          n = ::send(fds_[p].get(), base + s.done, avail, MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
+        const ssize_t n = trySend(p, base + s.done, s.limit() - s.done);
         if (n > 0) {
           s.done += static_cast<size_t>(n);
           sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
@@ -307,24 +266,12 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
       if (recvHead[p] != SIZE_MAX) {
         RecvState& r = rs[recvHead[p]];
         auto* base = static_cast<uint8_t*>(r.op->data);
-        ssize_t n;
-        if (local(p)) {
-          n = static_cast<ssize_t>(
-              shm_->tryRecv(p, base + r.done, std::min<size_t>(r.op->len - r.done, 256 * 1024)));
-          if (n > 0) {
-            wake(p);
-          } else {
-            n = -1;
-            errno = EAGAIN;
-          }
-        } else {
-          n = ::recv(fds_[p].get(), base + r.done, r.op->len - r.done, MSG_DONTWAIT);
-        }
+        const ssize_t n = tryRecv(p, base + r.done, r.op->len - r.done);
         if (n > 0) {
           r.done += static_cast<size_t>(n);
           received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
           progress = true;
-          report(r);
+          reportSegments(*r.op, r.done, &r.reported);
           if (r.done == r.op->len) {
             --pendingOps;
             headsChanged = true;
@@ -360,17 +307,8 @@ Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp
     }
     int left = msLeft(deadline);
     if (left == 0) {
-      std::string waiting;
-      for (int p = 0; p < size_; ++p) {
-        if (sendHead[p] != SIZE_MAX || recvHead[p] != SIZE_MAX) {
-          waiting += strPrintf("%s%d", waiting.empty() ? "" : ",", p);
-        }
-      }
-      return BAGUA_ERROR(kDeadlineExceeded,
-                         "rank %d: transfer did not complete before the collective deadline; "
-                         "still waiting on ranks [%s] (a peer is stuck or issued a different "
-                         "collective)",
-                         rank_, waiting.c_str());
+      return transferDeadline(
+          [&](int p) { return sendHead[p] != SIZE_MAX || recvHead[p] != SIZE_MAX; });
     }
     pfds.clear();
     pfdPeer.clear();

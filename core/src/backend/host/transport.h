@@ -21,6 +21,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "bagua/base/status.h"
 #include "bagua/core/store.h"
@@ -81,8 +82,9 @@ class Transport {
   }
 };
 
-// What the transports share: identity, traffic counters and the abort state. abort() of a
-// derived transport starts with markAborted(why), then wakes its own I/O.
+// What the transports share: identity, traffic counters, the abort state and the exchange
+// prologue. abort() of a derived transport starts with markAborted(why), then wakes its own I/O;
+// exchange() starts with startExchange() and then moves remoteSends_ / remoteRecvs_.
 class TransportBase : public Transport {
  public:
   int rank() const final { return rank_; }
@@ -108,12 +110,46 @@ class TransportBase : public Transport {
     return BAGUA_ERROR(kAborted, "rank %d: transport aborted: %s", rank_, abortWhy_.c_str());
   }
 
+  // What every exchange() does first: fails with Aborted after abort() and with InvalidArgument
+  // on a peer outside the group; matches the self ops in order (same count and lengths, else
+  // Internal), copies them and reports their segments; and leaves in remoteSends_ /
+  // remoteRecvs_ the ops to other ranks that have bytes to move, in the caller's order. A
+  // receive of 0 bytes from another rank is complete at once (no segment to report).
+  [[nodiscard]] Status startExchange(std::span<const SendOp> sends, std::span<RecvOp> recvs);
+
+  // The error of an exchange whose deadline passed, naming the peers for which
+  // `waitingOn(peer)` is true.
+  template <typename WaitingOn>
+  Status transferDeadline(WaitingOn waitingOn) const {
+    std::string waiting;
+    for (int p = 0; p < size_; ++p) {
+      if (waitingOn(p)) {
+        waiting += strPrintf("%s%d", waiting.empty() ? "" : ",", p);
+      }
+    }
+    return BAGUA_ERROR(kDeadlineExceeded,
+                       "rank %d: transfer did not complete before the collective deadline; "
+                       "still waiting on ranks [%s] (a peer is stuck or issued a different "
+                       "collective)",
+                       rank_, waiting.c_str());
+  }
+
+  // Calls op.onSegment for every segment (op.segment bytes, or the tail) that `arrived` bytes,
+  // received contiguously from offset 0, complete beyond *reported, and advances *reported.
+  static void reportSegments(RecvOp& op, size_t arrived, size_t* reported);
+
   const int rank_;
   const int size_;
   std::atomic<uint64_t> sent_{0};      // payload bytes (relaxed: statistics only)
   std::atomic<uint64_t> received_{0};  // payload bytes (relaxed: statistics only)
+  // Filled by startExchange; exchange()'s thread only. Members so that an exchange does not
+  // allocate once they have grown.
+  std::vector<const SendOp*> remoteSends_;
+  std::vector<RecvOp*> remoteRecvs_;
 
  private:
+  std::vector<const SendOp*> selfSends_;
+  std::vector<RecvOp*> selfRecvs_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex abortMu_;
   std::string abortWhy_;  // guarded by abortMu_
