@@ -33,6 +33,11 @@ SCENARIOS_2 = {
     "qadam_default_eps_nohold": {"algorithm": "qadam", "steps": 16, "lr": 1e-2,
                                  "kwargs": {"opt": {"warmup_steps": 4},
                                             "algo": {"hierarchical": False}}},
+    # QAdam built from parameter groups (one per parameter, reverse order): the same run as
+    # qadam_compressed, bit for bit.
+    "qadam_compressed_groups": {"algorithm": "qadam", "steps": 12, "lr": 1e-2,
+                                "kwargs": {"opt": {"warmup_steps": 4},
+                                           "algo": {"hierarchical": False}, "groups": True}},
     "async": {"algorithm": "async", "steps": 30,
               "kwargs": {"sync_interval_ms": 5, "warmup_steps": 3}},
 }
@@ -360,3 +365,29 @@ def test_buffers_broadcast_as_bagua_or_torch_ddp(runs2):
     for r, o in enumerate(outs):
         assert torch.equal(o["buffers_with_bagua"], torch.full((3,), float(r)))  # never
         assert torch.equal(o["buffers_ddp"], torch.zeros(3))  # rank 0's, before the forward
+
+
+def test_qadam_from_parameter_groups_is_the_same_run(runs2):
+    a, b = runs2["qadam_compressed"], runs2["qadam_compressed_groups"]
+    for r in range(2):
+        assert torch.equal(a[r]["final"], b[r]["final"])
+
+
+def test_dtype_changed_after_wrap(runs2):
+    # .double() after with_bagua: the reducer rebinds to the float64 memory; training equals
+    # the single-process float64 reference on the joint batch.
+    import workers
+
+    outs = [o["double_after_wrap"] for o in runs2["dropin"]]
+    assert outs[0]["dtype"] == "torch.float64"
+    _assert_ranks_equal(outs)
+    m = workers.Net().double()
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(outs[0]["init"].double(), m.parameters())
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    for step in range(3):
+        xs, ys = zip(*[workers.data(r, step) for r in range(2)])
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.cat(xs).double()), torch.cat(ys).double()).backward()
+        opt.step()
+    assert torch.allclose(outs[0]["final"], workers.flat(m), rtol=1e-9, atol=1e-12)

@@ -60,7 +60,10 @@ def flat(model):
 
 def make_algorithm(name, kwargs, model, lr):
     if name == "qadam":
-        opt = QAdamOptimizer(model.parameters(), lr=lr, **kwargs.get("opt", {}))
+        params = model.parameters()
+        if kwargs.get("groups"):  # one group per parameter, in reverse order
+            params = [{"params": [p]} for p in reversed(list(model.parameters()))]
+        opt = QAdamOptimizer(params, lr=lr, **kwargs.get("opt", {}))
         return QAdamAlgorithm(opt, **kwargs.get("algo", {})), opt
     return Algorithm.init(name, **kwargs), torch.optim.SGD(model.parameters(), lr=lr)
 
@@ -525,6 +528,21 @@ def dropin(a):
         _train_sgd(w, opt, r, 1)
         out[key] = m.tag.clone()
         (w.bagua_ddp if key == "buffers_with_bagua" else w).close()
+
+    # 2c. The model's dtype changed after the wrap (.double()): the reducer rebinds to the new
+    #     float64 memory.
+    m, opt = fresh()
+    m = m.with_bagua([opt], GradientAllReduceAlgorithm())
+    init = flat(m)
+    m.double()
+    for step in range(3):
+        x, y = data(r, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x.double()), y.double()).backward()
+        opt.step()
+    out["double_after_wrap"] = {"init": init, "final": flat(m),
+                                "dtype": str(next(m.parameters()).dtype)}
+    m.bagua_ddp.close()
 
     # 3. A parameter changing shape after the wrap is named in the error.
     m, opt = fresh()

@@ -232,6 +232,17 @@ class BaguaDistributedDataParallel:
                 s._pre_forward(inputs)
 
         self._hooks.append(self.module.register_forward_pre_hook(pre_forward))
+        self._register_grad_hooks()
+
+    def _register_grad_hooks(self):
+        """(Re)registers the gradient hooks. Before torch 2.1 they sit on each parameter's
+        AccumulateGrad node, which torch replaces when the parameter's data changes dtype or
+        device (``.double()``, ``.to()``): the engine calls this again when it rebinds."""
+        me = weakref.ref(self)
+        for h in getattr(self, "_grad_hooks", []):
+            h.remove()
+        self._grad_hooks = []
+        self._grad_accs.clear()
         for name, p in self.module.named_parameters():
             if not p.requires_grad:
                 continue
@@ -242,13 +253,17 @@ class BaguaDistributedDataParallel:
                     s._on_grad(name, p)
 
             h, acc = _grad_hook(p, on_grad)
-            self._hooks.append(h)
+            self._grad_hooks.append(h)
             if acc is not None:
                 self._grad_accs.append(acc)
+        self._hooked_as = [(p, p.dtype, p.device) for _, p in self.module.named_parameters()]
 
     def _pre_forward(self, inputs):
         if not (self.module.training and torch.is_grad_enabled()):
             return
+        if self._grad_accs and any(p.dtype != dt or p.device != dev
+                                   for p, dt, dev in self._hooked_as):
+            self._register_grad_hooks()  # torch replaced the AccumulateGrad nodes
         if self.find_unused_parameters:
             self._used = set()
         self._engine.pre_forward(inputs)
@@ -308,9 +323,10 @@ class BaguaDistributedDataParallel:
         if self._closed:
             return
         self._closed = True
-        for h in self._hooks:
+        for h in self._hooks + getattr(self, "_grad_hooks", []):
             h.remove()
         self._hooks.clear()
+        self._grad_hooks = []
         self._grad_accs.clear()
         for opt, orig in self._patched:
             if opt.__dict__.get("step") is not None:
@@ -444,6 +460,7 @@ class _NativeEngine:
             old.close()
         del old
         self._build()
+        self.ddp._register_grad_hooks()
 
     def _grad_ptr(self, p):
         if p.grad is not None and p.grad.is_contiguous():
