@@ -272,3 +272,31 @@ def test_fuse_step_keeps_state_in_the_core():
     for i, p in enumerate(opt._order):
         assert opt.state[p]["exp_avg"].data_ptr() == opt._ext.state_ptr(i, False)
         assert opt.state[p]["exp_avg_sq"].data_ptr() == opt._ext.state_ptr(i, True)
+
+
+def test_load_state_dict_keeps_or_replaces_the_core():
+    # Loading a later step keeps the core object (a wrapped reducer keeps reading it); loading
+    # an earlier one needs a new core (its step count only grows): the generation says so, and
+    # the engine rebuilds on it.
+    params = [torch.nn.Parameter(w) for w in weights()]
+    opt = q_adam.QAdamOptimizer(params, lr=1e-2, warmup_steps=3, betas=BETAS)
+    for step in range(2):
+        for p, g in zip(params, grads(step)):
+            p.grad = g.clone()
+        opt.step()
+    early = opt.state_dict()
+    early = {"state": {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in st.items()}
+                       for k, st in early["state"].items()}, "param_groups": early["param_groups"]}
+    for step in range(2, 5):
+        for p, g in zip(params, grads(step)):
+            p.grad = g.clone()
+        opt.step()
+    later = opt.state_dict()
+    gen, core = opt._generation, opt._ext
+    opt.load_state_dict(later)
+    assert opt._generation == gen and opt._ext is core and opt._ext.step_count == 5
+    opt.load_state_dict(early)
+    assert opt._generation == gen + 1 and opt._ext.step_count == 2
+    for i, p in enumerate(params):
+        assert torch.equal(opt.state[p]["exp_avg"], early["state"][i]["exp_avg"])
+        assert opt.state[p]["exp_avg"].data_ptr() == opt._ext.state_ptr(i, False)

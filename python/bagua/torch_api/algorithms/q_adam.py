@@ -120,6 +120,9 @@ class QAdamOptimizer(torch.optim.Optimizer):
                                   g0["weight_decay"], self.hold_zero_variance)
         old_steps = self._ext.step_count if getattr(self, "_ext", None) is not None else 0
         self._ext = core
+        # A reducer built on the previous core object keeps using it: the wrap compares this
+        # generation and rebuilds on the new one (bagua_distributed.py).
+        self._generation = getattr(self, "_generation", 0) + 1
         self._order = list(order)
         self._index = {id(p): i for i, p in enumerate(order)}
         for i, p in enumerate(order):
@@ -222,8 +225,11 @@ class QAdamOptimizer(torch.optim.Optimizer):
         """Restores step, m and v (into the core's memory, which the state keeps viewing)."""
         super().load_state_dict(state_dict)
         steps = self.step_id
-        self._ext = None
-        self._bind(self._order)
+        if steps >= self._ext.step_count:
+            self._bagua_resync_state()  # the loaded m and v into the same core memory
+        else:  # the core's step count only moves forward: a new core object
+            self._ext = None
+            self._bind(self._order)
         self._advance_core(steps - self._ext.step_count)
 
     def _state(self, i, second):

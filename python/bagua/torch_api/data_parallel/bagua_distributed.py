@@ -399,6 +399,7 @@ class _NativeEngine:
             qadam = impl._qadam_optimizer()
             if qadam is not None:
                 qadam._check_covers(self._params)
+                self._qadam_generation = qadam._generation
             # The core reads a gradient pointer when it (re)builds buckets, at creation and at
             # algorithm resets; parameters without a gradient yet point at a shared zero buffer
             # (read only: the core writes gradients only in finish_backward, when every
@@ -427,6 +428,9 @@ class _NativeEngine:
         self._index = {id(p): i for i, p in enumerate(self._params)}
 
     def _moved(self):
+        qadam = self.impl._qadam_optimizer()
+        if qadam is not None and qadam._generation != getattr(self, "_qadam_generation", None):
+            return True  # the optimizer's core state object was replaced (load_state_dict)
         for i, p in enumerate(self._params):
             if p.data_ptr() != self._bound[i].data_ptr() or p.dtype != self._bound[i].dtype \
                     or p.device != self._bound[i].device:
