@@ -91,3 +91,4 @@ def check_bagua_api(outs, n):
         else:
             assert o["from_torch_allreduce"] == float(r)
         assert o["patched"]
+        assert o["hier"] == (r, n, float(sum(range(1, n + 1))), 0, 1, float(r + 1), True)

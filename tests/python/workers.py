@@ -202,6 +202,14 @@ def comm_bagua(a):
     s = torch.tensor([float(r)])
     bagua.allreduce_inplace(s, comm=bg.get_global_communicator())
     out["from_torch_allreduce"] = s.item()
+    # Intra- and inter-node communicators (one node here: all ranks, and just me).
+    intra, inter = g.get_intra_node_communicator(), g.get_inter_node_communicator()
+    t = torch.tensor([float(r + 1)])
+    bagua.allreduce_inplace(t, comm=intra)
+    u = torch.tensor([float(r + 1)])
+    bagua.allreduce_inplace(u, comm=inter)
+    out["hier"] = (intra.rank(), intra.nranks(), t.item(), inter.rank(), inter.nranks(),
+                   u.item(), g.get_intra_node_communicator() is intra)
     wg = dist.new_group(list(range(n)))
     wg.bagua_patch()
     out["patched"] = wg in C._torch_to_bagua_pg_map and \

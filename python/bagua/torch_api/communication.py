@@ -478,12 +478,14 @@ class BaguaProcessGroup:
             else:
                 ranks = [r for r in self.ranks if r % local == me % local]
             idx = [self.ranks.index(r) for r in ranks]
-            host = self._host.new_group(idx, "{}_{}".format(self.group_name, kind),
-                                        backend="host", hierarchical=False)
+            # Different ranks build different groups of this kind (one per node, one per local
+            # rank): the members are part of the name, as in Bagua's communicator keys.
+            name = "{}_{}_{}".format(self.group_name, kind, ",".join(map(str, ranks)))
+            host = self._host.new_group(idx, name, backend="host", hierarchical=False)
             nccl = None
             if self._nccl is not None:
-                nccl = self._host.new_group(idx, "{}_{}_nccl".format(self.group_name, kind),
-                                            backend="nccl", hierarchical=False,
+                nccl = self._host.new_group(idx, name + "_nccl", backend="nccl",
+                                            hierarchical=False,
                                             cuda_device=torch.cuda.current_device())
             self._sub[kind] = BaguaCommunicator(host, nccl, self.stream)
         return self._sub[kind]
