@@ -25,6 +25,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
 #include "bagua/core/store.h"
+#include "bagua/net/socket_io.h"
 
 namespace bagua::core {
 
@@ -419,31 +420,15 @@ int remainingMs(Clock::time_point deadline) {
   return left < 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
 }
 
+// The engine's whole-buffer loop (bagua/net/socket_io.h), its failures named after the store.
 Status ioAll(int fd, uint8_t* data, size_t len, bool write, Clock::time_point deadline,
              const std::string& server) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = write ? ::send(fd, data + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                      : ::recv(fd, data + done, len - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0 && !write) {
-      return BAGUA_ERROR(kRemoteError, "TCP store %s closed the connection (did rank 0 exit?)",
-                         server.c_str());
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return BAGUA_ERRNO(errno, "TCP store " + server);
-    }
-    int left = remainingMs(deadline);
-    if (left == 0) {
-      return BAGUA_ERROR(kDeadlineExceeded, "TCP store %s did not answer in time", server.c_str());
-    }
-    pollfd p{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    ::poll(&p, 1, left);
+  Status s = write ? net::sendAll(fd, data, len, deadline) : net::recvAll(fd, data, len, deadline);
+  if (!s.isOk()) {
+    s.withContext(strPrintf("TCP store %s%s", server.c_str(),
+                            s.code() == StatusCode::kRemoteError ? " (did rank 0 exit?)" : ""));
   }
-  return Status::ok();
+  return s;
 }
 
 }  // namespace

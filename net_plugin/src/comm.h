@@ -1,4 +1,6 @@
-// Send and receive comms: request slots, helper threads, chunk scheduling.
+// Send and receive comms: request slots, helper threads, chunk scheduling. Implemented in
+// live_cell.cc (LiveSettings, LiveCell), comm.cc (CommCore, Notifier), send_comm.cc and
+// recv_comm.cc (the two sides and their public wrappers).
 //
 // Thread model (per comm)
 // -----------------------
@@ -30,6 +32,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -47,6 +50,15 @@ inline constexpr int kSlots = 64;  // requests in flight per comm (>= kMinReques
 static_assert(kSlots >= kMinRequestsInFlight);
 
 class CommCore;
+
+// One spin-wait step: tells the core (and a hyper-thread sibling) that this thread is polling.
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
 
 // Live settings readable without a lock: a sequence lock over atomic fields. Writers (rare: the
 // tuner between iterations) serialise on mu_; readers (every isend) retry while a write is in
@@ -122,8 +134,15 @@ class CommCore {
   void abortNow(Status status);
 
  protected:
-  // Stops and joins the helper threads (called by the derived destructor first).
+  // Starts the helper threads: controlLoop() on bagua-net-{s,r}c and dataLoop(i) on
+  // bagua-net-{s,r}i for every data stream. Called last in the derived constructor (the loops
+  // are the derived class's).
+  void startThreads();
+  // Stops and joins the helper threads (called by the derived destructor first, so that no loop
+  // runs on a half-destroyed comm).
   void stopThreads();
+  virtual void controlLoop() = 0;
+  virtual void dataLoop(int stream) = 0;
   void fail(Status status);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status failure();
@@ -164,6 +183,33 @@ class CommCore {
   std::atomic<Notifier*> notifier_{nullptr};
 };
 
+// Spins for spinUs, then parks on `park` (bounded 20 ms re-checks: a missed wake-up costs at most
+// that).
+template <typename Pred>
+bool CommCore::waitUntil(Pred pred, Park& park) {
+  if (pred()) {
+    return true;
+  }
+  auto spinEnd = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spinUs);
+  int spins = 0;
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    if (pred()) {
+      return true;
+    }
+    cpuRelax();
+    if (++spins % 64 == 0 && std::chrono::steady_clock::now() >= spinEnd) {
+      break;
+    }
+  }
+  std::unique_lock<std::mutex> lock(park.mu);
+  park.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  while (!pred() && !stopping_.load(std::memory_order_seq_cst)) {
+    park.cv.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  park.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  return !stopping_.load(std::memory_order_acquire);
+}
+
 struct SendComm::Impl : public CommCore {
  public:
   Impl(Fd control, std::vector<Fd> data, const EngineOptions& options, SocketAddress peer);
@@ -178,10 +224,12 @@ struct SendComm::Impl : public CommCore {
   LiveSettings resolveLive() const;
 
  private:
-  void controlLoop();
-  void dataLoop(int stream);
+  void controlLoop() override;
+  void dataLoop(int stream) override;
   void roundRobinLoop(int stream);
-  Status sendChunk(int fd, Slot* slot, uint64_t offset, uint32_t length);
+  // Sends one chunk on `stream`, counts its bytes and contributes them to the slot; false after a
+  // failure (reported through ioError).
+  bool sendChunk(int stream, Slot* slot, uint64_t offset, uint32_t length);
   // Claims the next chunk for `stream`; false when none is available to it now (no message, or
   // the message at the cursor has fewer active streams than stream + 1).
   bool claim(int stream, Slot** slot, uint64_t* offset, uint32_t* length);
@@ -217,8 +265,8 @@ struct RecvComm::Impl : public CommCore {
   Result<Request*> irecv(void* data, size_t capacity);
 
  private:
-  void controlLoop();
-  void dataLoop(int stream);
+  void controlLoop() override;
+  void dataLoop(int stream) override;
   // Waits until the receive for `seq` is posted; nullptr when stopping.
   Slot* waitPosted(uint64_t seq);
   // Reads what is available of the control stream (non-blocking); requires ctrlMu_. Sets

@@ -65,80 +65,9 @@ Status setStreamOptions(int fd, const EngineOptions& options) {
   return Status::ok();
 }
 
-Status sendAllV(int fd, iovec* iov, int iovcnt) {
-  while (iovcnt > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) {
-        continue;
-      }
-      return BAGUA_ERRNO(errno, "send");
-    }
-    size_t left = static_cast<size_t>(n);
-    while (iovcnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --iovcnt;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return Status::ok();
-}
-
-Status sendAll(int fd, const void* data, size_t length) {
-  iovec iov{const_cast<void*>(data), length};
-  return sendAllV(fd, &iov, length == 0 ? 0 : 1);
-}
-
-Status recvAll(int fd, void* data, size_t length, bool* cleanEof) {
-  if (cleanEof != nullptr) {
-    *cleanEof = false;
-  }
-  auto* p = static_cast<uint8_t*>(data);
-  size_t got = 0;
-  while (got < length) {
-    ssize_t n = ::recv(fd, p + got, length - got, MSG_WAITALL);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      if (got == 0 && cleanEof != nullptr) {
-        *cleanEof = true;
-      }
-      return BAGUA_ERROR(kRemoteError, "connection closed by peer after %zu of %zu bytes", got,
-                         length);
-    }
-    if (errno == EINTR || errno == EAGAIN) {
-      continue;
-    }
-    return BAGUA_ERRNO(errno, "recv");
-  }
-  return Status::ok();
-}
-
 Status sendSome(int fd, const uint8_t* data, size_t length, size_t* done) {
-  while (*done < length) {
-    ssize_t n = ::send(fd, data + *done, length - *done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      *done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return Status::ok();
-    }
-    return BAGUA_ERRNO(errno, "send");
-  }
-  return Status::ok();
+  iovec iov{const_cast<uint8_t*>(data), length};
+  return sendSomeV(fd, &iov, 1, done);
 }
 
 Status recvSome(int fd, uint8_t* data, size_t length, size_t* done, bool* eof) {

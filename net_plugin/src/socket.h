@@ -1,5 +1,6 @@
-// Small socket helpers: an owning fd, socket options, blocking full reads/writes that retry
-// EINTR and short transfers, non-blocking variants for connection set-up.
+// Small socket helpers: an owning fd, socket options, non-blocking partial reads/writes for
+// connection set-up and the control streams. The blocking whole-buffer loop is public:
+// bagua/net/socket_io.h (core's sockets use it too).
 #pragma once
 
 #include <sys/uio.h>
@@ -10,6 +11,7 @@
 
 #include "bagua/base/status.h"
 #include "bagua/net/engine.h"
+#include "bagua/net/socket_io.h"
 
 namespace bagua::net {
 
@@ -41,13 +43,6 @@ class Fd {
 Status setNonBlocking(int fd, bool nonBlocking);
 // TCP_NODELAY, SO_SNDBUF/SO_RCVBUF, keepalive and TCP_USER_TIMEOUT from the options.
 Status setStreamOptions(int fd, const EngineOptions& options);
-
-// Blocking: sends every byte of the iovecs (modifies them). MSG_NOSIGNAL; EINTR retried.
-Status sendAllV(int fd, iovec* iov, int iovcnt);
-Status sendAll(int fd, const void* data, size_t length);
-// Blocking: receives exactly `length` bytes. *cleanEof (optional) is set when the peer closed
-// before the first byte (an orderly end between records); EOF mid-record is kRemoteError.
-Status recvAll(int fd, void* data, size_t length, bool* cleanEof = nullptr);
 
 // Non-blocking: sends/receives what the socket takes now, advancing *done. Ok with no progress on
 // EAGAIN; kRemoteError on EOF.

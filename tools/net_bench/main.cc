@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/net/socket_io.h"
 #include "nccl_net_abi.h"
 
 namespace {
@@ -154,36 +155,15 @@ void waitReq(ncclNet_v11_t* net, void* req) {
   }
 }
 
-// Streams `count` messages of `size` bytes over one comm pair, `window` in flight per side.
-void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int count, int window) {
-  std::vector<uint8_t> sbuf(size, 0x5a), rbuf(size);
-  std::thread sender([&] {
-    std::vector<void*> q;
-    int posted = 0;
-    for (int done = 0; done < count;) {
-      while (posted < count && static_cast<int>(q.size()) < window) {
-        void* req = nullptr;
-        Plugin::check(net->isend(send, sbuf.data(), size, 0, nullptr, nullptr, &req), "isend");
-        if (req == nullptr) {
-          break;
-        }
-        q.push_back(req);
-        ++posted;
-      }
-      waitReq(net, q.front());
-      q.erase(q.begin());
-      ++done;
-    }
-  });
+// Completes `count` requests in posting order, keeping up to `window` in flight; post() returns
+// the next request, or null when the plugin has no free slot (retried after the oldest completes).
+template <typename Post>
+void keepWindow(ncclNet_v11_t* net, int count, int window, Post post) {
   std::vector<void*> q;
   int posted = 0;
   for (int done = 0; done < count;) {
     while (posted < count && static_cast<int>(q.size()) < window) {
-      void* req = nullptr;
-      void* data = rbuf.data();
-      size_t cap = size;
-      int tag = 0;
-      Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
+      void* req = post();
       if (req == nullptr) {
         break;
       }
@@ -194,6 +174,26 @@ void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int cou
     q.erase(q.begin());
     ++done;
   }
+}
+
+// Streams `count` messages of `size` bytes over one comm pair, `window` in flight per side.
+void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int count, int window) {
+  std::vector<uint8_t> sbuf(size, 0x5a), rbuf(size);
+  std::thread sender([&] {
+    keepWindow(net, count, window, [&] {
+      void* req = nullptr;
+      Plugin::check(net->isend(send, sbuf.data(), size, 0, nullptr, nullptr, &req), "isend");
+      return req;
+    });
+  });
+  keepWindow(net, count, window, [&] {
+    void* req = nullptr;
+    void* data = rbuf.data();
+    size_t cap = size;
+    int tag = 0;
+    Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
+    return req;
+  });
   sender.join();
 }
 
@@ -310,25 +310,19 @@ void tcpPair(int* a, int* b) {
   setsockopt(*b, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// The raw-TCP baseline moves its bytes with the engine's own whole-buffer loop, so that the
+// comparison is about the engine's streams and scheduling, not about a different send loop.
 void sendFull(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (k <= 0) {
-      die("tcp baseline: send failed");
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
+  bagua::Status s = bagua::net::sendAll(fd, p, n);
+  if (!s.isOk()) {
+    die("tcp baseline: " + s.toString());
   }
 }
 
 void recvFull(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t k = ::recv(fd, p, n, MSG_WAITALL);
-    if (k <= 0) {
-      die("tcp baseline: recv failed");
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
+  bagua::Status s = bagua::net::recvAll(fd, p, n);
+  if (!s.isOk()) {
+    die("tcp baseline: " + s.toString());
   }
 }
 

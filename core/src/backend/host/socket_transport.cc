@@ -18,6 +18,7 @@
 #include "backend/host/transport.h"
 #include "bagua/base/logging.h"
 #include "bagua/core/params.h"
+#include "bagua/net/socket_io.h"
 
 namespace bagua::core::host {
 
@@ -95,30 +96,13 @@ void tuneSocket(int fd, size_t buffer) {
   }
 }
 
+// The engine's whole-buffer loop (bagua/net/socket_io.h), its failures prefixed with `what`.
 Status blockingIo(int fd, void* data, size_t len, bool write, Deadline deadline, const char* what) {
-  auto* p = static_cast<uint8_t*>(data);
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = write ? ::send(fd, p + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
-                      : ::recv(fd, p + done, len - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      return BAGUA_ERROR(kRemoteError, "%s: connection closed during set-up", what);
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return BAGUA_ERRNO(errno, what);
-    }
-    int left = msLeft(deadline);
-    if (left == 0) {
-      return BAGUA_ERROR(kDeadlineExceeded, "%s: timed out", what);
-    }
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    ::poll(&pfd, 1, std::min(left, 100));
+  Status s = write ? net::sendAll(fd, data, len, deadline) : net::recvAll(fd, data, len, deadline);
+  if (!s.isOk()) {
+    s.withContext(what);
   }
-  return Status::ok();
+  return s;
 }
 
 class SocketTransport final : public TransportBase {
