@@ -153,6 +153,16 @@ Result<T*> checked(void* p, uint64_t magic, const char* what) {
   return t;
 }
 
+// Checks and deletes a plugin object. The magic is cleared first so that a later call through a
+// stale pointer most likely fails checked() instead of using a dead object.
+template <typename T>
+Status destroy(void* p, uint64_t magic, const char* what) {
+  BAGUA_ASSIGN_OR_RETURN(T * t, checked<T>(p, magic, what));
+  t->magic = 0;
+  delete t;
+  return Status::ok();
+}
+
 Result<const Device*> device(int dev) {
   Global& g = global();
   std::lock_guard<std::mutex> lock(g.mu);
@@ -394,27 +404,15 @@ Status test(void* request, int* done, size_t* sizes) {
 }
 
 Status closeSend(void* sendComm) {
-  BAGUA_ASSIGN_OR_RETURN(PluginSendComm * sc,
-                         checked<PluginSendComm>(sendComm, kSendMagic, "sendComm"));
-  sc->magic = 0;
-  delete sc;  // joins the helper threads
-  return Status::ok();
+  return destroy<PluginSendComm>(sendComm, kSendMagic, "sendComm");  // joins the helper threads
 }
 
 Status closeRecv(void* recvComm) {
-  BAGUA_ASSIGN_OR_RETURN(PluginRecvComm * rc,
-                         checked<PluginRecvComm>(recvComm, kRecvMagic, "recvComm"));
-  rc->magic = 0;
-  delete rc;
-  return Status::ok();
+  return destroy<PluginRecvComm>(recvComm, kRecvMagic, "recvComm");
 }
 
 Status closeListen(void* listenComm) {
-  BAGUA_ASSIGN_OR_RETURN(ListenComm * lc,
-                         checked<ListenComm>(listenComm, kListenMagic, "listenComm"));
-  lc->magic = 0;
-  delete lc;
-  return Status::ok();
+  return destroy<ListenComm>(listenComm, kListenMagic, "listenComm");
 }
 
 Status setLive(const LiveSettings& live) {
