@@ -1,12 +1,16 @@
 // The NCCL backend on real GPUs: ranks as threads, one device each. Skipped (with the reason)
-// where no GPU is visible; the lead runs it on the GPU machine.
+// where no GPU is visible; the lead runs it on the GPU machine. Also the reducer on device
+// tensors (device buckets, the copy stream, the rebuild's broadcast staged through the device),
+// which runs on one GPU as well.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 #include <vector>
 
+#include "bagua/core/ddp.h"
 #include "bagua/core/process_group.h"
 #include "multi_rank.h"
 
@@ -359,6 +363,131 @@ TEST(Nccl, PeerThatNeverIssuesFailsWithinTheCollectiveTimeout) {
       },
       120s);
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// The reducer's device path: gradients written on the trainer's own stream, copied into device
+// buckets on the reducer's copy stream, all-reduced over NCCL and copied back (or, as bucket
+// views, written in place), read back on the trainer's stream right after finishBackward()
+// without a device-wide synchronisation. Small buckets force several of them; the marking
+// order differs from the registration order, so the rebuild after the first iteration (rank 0's
+// order broadcast through device staging) changes the layout. Every element of every iteration
+// is checked against the average of every rank's pattern.
+void reducerOnDeviceTensors(bool gradientAsBucketView) {
+  const int world = std::min(gpuCount(), 8);
+  if (world == 0) {
+    GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  const std::vector<size_t> sizes = {1000, 3, 70000, 257, 4096, 1};
+  auto pattern = [](int rank, int iter, size_t param, size_t i) {
+    return static_cast<float>((i * 7 + param * 31 + iter * 5 + rank * 13) % 23);
+  };
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) -> std::string {
+        ProcessGroupOptions o;
+        o.rank = r;
+        o.worldSize = world;
+        o.backend = Backend::kNccl;
+        o.hierarchical = false;
+        o.rendezvousTimeout = 60000ms;
+        o.collectiveTimeout = 60000ms;
+        auto pg = ProcessGroup::create(store, o);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        cudaSetDevice(r);
+        cudaStream_t trainer = nullptr;
+        if (cudaStreamCreateWithFlags(&trainer, cudaStreamNonBlocking) != cudaSuccess) {
+          return std::string("cudaStreamCreate failed");
+        }
+        std::vector<std::unique_ptr<DeviceFloats>> data, grads;
+        std::vector<Parameter> params(sizes.size());
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          data.push_back(std::make_unique<DeviceFloats>(sizes[k]));
+          grads.push_back(std::make_unique<DeviceFloats>(sizes[k]));
+          if (data.back()->p == nullptr || grads.back()->p == nullptr) {
+            return std::string("cudaMalloc failed");
+          }
+          cudaMemset(data.back()->p, 0, sizes[k] * sizeof(float));
+          Parameter& p = params[k];
+          p.name = "layer" + std::to_string(k) + ".weight";
+          p.data = data.back()->p;
+          p.grad = grads.back()->p;
+          p.numel = sizes[k];
+          p.device = {DeviceType::kCuda, r};
+          p.setGrad = [&params, k](void* g) { params[k].grad = g; };
+        }
+        std::vector<Parameter> buffers;
+        DdpOptions d;
+        d.bucketCapMb = 64.0 / 1024;  // 64 KiB
+        d.firstBucketBytes = 4096;
+        d.gradientAsBucketView = gradientAsBucketView;
+        d.cudaStream = trainer;  // a cudaStream_t as it is
+        auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, d);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        const std::vector<int> markOrder = {2, 0, 5, 3, 1, 4};
+        std::string out;
+        for (int iter = 0; iter < 4 && out.empty(); ++iter) {
+          Status s = (*ddp)->prepareForward();
+          if (iter >= 1 && s.isOk() && !(*ddp)->bucketsRebuilt()) {
+            out = "buckets not rebuilt after the first iteration";
+          }
+          std::vector<std::vector<float>> host(sizes.size());
+          for (int k : markOrder) {
+            if (!s.isOk()) {
+              break;
+            }
+            host[k].resize(sizes[k]);
+            for (size_t i = 0; i < sizes[k]; ++i) {
+              host[k][i] = pattern(r, iter, k, i);
+            }
+            // The trainer's stream produces the gradient (pageable source: returns once staged).
+            cudaMemcpyAsync(params[k].grad, host[k].data(), sizes[k] * sizeof(float),
+                            cudaMemcpyHostToDevice, trainer);
+            s = (*ddp)->markGradReady(k);
+          }
+          if (s.isOk()) {
+            s = (*ddp)->finishBackward();
+          }
+          if (!s.isOk()) {
+            return strPrintf("iteration %d: %s", iter, s.toString().c_str());
+          }
+          for (size_t k = 0; k < sizes.size() && out.empty(); ++k) {
+            std::vector<float> got(sizes[k]);
+            cudaMemcpyAsync(got.data(), params[k].grad, sizes[k] * sizeof(float),
+                            cudaMemcpyDeviceToHost, trainer);
+            cudaStreamSynchronize(trainer);
+            for (size_t i = 0; i < sizes[k]; ++i) {
+              double want = 0;
+              for (int q = 0; q < world; ++q) {
+                want += pattern(q, iter, k, i);
+              }
+              want /= world;
+              if (std::abs(got[i] - want) > 1e-5 * std::max(1.0, std::abs(want))) {
+                out = strPrintf("iteration %d, %s element %zu: %g, expected %g", iter,
+                                params[k].name.c_str(), i, got[i], want);
+                break;
+              }
+            }
+          }
+        }
+        ddp->reset();
+        cudaStreamDestroy(trainer);
+        return out;
+      },
+      180s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+TEST(Nccl, ReducerOnDeviceTensorsCopiesInAndOut) {
+  reducerOnDeviceTensors(false);
+}
+
+TEST(Nccl, ReducerOnDeviceTensorsAsBucketViews) {
+  reducerOnDeviceTensors(true);
 }
 
 TEST(Nccl, ReportsMissingDeviceClearly) {
