@@ -365,13 +365,44 @@ TEST(Nccl, PeerThatNeverIssuesFailsWithinTheCollectiveTimeout) {
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
 }
 
+// GradientAllReduce's average, then +1 on every element (through the host, on the bucket
+// thread): the trainer must read average + 1, so gradients that were not copied in before the
+// bucket ran, or whose result did not come back, fail even on one GPU (where the average of one
+// rank is its own gradient).
+class AveragePlusOne final : public Algorithm {
+ public:
+  std::string name() const override { return "average_plus_one"; }
+  Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& /*group*/) override {
+    return std::unique_ptr<AlgorithmImpl>(new Impl());
+  }
+
+ private:
+  class Impl final : public AlgorithmImpl {
+   public:
+    Status runBucket(Bucket& b, ProcessGroup& g) override {
+      BAGUA_RETURN_IF_ERROR(allReduceBucket(b, g, /*hierarchical=*/false, /*average=*/true));
+      std::vector<float> h(b.numel);
+      if (cudaMemcpy(h.data(), b.flat, b.bytes(), cudaMemcpyDeviceToHost) != cudaSuccess) {
+        return BAGUA_ERROR(kCudaError, "bucket %d: copy to the host failed", b.index);
+      }
+      for (float& x : h) {
+        x += 1.0f;
+      }
+      if (cudaMemcpy(b.flat, h.data(), b.bytes(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        return BAGUA_ERROR(kCudaError, "bucket %d: copy to the device failed", b.index);
+      }
+      return Status::ok();
+    }
+  };
+};
+
 // The reducer's device path: gradients written on the trainer's own stream, copied into device
-// buckets on the reducer's copy stream, all-reduced over NCCL and copied back (or, as bucket
-// views, written in place), read back on the trainer's stream right after finishBackward()
-// without a device-wide synchronisation. Small buckets force several of them; the marking
-// order differs from the registration order, so the rebuild after the first iteration (rank 0's
-// order broadcast through device staging) changes the layout. Every element of every iteration
-// is checked against the average of every rank's pattern.
+// buckets on the reducer's copy stream, reduced over NCCL and copied back (or, as bucket views,
+// written in place), read back on the trainer's stream right after finishBackward() without a
+// device-wide synchronisation. Small buckets force several of them; the marking order differs
+// from the registration order, so the rebuild after the first iteration (rank 0's order
+// broadcast through device staging) changes the layout. Every element of every iteration is
+// checked against the average of every rank's pattern, plus one (AveragePlusOne).
 void reducerOnDeviceTensors(bool gradientAsBucketView) {
   const int world = std::min(gpuCount(), 8);
   if (world == 0) {
@@ -424,7 +455,7 @@ void reducerOnDeviceTensors(bool gradientAsBucketView) {
         d.firstBucketBytes = 4096;
         d.gradientAsBucketView = gradientAsBucketView;
         d.cudaStream = trainer;  // a cudaStream_t as it is
-        auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, d);
+        auto ddp = withBagua(params, buffers, {}, std::make_shared<AveragePlusOne>(), **pg, d);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -465,7 +496,7 @@ void reducerOnDeviceTensors(bool gradientAsBucketView) {
               for (int q = 0; q < world; ++q) {
                 want += pattern(q, iter, k, i);
               }
-              want /= world;
+              want = want / world + 1.0;
               if (std::abs(got[i] - want) > 1e-5 * std::max(1.0, std::abs(want))) {
                 out = strPrintf("iteration %d, %s element %zu: %g, expected %g", iter,
                                 params[k].name.c_str(), i, got[i], want);
