@@ -334,3 +334,28 @@ def test_store_server_on_a_busy_port_says_so():
         s.listen(1)
         with pytest.raises(RuntimeError, match="Address already in use.*MASTER_PORT"):
             ext.start_store_server("127.0.0.1", s.getsockname()[1])
+
+
+def test_single_process_without_a_launcher(tmp_path):
+    """python script.py with no launcher variables: init works (world of one, a free port),
+    torch.distributed too, and the group can be destroyed and made again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import torch, torch.distributed as dist, bagua.torch_api as bagua\n"
+        "for _ in range(2):\n"
+        "    bagua.init_process_group()\n"
+        "    t = torch.ones(3)\n"
+        "    bagua.allreduce_inplace(t)\n"
+        "    assert t.tolist() == [1.0] * 3 and dist.get_world_size() == 1\n"
+        "    bagua.destroy_process_group()\n"
+        "    assert not dist.is_initialized() and not bagua.is_initialized()\n"
+        "print('OK', bagua.get_rank(), bagua.get_world_size())\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    p = subprocess.run([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    assert p.returncode == 0 and b"OK 0 1" in p.stdout, p.stdout.decode()[-3000:]
