@@ -5,26 +5,12 @@
 #include <cstdint>
 
 #include "bagua/algorithms/compression.h"
+#include "bagua/base/cuda_check.h"
 #include "cuda/minmax_kernels.h"
 
 namespace bagua::algo {
 
 namespace {
-
-Status check(size_t numel, size_t chunks, size_t bytes, int targetChunk, const char* what) {
-  if (chunks == 0) {
-    return BAGUA_ERROR(kInvalidArgument, "%s: chunks must be at least 1", what);
-  }
-  if (targetChunk >= 0 && static_cast<size_t>(targetChunk) >= chunks) {
-    return BAGUA_ERROR(kInvalidArgument, "%s: target chunk %d of %zu chunks", what, targetChunk,
-                       chunks);
-  }
-  if (bytes < minMaxCompressedBytes(numel, chunks)) {
-    return BAGUA_ERROR(kInvalidArgument, "%s: compressed buffer of %zu bytes, need %zu", what,
-                       bytes, minMaxCompressedBytes(numel, chunks));
-  }
-  return Status::ok();
-}
 
 // The header floats and the payload's 4-byte words are accessed in place.
 Status checkAligned(const void* p, const char* name, const char* what) {
@@ -32,13 +18,6 @@ Status checkAligned(const void* p, const char* name, const char* what) {
     return BAGUA_ERROR(kInvalidArgument, "%s: %s %p is not 4-byte aligned", what, name, p);
   }
   return Status::ok();
-}
-
-Status cudaStatus(int err, const char* what) {
-  if (err == 0) {
-    return Status::ok();
-  }
-  return BAGUA_ERROR(kCudaError, "%s: %s", what, cudakernels::errorString(err));
 }
 
 }  // namespace
@@ -63,7 +42,8 @@ size_t minMaxCudaWorkspaceBytes(size_t numel, size_t chunks) {
 Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t* dst,
                           size_t dstBytes, void* workspace, size_t workspaceBytes, int targetChunk,
                           void* stream) {
-  BAGUA_RETURN_IF_ERROR(check(numel, chunks, dstBytes, targetChunk, "minMaxCompressCuda"));
+  BAGUA_RETURN_IF_ERROR(
+      minMaxCheckArgs(numel, chunks, dstBytes, targetChunk, "minMaxCompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(src, "source", "minMaxCompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(dst, "compressed buffer", "minMaxCompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(workspace, "workspace", "minMaxCompressCuda"));
@@ -71,18 +51,19 @@ Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t
     return BAGUA_ERROR(kInvalidArgument, "minMaxCompressCuda: workspace of %zu bytes, need %zu",
                        workspaceBytes, minMaxCudaWorkspaceBytes(numel, chunks));
   }
-  return cudaStatus(cudakernels::compress(src, numel, chunks, dst, static_cast<float*>(workspace),
-                                          targetChunk, stream),
-                    "minMaxCompressCuda");
+  const int err = cudakernels::compress(src, numel, chunks, dst, static_cast<float*>(workspace),
+                                        targetChunk, stream);
+  return cudaStatus(static_cast<cudaError_t>(err), "minMaxCompressCuda", __FILE__, __LINE__);
 }
 
 Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel, size_t chunks,
                             float* dst, int targetChunk, void* stream) {
-  BAGUA_RETURN_IF_ERROR(check(numel, chunks, srcBytes, targetChunk, "minMaxDecompressCuda"));
+  BAGUA_RETURN_IF_ERROR(
+      minMaxCheckArgs(numel, chunks, srcBytes, targetChunk, "minMaxDecompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(src, "compressed buffer", "minMaxDecompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(dst, "destination", "minMaxDecompressCuda"));
-  return cudaStatus(cudakernels::decompress(src, numel, chunks, dst, targetChunk, stream),
-                    "minMaxDecompressCuda");
+  const int err = cudakernels::decompress(src, numel, chunks, dst, targetChunk, stream);
+  return cudaStatus(static_cast<cudaError_t>(err), "minMaxDecompressCuda", __FILE__, __LINE__);
 }
 
 }  // namespace bagua::algo

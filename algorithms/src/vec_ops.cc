@@ -10,6 +10,7 @@
 #include "bagua/algorithms/cuda_compression.h"
 
 #if BAGUA_ALGO_WITH_CUDA
+#include "bagua/base/cuda_check.h"
 #include "cuda/minmax_kernels.h"
 #include "cuda/vector_kernels.h"
 #endif
@@ -19,11 +20,13 @@ namespace bagua::algo::detail {
 namespace {
 
 #if BAGUA_ALGO_WITH_CUDA
+// The kernels' entry points return cudaError_t values as int (cuda/vector_kernels.h).
 Status cudaResult(int err, const char* what, size_t n) {
   if (err == 0) {
     return Status::ok();
   }
-  return BAGUA_ERROR(kCudaError, "%s (%zu): %s", what, n, cudakernels::errorString(err));
+  return cudaStatus(static_cast<cudaError_t>(err), strPrintf("%s (%zu)", what, n), __FILE__,
+                    __LINE__);
 }
 #define BAGUA_ON_DEVICE(exec, what, n, call)                                                      \
   do {                                                                                            \

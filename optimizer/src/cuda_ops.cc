@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bagua/base/cuda_check.h"
 #include "bagua/optimizer/cuda.h"
 #include "cuda/optimizer_kernels.h"
 
@@ -14,20 +15,13 @@ namespace bagua::optim {
 
 namespace {
 
-Status cudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) {
-    return Status::ok();
-  }
-  return BAGUA_ERROR(kCudaError, "%s: %s", what, cudaGetErrorString(err));
-}
-
 // Makes `device` current; cudaSetDevice only when it is not (a step stays a few API calls).
 Status onDevice(int device) {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == device) {
     return Status::ok();
   }
-  return cudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  return BAGUA_CUDA_STATUS(cudaSetDevice(device));
 }
 
 }  // namespace
@@ -38,8 +32,8 @@ bool cudaKernelsAvailable() {
 
 Status cudaAllocZeroed(int device, size_t bytes, void** out) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
-  BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(out, bytes), "cudaMalloc"));
-  return cudaStatus(cudaMemset(*out, 0, bytes), "cudaMemset");
+  BAGUA_CHECK_CUDA(cudaMalloc(out, bytes));
+  return BAGUA_CUDA_STATUS(cudaMemset(*out, 0, bytes));
 }
 
 void cudaRelease(int device, void* ptr) {
@@ -53,20 +47,22 @@ Status cudaCopy(int device, void* dst, const void* src, size_t bytes, int kind) 
   const cudaMemcpyKind k = kind == 0   ? cudaMemcpyDeviceToDevice
                            : kind == 1 ? cudaMemcpyHostToDevice
                                        : cudaMemcpyDeviceToHost;
-  return cudaStatus(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy");
+  return BAGUA_CUDA_STATUS(cudaMemcpy(dst, src, bytes, k));
 }
 
 Status cudaZero(int device, void* ptr, size_t bytes) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
-  return cudaStatus(cudaMemset(ptr, 0, bytes), "cudaMemset");
+  return BAGUA_CUDA_STATUS(cudaMemset(ptr, 0, bytes));
 }
 
 Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, int device) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const int err = cudakernels::elementwise(ruleId, scalars, args);
   if (err != 0) {
-    return BAGUA_ERROR(kCudaError, "optimizer kernel (rule %d, %zu elements): %s", ruleId,
-                       args.numel, cudakernels::errorString(err));
+    // The kernels' entry points return cudaError_t values as int (cuda/optimizer_kernels.h).
+    return cudaStatus(static_cast<cudaError_t>(err),
+                      strPrintf("optimizer kernel (rule %d, %zu elements)", ruleId, args.numel),
+                      __FILE__, __LINE__);
   }
   return Status::ok();
 }
@@ -131,7 +127,7 @@ struct CudaTrustScratch::Impl {
       *p = nullptr;
       *have = 0;
     }
-    BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(p, need), "cudaMalloc"));
+    BAGUA_CHECK_CUDA(cudaMalloc(p, need));
     *have = need;
     return Status::ok();
   }
@@ -182,12 +178,12 @@ struct CudaTrustScratch::Impl {
       std::memcpy(l.host.data(), table.data(), tableBytes);
     }
     std::memcpy(l.host.data() + tableBytes, first.data(), firstBytes);
-    BAGUA_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&l.device, l.host.size()), "cudaMalloc"));
+    BAGUA_CHECK_CUDA(cudaMalloc(&l.device, l.host.size()));
     const cudaError_t err =
         cudaMemcpyAsync(l.device, l.host.data(), l.host.size(), cudaMemcpyHostToDevice, nullptr);
     if (err != cudaSuccess) {
       cudaFree(l.device);
-      return cudaStatus(err, "cudaMemcpyAsync (trust-ratio block table)");
+      return cudaStatus(err, "cudaMemcpyAsync (trust-ratio block table)", __FILE__, __LINE__);
     }
     l.lastUse = clock;
     layouts.push_back(std::move(l));
@@ -240,8 +236,10 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
     err = cudakernels::trustApply(ruleId, scalars, args, sc.u, layout->blocks(), trust, nb);
   }
   if (err != 0) {
-    return BAGUA_ERROR(kCudaError, "trust-ratio kernels (rule %d, %zu elements, %zu tensors): %s",
-                       ruleId, args.numel, numSegments, cudakernels::errorString(err));
+    return cudaStatus(static_cast<cudaError_t>(err),
+                      strPrintf("trust-ratio kernels (rule %d, %zu elements, %zu tensors)", ruleId,
+                                args.numel, numSegments),
+                      __FILE__, __LINE__);
   }
   return Status::ok();
 }
@@ -250,8 +248,9 @@ Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* 
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const int err = cudakernels::nonFinite(args, deviceFlag, found);
   if (err != 0) {
-    return BAGUA_ERROR(kCudaError, "optimizer inf/NaN check (%zu elements): %s", args.numel,
-                       cudakernels::errorString(err));
+    return cudaStatus(static_cast<cudaError_t>(err),
+                      strPrintf("optimizer inf/NaN check (%zu elements)", args.numel), __FILE__,
+                      __LINE__);
   }
   return Status::ok();
 }

@@ -556,8 +556,4 @@ int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int 
   return static_cast<int>(cudaGetLastError());
 }
 
-const char* errorString(int error) {
-  return cudaGetErrorString(static_cast<cudaError_t>(error));
-}
-
 }  // namespace bagua::algo::cudakernels

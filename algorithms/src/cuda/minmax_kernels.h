@@ -27,6 +27,5 @@ int compress(const float* src, size_t numel, size_t chunks, uint8_t* dst, float*
              int targetChunk, void* stream);
 int decompress(const uint8_t* src, size_t numel, size_t chunks, float* dst, int targetChunk,
                void* stream);
-const char* errorString(int error);
 
 }  // namespace bagua::algo::cudakernels

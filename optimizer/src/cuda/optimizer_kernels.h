@@ -26,6 +26,5 @@ int trustFactors(int ruleId, const void* scalars, StorageType storage, const siz
 int trustApply(int ruleId, const void* scalars, const KernelArgs& args, const void* u,
                const NormBlock* blocks, const double* trust, size_t numBlocks);
 int nonFinite(const KernelArgs& args, int* deviceFlag, bool* found);
-const char* errorString(int error);
 
 }  // namespace bagua::optim::cudakernels
