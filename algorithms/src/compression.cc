@@ -59,7 +59,23 @@ void writeHeader(uint8_t* segment, float mn, float mx) {
   std::memcpy(segment + sizeof(float), &mx, sizeof(float));
 }
 
-Status checkArgs(size_t numel, size_t chunks, size_t bytes, int targetChunk, const char* what) {
+// Calls f(j, begin, end) for chunk j's elements [begin, end), for every chunk or only targetChunk.
+template <class F>
+void forEachChunk(size_t numel, size_t chunks, int targetChunk, F&& f) {
+  const size_t c = minMaxChunkElements(numel, chunks);
+  for (size_t j = 0; j < chunks; ++j) {
+    if (targetChunk >= 0 && j != static_cast<size_t>(targetChunk)) {
+      continue;
+    }
+    const size_t begin = std::min(j * c, numel);
+    f(j, begin, std::min(begin + c, numel));
+  }
+}
+
+}  // namespace
+
+Status minMaxCheckArgs(size_t numel, size_t chunks, size_t bytes, int targetChunk,
+                       const char* what) {
   if (chunks == 0) {
     return BAGUA_ERROR(kInvalidArgument, "%s: chunks must be at least 1", what);
   }
@@ -75,8 +91,6 @@ Status checkArgs(size_t numel, size_t chunks, size_t bytes, int targetChunk, con
   }
   return Status::ok();
 }
-
-}  // namespace
 
 void minMaxCompressChunk(const float* x, size_t n, uint8_t* segment) {
   uint8_t* q = segment + kMinMaxHeaderBytes;
@@ -134,36 +148,24 @@ void minMaxDecompressChunk(const uint8_t* segment, size_t n, float* out) {
 
 Status minMaxCompress(const float* src, size_t numel, size_t chunks, uint8_t* dst, size_t dstBytes,
                       int targetChunk) {
-  BAGUA_RETURN_IF_ERROR(checkArgs(numel, chunks, dstBytes, targetChunk, "minMaxCompress"));
-  const size_t c = minMaxChunkElements(numel, chunks);
-  const size_t stride = minMaxSegmentBytes(c);
-  for (size_t j = 0; j < chunks; ++j) {
-    if (targetChunk >= 0 && j != static_cast<size_t>(targetChunk)) {
-      continue;
-    }
-    const size_t begin = std::min(j * c, numel);
-    const size_t end = std::min(begin + c, numel);
+  BAGUA_RETURN_IF_ERROR(minMaxCheckArgs(numel, chunks, dstBytes, targetChunk, "minMaxCompress"));
+  const size_t stride = minMaxSegmentBytes(minMaxChunkElements(numel, chunks));
+  forEachChunk(numel, chunks, targetChunk, [&](size_t j, size_t begin, size_t end) {
     minMaxCompressChunk(src + begin, end - begin, dst + j * stride);
     // Bytes between the chunk's padded payload and the segment end (short last chunks).
     const size_t used = kMinMaxHeaderBytes + align32(end - begin);
     std::memset(dst + j * stride + used, 0, stride - used);
-  }
+  });
   return Status::ok();
 }
 
 Status minMaxDecompress(const uint8_t* src, size_t srcBytes, size_t numel, size_t chunks,
                         float* dst, int targetChunk) {
-  BAGUA_RETURN_IF_ERROR(checkArgs(numel, chunks, srcBytes, targetChunk, "minMaxDecompress"));
-  const size_t c = minMaxChunkElements(numel, chunks);
-  const size_t stride = minMaxSegmentBytes(c);
-  for (size_t j = 0; j < chunks; ++j) {
-    if (targetChunk >= 0 && j != static_cast<size_t>(targetChunk)) {
-      continue;
-    }
-    const size_t begin = std::min(j * c, numel);
-    const size_t end = std::min(begin + c, numel);
+  BAGUA_RETURN_IF_ERROR(minMaxCheckArgs(numel, chunks, srcBytes, targetChunk, "minMaxDecompress"));
+  const size_t stride = minMaxSegmentBytes(minMaxChunkElements(numel, chunks));
+  forEachChunk(numel, chunks, targetChunk, [&](size_t j, size_t begin, size_t end) {
     minMaxDecompressChunk(src + j * stride, end - begin, dst + begin);
-  }
+  });
   return Status::ok();
 }
 

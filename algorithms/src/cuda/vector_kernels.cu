@@ -113,6 +113,18 @@ int launched() {
   return static_cast<int>(cudaGetLastError());
 }
 
+// A copy between host and device after this thread's stream work, waited for.
+int copySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) {
+    return 0;
+  }
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, cudaStreamPerThread);
+  if (e == cudaSuccess) {
+    e = cudaStreamSynchronize(cudaStreamPerThread);
+  }
+  return static_cast<int>(e);
+}
+
 }  // namespace
 
 int setDevice(int device) {
@@ -143,25 +155,11 @@ int copy(void* dst, const void* src, size_t bytes) {
 }
 
 int copyToHost(void* hostDst, const void* src, size_t bytes) {
-  if (bytes == 0) {
-    return 0;
-  }
-  cudaError_t e = cudaMemcpyAsync(hostDst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread);
-  if (e == cudaSuccess) {
-    e = cudaStreamSynchronize(cudaStreamPerThread);
-  }
-  return static_cast<int>(e);
+  return copySync(hostDst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 int copyFromHost(void* dst, const void* hostSrc, size_t bytes) {
-  if (bytes == 0) {
-    return 0;
-  }
-  cudaError_t e = cudaMemcpyAsync(dst, hostSrc, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
-  if (e == cudaSuccess) {
-    e = cudaStreamSynchronize(cudaStreamPerThread);
-  }
-  return static_cast<int>(e);
+  return copySync(dst, hostSrc, bytes, cudaMemcpyHostToDevice);
 }
 
 int zero(void* dst, size_t bytes) {

@@ -3,6 +3,8 @@
 // with -fmad=false and IEEE division and square root, so the f32/f64 results equal the CPU ones.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "bagua/optimizer/kernel_args.h"
 #include "bagua/optimizer/rules.h"
 #include "optimizer_kernels.h"
@@ -13,6 +15,42 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 132 * 16;
+
+// Blocks of a grid-stride launch over n elements: one thread per element, at most kMaxBlocks.
+unsigned gridFor(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+int launched() {
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Returns f(std::integral_constant<unsigned, min(mask, Top)>{}): the state mask as a template
+// argument, so that a kernel loads and stores only the state arrays the range has.
+template <unsigned Top, class F>
+int withMask(unsigned mask, F&& f) {
+  if constexpr (Top == 0) {
+    return f(std::integral_constant<unsigned, 0>{});
+  } else {
+    return mask >= Top ? f(std::integral_constant<unsigned, Top>{}) : withMask<Top - 1>(mask, f);
+  }
+}
+
+// Returns CALL(P, T, kMaster) for the range's storage type: P the stored type, T the type the
+// rule computes in, kMaster whether a float32 master copy is read and written.
+#define BAGUA_OPTIM_BY_STORAGE(a, CALL)                                                        \
+  switch ((a).storage) {                                                                       \
+  case StorageType::kF32:                                                                      \
+    return CALL(float, float, false);                                                          \
+  case StorageType::kF64:                                                                      \
+    return CALL(double, double, false);                                                        \
+  case StorageType::kF16:                                                                      \
+    return (a).master != nullptr ? CALL(Half, float, true) : CALL(Half, float, false);         \
+  case StorageType::kBF16:                                                                     \
+    return (a).master != nullptr ? CALL(BFloat16, float, true) : CALL(BFloat16, float, false); \
+  }                                                                                            \
+  return static_cast<int>(cudaErrorInvalidValue)
 
 template <class Rule, class P, class T, bool kMaster, unsigned Mask>
 __global__ void __launch_bounds__(kThreads)
@@ -42,52 +80,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class Rule, class P, class T, bool kMaster, unsigned Mask>
-int launchMask(const void* scalars, const KernelArgs& a) {
-  const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
-  size_t blocks = (a.numel + kThreads - 1) / kThreads;
-  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-  elementwiseKernel<Rule, P, T, kMaster, Mask><<<static_cast<unsigned>(blocks), kThreads>>>(c, a);
-  return static_cast<int>(cudaGetLastError());
-}
-
 template <class Rule, class P, class T, bool kMaster>
 int launchStorage(const void* scalars, const KernelArgs& a) {
-  switch (a.mask & 7u) {
-  case 0:
-    return launchMask<Rule, P, T, kMaster, 0>(scalars, a);
-  case 1:
-    return launchMask<Rule, P, T, kMaster, 1>(scalars, a);
-  case 2:
-    return launchMask<Rule, P, T, kMaster, 2>(scalars, a);
-  case 3:
-    return launchMask<Rule, P, T, kMaster, 3>(scalars, a);
-  case 4:
-    return launchMask<Rule, P, T, kMaster, 4>(scalars, a);
-  case 5:
-    return launchMask<Rule, P, T, kMaster, 5>(scalars, a);
-  case 6:
-    return launchMask<Rule, P, T, kMaster, 6>(scalars, a);
-  default:
-    return launchMask<Rule, P, T, kMaster, 7>(scalars, a);
-  }
+  const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
+  return withMask<7>(a.mask & 7u, [&](auto mask) {
+    elementwiseKernel<Rule, P, T, kMaster, decltype(mask)::value>
+        <<<gridFor(a.numel), kThreads>>>(c, a);
+    return launched();
+  });
 }
 
 template <class Rule>
 int launchRule(const void* scalars, const KernelArgs& a) {
-  switch (a.storage) {
-  case StorageType::kF32:
-    return launchStorage<Rule, float, float, false>(scalars, a);
-  case StorageType::kF64:
-    return launchStorage<Rule, double, double, false>(scalars, a);
-  case StorageType::kF16:
-    return a.master != nullptr ? launchStorage<Rule, Half, float, true>(scalars, a)
-                               : launchStorage<Rule, Half, float, false>(scalars, a);
-  case StorageType::kBF16:
-    return a.master != nullptr ? launchStorage<Rule, BFloat16, float, true>(scalars, a)
-                               : launchStorage<Rule, BFloat16, float, false>(scalars, a);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+#define BAGUA_CALL(P, T, M) launchStorage<Rule, P, T, M>(scalars, a)
+  BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL);
+#undef BAGUA_CALL
+}
+
+// launchRule<Rule> for the one of Rules whose kCudaId is ruleId (InvalidValue for none).
+template <class... Rules>
+int launchById(int ruleId, const void* scalars, const KernelArgs& a) {
+  int err = static_cast<int>(cudaErrorInvalidValue);
+  (void)((Rules::kCudaId == ruleId ? (err = launchRule<Rules>(scalars, a), true) : false) || ...);
+  return err;
 }
 
 // ---- Trust-ratio rules (LAMB) -------------------------------------------------------------------
@@ -185,31 +200,18 @@ int trustFactorsStorage(const void* scalars, const size_t* segFirst, size_t numS
   constexpr unsigned kFactorThreads = 128;
   const unsigned g = static_cast<unsigned>((numSegments + kFactorThreads - 1) / kFactorThreads);
   trustFactorKernel<Rule, T><<<g, kFactorThreads>>>(c, segFirst, numSegments, partials, trust);
-  return static_cast<int>(cudaGetLastError());
+  return launched();
 }
 
 template <class Rule, class P, class T, bool kMaster>
 int trustUpdateStorage(const void* scalars, const KernelArgs& a, void* u) {
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
-  size_t blocks = (a.numel + kThreads - 1) / kThreads;
-  blocks = blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks);
-  const unsigned g = static_cast<unsigned>(blocks);
   T* ut = static_cast<T*>(u);
-  switch (a.mask & 7u) {
-  case 0:
-    trustUpdateKernel<Rule, P, T, kMaster, 0><<<g, kThreads>>>(c, a, ut);
-    break;
-  case 1:
-    trustUpdateKernel<Rule, P, T, kMaster, 1><<<g, kThreads>>>(c, a, ut);
-    break;
-  case 2:
-    trustUpdateKernel<Rule, P, T, kMaster, 2><<<g, kThreads>>>(c, a, ut);
-    break;
-  default:
-    trustUpdateKernel<Rule, P, T, kMaster, 3><<<g, kThreads>>>(c, a, ut);
-    break;
-  }
-  return static_cast<int>(cudaGetLastError());
+  return withMask<3>(a.mask & 7u, [&](auto mask) {
+    trustUpdateKernel<Rule, P, T, kMaster, decltype(mask)::value>
+        <<<gridFor(a.numel), kThreads>>>(c, a, ut);
+    return launched();
+  });
 }
 
 template <class P, class T, bool kMaster>
@@ -218,7 +220,7 @@ int trustNormsStorage(const KernelArgs& a, const void* u, const NormBlock* block
   const unsigned g = static_cast<unsigned>((n + kThreads - 1) / kThreads);
   trustNormsKernel<P, T, kMaster>
       <<<g, kThreads>>>(a, static_cast<const T*>(u), blocks, n, partials);
-  return static_cast<int>(cudaGetLastError());
+  return launched();
 }
 
 template <class Rule, class P, class T, bool kMaster>
@@ -227,22 +229,8 @@ int trustApplyStorage(const void* scalars, const KernelArgs& a, const void* u,
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
   trustApplyKernel<Rule, P, T, kMaster>
       <<<static_cast<unsigned>(n), kThreads>>>(c, a, static_cast<const T*>(u), blocks, trust);
-  return static_cast<int>(cudaGetLastError());
+  return launched();
 }
-
-// Calls F<P, T, kMaster>::run(args...) for the range's storage type.
-#define BAGUA_OPTIM_BY_STORAGE(a, CALL)                                                        \
-  switch ((a).storage) {                                                                       \
-  case StorageType::kF32:                                                                      \
-    return CALL(float, float, false);                                                          \
-  case StorageType::kF64:                                                                      \
-    return CALL(double, double, false);                                                        \
-  case StorageType::kF16:                                                                      \
-    return (a).master != nullptr ? CALL(Half, float, true) : CALL(Half, float, false);         \
-  case StorageType::kBF16:                                                                     \
-    return (a).master != nullptr ? CALL(BFloat16, float, true) : CALL(BFloat16, float, false); \
-  }                                                                                            \
-  return static_cast<int>(cudaErrorInvalidValue)
 
 template <class P, class T>
 __global__ void nonFiniteKernel(const KernelArgs a, int* flag) {
@@ -260,37 +248,21 @@ __global__ void nonFiniteKernel(const KernelArgs a, int* flag) {
   }
 }
 
+template <class P, class T>
+int nonFiniteStorage(const KernelArgs& a, int* flag) {
+  nonFiniteKernel<P, T><<<gridFor(a.numel), kThreads>>>(a, flag);
+  return launched();
+}
+
 }  // namespace
 
 int elementwise(int ruleId, const void* scalars, const KernelArgs& a) {
   if (a.numel == 0) {
     return 0;
   }
-  int err = 0;
-  switch (ruleId) {
-  case SgdRule::kCudaId:
-    err = launchRule<SgdRule>(scalars, a);
-    break;
-  case AdamRule::kCudaId:
-    err = launchRule<AdamRule>(scalars, a);
-    break;
-  case AdagradRule::kCudaId:
-    err = launchRule<AdagradRule>(scalars, a);
-    break;
-  case RmspropRule::kCudaId:
-    err = launchRule<RmspropRule>(scalars, a);
-    break;
-  case AdadeltaRule::kCudaId:
-    err = launchRule<AdadeltaRule>(scalars, a);
-    break;
-  case AdamaxRule::kCudaId:
-    err = launchRule<AdamaxRule>(scalars, a);
-    break;
-  default:
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
   // No synchronisation: the launch is stream-ordered and the next step may be enqueued behind it.
-  return err;
+  return launchById<SgdRule, AdamRule, AdagradRule, RmspropRule, AdadeltaRule, AdamaxRule>(
+      ruleId, scalars, a);
 }
 
 int trustUpdate(int ruleId, const void* scalars, const KernelArgs& a, void* u) {
@@ -343,34 +315,16 @@ int nonFinite(const KernelArgs& a, int* flag, bool* found) {
   if (e != cudaSuccess) {
     return static_cast<int>(e);
   }
-  size_t blocks = (a.numel + kThreads - 1) / kThreads;
-  blocks = blocks > kMaxBlocks ? kMaxBlocks : blocks;
-  switch (a.storage) {
-  case StorageType::kF32:
-    nonFiniteKernel<float, float><<<static_cast<unsigned>(blocks), kThreads>>>(a, flag);
-    break;
-  case StorageType::kF64:
-    nonFiniteKernel<double, double><<<static_cast<unsigned>(blocks), kThreads>>>(a, flag);
-    break;
-  case StorageType::kF16:
-    nonFiniteKernel<Half, float><<<static_cast<unsigned>(blocks), kThreads>>>(a, flag);
-    break;
-  case StorageType::kBF16:
-    nonFiniteKernel<BFloat16, float><<<static_cast<unsigned>(blocks), kThreads>>>(a, flag);
-    break;
-  }
-  e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    return static_cast<int>(e);
+#define BAGUA_CALL(P, T, M) nonFiniteStorage<P, T>(a, flag)
+  const int launch = [&]() -> int { BAGUA_OPTIM_BY_STORAGE(a, BAGUA_CALL); }();
+#undef BAGUA_CALL
+  if (launch != 0) {
+    return launch;
   }
   int host = 0;
   e = cudaMemcpy(&host, flag, sizeof host, cudaMemcpyDeviceToHost);
   *found = host != 0;
   return static_cast<int>(e);
-}
-
-const char* errorString(int error) {
-  return cudaGetErrorString(static_cast<cudaError_t>(error));
 }
 
 }  // namespace bagua::optim::cudakernels

@@ -71,6 +71,12 @@ inline float roundHalfEven(float x) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(ra) | (bits & 0x80000000u));
 }
 
+// The argument contract of minMaxCompress/minMaxDecompress and their CUDA versions: Ok, or
+// InvalidArgument starting with `what` when chunks == 0, targetChunk >= chunks, or `bytes` is
+// less than minMaxCompressedBytes(numel, chunks).
+[[nodiscard]] Status minMaxCheckArgs(size_t numel, size_t chunks, size_t bytes, int targetChunk,
+                                     const char* what);
+
 // Compresses `src` (numel floats) into `dst` (dstBytes >= minMaxCompressedBytes). With
 // targetChunk >= 0 only that chunk is compressed, into its own segment; other segments are left
 // untouched. InvalidArgument for a short buffer, chunks == 0 or a target out of range.
