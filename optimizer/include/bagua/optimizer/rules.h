@@ -541,9 +541,9 @@ struct AdadeltaRule {
   }
 };
 
-// ---- Adamax: torch.optim.Adamax
-// ------------------------------------------------------------------ g (+ wd * p); m = lerp(m, g, 1
-// - beta1); u = max(beta2 * u, |g| + eps); p = p - (lr / (1 - beta1^t)) * m / u.
+// ---- Adamax: torch.optim.Adamax -----------------------------------------------------------------
+// g (+ wd * p); m = lerp(m, g, 1 - beta1); u = max(beta2 * u, |g| + eps);
+// p = p - (lr / (1 - beta1^t)) * m / u.
 struct AdamaxRule {
   static constexpr const char* kName = "adamax";
   static constexpr int kStates = 2;
