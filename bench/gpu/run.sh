@@ -124,6 +124,8 @@ fi  # phase net
 # Further GPU steps, one script per capability (bench/gpu/steps/NN-name.sh, run in order). Each
 # gets ROOT, BUILD, OUT, NCCL_HOME_DIR and PLUGIN_DIR in its environment, prints a short summary
 # on stdout and keeps its detail in "$OUT/<name>.log" (folded into gpu-logs.tgz at the end).
+# 05-cuda-kernels.sh checks the kernels' architectures (cuobjdump) and runs the CUDA tests as
+# built and with CUDA_FORCE_PTX_JIT=1; alone: BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=05.
 export ROOT BUILD OUT NCCL_HOME_DIR PLUGIN_DIR
 if [ "$STANDALONE" = 0 ] && want steps; then
   for step in "$ROOT"/bench/gpu/steps/*.sh; do
@@ -134,7 +136,11 @@ if [ "$STANDALONE" = 0 ] && want steps; then
       [ "$keep" = 1 ] || continue
     fi
     log "step $(basename "$step")"
-    timeout "${BAGUA_GPU_STEP_TIMEOUT:-240}" bash "$step" 2>&1 | tail -40
+    # A step may ask for more than BAGUA_GPU_STEP_TIMEOUT with a "# step-timeout: SECONDS" line.
+    limit=${BAGUA_GPU_STEP_TIMEOUT:-240}
+    asked=$(grep -m1 -oE '^# step-timeout: [0-9]+' "$step" | grep -oE '[0-9]+$')
+    [ -n "$asked" ] && [ "$asked" -gt "$limit" ] && limit=$asked
+    timeout "$limit" bash "$step" 2>&1 | tail -40
     echo "step $(basename "$step") rc=${PIPESTATUS[0]}"
   done
 fi
