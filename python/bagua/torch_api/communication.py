@@ -540,11 +540,16 @@ def get_default_group():
     return _check_init()
 
 
-def _torch_backend():
+def _torch_backend(local_world_size):
+    """torch.distributed's backend: NCCL for CUDA tensors when every rank of a node has a GPU
+    (Bagua used NCCL), plus Gloo for CPU tensors where torch can mix them (>= 2.0); Gloo
+    alone without GPUs or with fewer GPUs than ranks (NCCL would refuse a shared GPU)."""
     import torch.distributed as dist
 
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
+    ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if dist.is_nccl_available() and ngpu >= max(1, local_world_size):
+        major = int(torch.__version__.split(".")[0]) if torch.__version__[0].isdigit() else 1
+        return "cpu:gloo,cuda:nccl" if major >= 2 else "nccl"
     return "gloo"
 
 
@@ -609,8 +614,8 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
                                                    timeout=timeout))
                 store.set_timeout(timeout)
             tstore = store
-            dist.init_process_group(backend=_torch_backend(), store=tstore, rank=r, world_size=w,
-                                    timeout=timeout)
+            dist.init_process_group(backend=_torch_backend(lw), store=tstore, rank=r,
+                                    world_size=w, timeout=timeout)
             owns = True
         _init_count += 1
         key = "bagua/core_store/{}/{}".format(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
