@@ -440,18 +440,14 @@ class _NativeEngine:
                         "module again".format(self._named_params[i][0], tuple(self._shapes[i]),
                                               tuple(p.shape)))
                 return True
-        cur = [p for _, p in self.ddp.module.named_parameters()]
-        if len(cur) != len(self._params) or any(a is not b for a, b in zip(cur, self._params)):
-            return True
-        nb = len(self._params)
-        for j, (n, b) in enumerate(self._named_buffers):
-            if b.data_ptr() != self._bound[nb + j].data_ptr():
+        if self._named_buffers:  # only kept when broadcasting them
+            # .to() / .double() put new tensor objects in the module's buffers.
+            cur = [b for _, b in self.ddp.module.named_buffers() if b.is_contiguous()]
+            nb = len(self._params)
+            if len(cur) != len(self._named_buffers) or any(
+                    b.data_ptr() != self._bound[nb + j].data_ptr() for j, b in enumerate(cur)):
                 return True
-        if not self.ddp._broadcast_buffers:
-            return False
-        bufs = [b for _, b in self.ddp.module.named_buffers() if b.is_contiguous()]
-        return len(bufs) != len(self._named_buffers) or any(
-            a is not b for a, (_, b) in zip(bufs, self._named_buffers))
+        return False
 
     def rebind_if_moved(self):
         if self._reducer is not None and self._moved():
