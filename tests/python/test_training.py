@@ -365,6 +365,8 @@ def test_buffers_broadcast_as_bagua_or_torch_ddp(runs2):
     for r, o in enumerate(outs):
         assert torch.equal(o["buffers_with_bagua"], torch.full((3,), float(r)))  # never
         assert torch.equal(o["buffers_ddp"], torch.zeros(3))  # rank 0's, before the forward
+        # after .double() (new buffer tensors): rank 0's again, in float64
+        assert torch.equal(o["buffers_ddp_double"], torch.full((3,), 10.0, dtype=torch.float64))
 
 
 def test_qadam_from_parameter_groups_is_the_same_run(runs2):

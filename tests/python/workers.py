@@ -535,6 +535,15 @@ def dropin(a):
             w = DistributedDataParallel(m, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
         _train_sgd(w, opt, r, 1)
         out[key] = m.tag.clone()
+        if key == "buffers_ddp":  # .double(): new buffer objects, still broadcast
+            with torch.no_grad():
+                m.tag.fill_(float(r + 10))
+            w.double()
+            x, y = data(r, 1)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(w(x.double()), y.double()).backward()
+            opt.step()
+            out["buffers_ddp_double"] = m.tag.clone()
         (w.bagua_ddp if key == "buffers_with_bagua" else w).close()
 
     # 2c. The model's dtype changed after the wrap (.double()): the reducer rebinds to the new
