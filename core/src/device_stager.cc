@@ -4,6 +4,8 @@
 
 #if BAGUA_CORE_WITH_NCCL
 #include <cuda_runtime.h>
+
+#include "bagua/base/cuda_check.h"
 #endif
 
 namespace bagua::core {
@@ -44,16 +46,6 @@ void DeviceStager::commit() {
 
 namespace {
 
-#define BAGUA_STAGER_CUDA(call, ...)                                               \
-  do {                                                                             \
-    cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                       \
-      (void)cudaGetLastError();                                                    \
-      return BAGUA_ERROR(kCudaError, "%s: %s (%s)", #call, cudaGetErrorString(e_), \
-                         strPrintf(__VA_ARGS__).c_str());                          \
-    }                                                                              \
-  } while (0)
-
 // Polls an event until it completed or the deadline passed (never an unbounded wait).
 Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
   while (true) {
@@ -62,8 +54,7 @@ Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
       return Status::ok();
     }
     if (e != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return BAGUA_ERROR(kCudaError, "%s: %s", what, cudaGetErrorString(e));
+      return cudaStatus(e, what, __FILE__, __LINE__);
     }
     if (Clock::now() >= deadline) {
       return BAGUA_ERROR(kDeadlineExceeded, "%s: the device did not get there in time", what);
@@ -110,13 +101,12 @@ Status DeviceStager::checkDevice(const std::string& name, const Device& device,
 
 Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
   const int bi = b.index;
-  BAGUA_STAGER_CUDA(cudaSetDevice(b.device.index), "bucket %d", bi);
+  BAGUA_CHECK_CUDA(cudaSetDevice(b.device.index), "bucket %d", bi);
   if (copyStream_ == nullptr) {
-    BAGUA_STAGER_CUDA(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking),
-                      "copy stream");
+    BAGUA_CHECK_CUDA(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking), "copy stream");
     copyDevice_ = b.device.index;
-    BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&trainerMark_, cudaEventDisableTiming),
-                      "ready event");
+    BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&trainerMark_, cudaEventDisableTiming),
+                     "ready event");
   }
   if (b.device.index != copyDevice_) {
     return BAGUA_ERROR(kInvalidArgument,
@@ -125,10 +115,10 @@ Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
                        bi, b.device.index, copyDevice_);
   }
   layout.anyDevice = true;
-  BAGUA_STAGER_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
-                    "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
-  BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&layout.copied[bi], cudaEventDisableTiming),
-                    "bucket %d", bi);
+  BAGUA_CHECK_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
+                   "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
+  BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&layout.copied[bi], cudaEventDisableTiming),
+                   "bucket %d", bi);
   b.flat = layout.device[bi];
   return deviceZero(b, b.flat, b.bytes());
 }
@@ -148,34 +138,34 @@ void DeviceStager::release(Layout& layout) {
 }
 
 Status DeviceStager::deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes) {
-  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
   // Whatever the trainer's stream enqueued so far (the gradient) comes before the copy.
-  BAGUA_STAGER_CUDA(cudaEventRecord(trainerMark_, trainerStream_), "bucket %d", bucket.index);
-  BAGUA_STAGER_CUDA(cudaStreamWaitEvent(copyStream_, trainerMark_, 0), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaEventRecord(trainerMark_, trainerStream_), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaStreamWaitEvent(copyStream_, trainerMark_, 0), "bucket %d", bucket.index);
   if (bytes > 0) {
-    BAGUA_STAGER_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, copyStream_),
-                      "bucket %d, %zu bytes", bucket.index, bytes);
+    BAGUA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, copyStream_),
+                     "bucket %d, %zu bytes", bucket.index, bytes);
   }
   return Status::ok();
 }
 
 Status DeviceStager::deviceZero(const Bucket& bucket, void* dst, size_t bytes) {
-  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  BAGUA_STAGER_CUDA(cudaMemsetAsync(dst, 0, bytes, copyStream_), "bucket %d, %zu bytes",
-                    bucket.index, bytes);
+  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, copyStream_), "bucket %d, %zu bytes",
+                   bucket.index, bytes);
   return Status::ok();
 }
 
 Status DeviceStager::deviceMarkReady(const Bucket& bucket) {
-  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  BAGUA_STAGER_CUDA(cudaEventRecord(current_.copied[bucket.index], copyStream_), "bucket %d",
-                    bucket.index);
+  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaEventRecord(current_.copied[bucket.index], copyStream_), "bucket %d",
+                   bucket.index);
   return Status::ok();
 }
 
 Status DeviceStager::deviceWaitReady(const Bucket& bucket, Clock::time_point deadline) {
   // The bucket thread issues the algorithm's device work: it must run on the bucket's device.
-  BAGUA_STAGER_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
   return pollEvent(current_.copied[bucket.index], deadline,
                    "waiting for the gradients copied into a device bucket");
 }
@@ -186,9 +176,9 @@ Status DeviceStager::releaseToTrainer() {
   }
   // The trainer's stream reads the gradients only after the copy-back (or, with bucket views,
   // after nothing: the collectives already finished, the host waited for them).
-  BAGUA_STAGER_CUDA(cudaSetDevice(copyDevice_), "copy back");
-  BAGUA_STAGER_CUDA(cudaEventRecord(trainerMark_, copyStream_), "copy back");
-  BAGUA_STAGER_CUDA(cudaStreamWaitEvent(trainerStream_, trainerMark_, 0), "copy back");
+  BAGUA_CHECK_CUDA(cudaSetDevice(copyDevice_), "copy back");
+  BAGUA_CHECK_CUDA(cudaEventRecord(trainerMark_, copyStream_), "copy back");
+  BAGUA_CHECK_CUDA(cudaStreamWaitEvent(trainerStream_, trainerMark_, 0), "copy back");
   return Status::ok();
 }
 
@@ -204,9 +194,9 @@ Status DeviceStager::waitForTrainerStream(const std::vector<const Parameter*>& t
   if (device < 0) {
     return Status::ok();
   }
-  BAGUA_STAGER_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
+  BAGUA_CHECK_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
   cudaEvent_t ev = nullptr;
-  BAGUA_STAGER_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
+  BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
   Status s;
   if (cudaEventRecord(ev, trainerStream_) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -225,9 +215,9 @@ Status DeviceStager::broadcastHostI64(Communicator& comm, int device, int64_t* d
   }
   // NCCL reads device memory only: stage through the communicator's device.
   const size_t bytes = count * sizeof(int64_t);
-  BAGUA_STAGER_CUDA(cudaSetDevice(device), "broadcast staging");
+  BAGUA_CHECK_CUDA(cudaSetDevice(device), "broadcast staging");
   void* staging = nullptr;
-  BAGUA_STAGER_CUDA(cudaMalloc(&staging, bytes > 0 ? bytes : 8), "%zu bytes", bytes);
+  BAGUA_CHECK_CUDA(cudaMalloc(&staging, bytes > 0 ? bytes : 8), "%zu bytes", bytes);
   Status s;
   if (cudaMemcpy(staging, data, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
     (void)cudaGetLastError();

@@ -11,6 +11,7 @@
 #include <stop_token>
 #include <thread>
 
+#include "bagua/base/cuda_check.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
 #include "bagua/core/params.h"
@@ -20,15 +21,6 @@ namespace bagua::core::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-#define BAGUA_CUDA_CHECK(call)                                                        \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      (void)cudaGetLastError();                                                       \
-      return BAGUA_ERROR(kCudaError, "%s failed: %s", #call, cudaGetErrorString(e_)); \
-    }                                                                                 \
-  } while (0)
 
 // Completion events are pooled in a ring indexed by the operation's sequence number: operation s
 // records slot s % kEventRing, which is reused only once operation s - kEventRing is known to be
@@ -233,10 +225,10 @@ class NcclCommunicator final : public Communicator {
       return false;
     }
     if (e != cudaSuccess) {
-      (void)cudaGetLastError();
       abortImpl(StatusCode::kCudaError,
-                strPrintf("%s #%llu: cudaEventQuery: %s", name,
-                          static_cast<unsigned long long>(seq), cudaGetErrorString(e)),
+                cudaStatus(e, strPrintf("%s #%llu: cudaEventQuery", name,
+                                        static_cast<unsigned long long>(seq)))
+                    .message(),
                 haveIssueLock);
       *status = abortedStatus(name, seq);
       return true;
@@ -384,10 +376,9 @@ class NcclCommunicator final : public Communicator {
     }
     const cudaError_t e = cudaEventRecord(events_[slot], stream_);
     if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      const std::string why =
-          strPrintf("%s #%llu: recording its completion event failed: %s", name,
-                    static_cast<unsigned long long>(seq), cudaGetErrorString(e));
+      const std::string why = cudaStatus(e, strPrintf("%s #%llu: recording its completion event",
+                                                      name, static_cast<unsigned long long>(seq)))
+                                  .message();
       abortImpl(StatusCode::kCudaError, why, true);
       return completedWork(BAGUA_ERROR(kCudaError, "rank %d: %s", rank_, why.c_str()));
     }
@@ -659,7 +650,7 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
                        "NCCL backend: rank %d wants CUDA device %d but %d device(s) are visible",
                        rank, device, devices);
   }
-  BAGUA_CUDA_CHECK(cudaSetDevice(device));
+  BAGUA_CHECK_CUDA(cudaSetDevice(device));
   ncclUniqueId id;
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);
@@ -711,10 +702,11 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
     }
   }
   if (ce != cudaSuccess) {
-    const std::string what = cudaGetErrorString(ce);
+    Status failed =
+        cudaStatus(ce, strPrintf("rank %d: NCCL backend: CUDA set-up on device %d", rank, device),
+                   __FILE__, __LINE__);
     freeCuda();
-    return BAGUA_ERROR(kCudaError, "rank %d: NCCL backend: CUDA set-up on device %d failed: %s",
-                       rank, device, what.c_str());
+    return failed;
   }
 
   // Blocking mode: a non-blocking communicator runs every collective's launch on a helper

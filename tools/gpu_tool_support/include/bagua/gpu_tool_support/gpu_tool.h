@@ -1,7 +1,8 @@
 // What the multi-process GPU tools share (bagua-nccl-bench, bagua-autotune-net-live-bench): each
 // forks one process per GPU before CUDA is touched and hands the NCCL unique id over a pipe
 // (forkRanks, waitRanks).
-// Header only; needs cuda_dep and nccl_dep. Not for library code: the checks exit the process.
+// Header only; gpu_tool_dep brings what it needs (CUDA, NCCL, base). Not for library code: the
+// checks exit the process.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,16 +15,18 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bagua/base/cuda_check.h"
+
 // A failed CUDA call ends the process with status 3, a failed NCCL call with 4, naming the rank,
-// the call and the error.
-#define BAGUA_TOOL_CHECK_CUDA(call)                                                       \
-  do {                                                                                    \
-    cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "rank %d: %s failed: %s\n", ::bagua::tools::toolRank(), #call, \
-                   cudaGetErrorString(e_));                                               \
-      std::exit(3);                                                                       \
-    }                                                                                     \
+// the call and the error (for CUDA, base's cudaStatus message).
+#define BAGUA_TOOL_CHECK_CUDA(call)                                     \
+  do {                                                                  \
+    const ::bagua::Status bagua_tool_status_ = BAGUA_CUDA_STATUS(call); \
+    if (!bagua_tool_status_.isOk()) {                                   \
+      std::fprintf(stderr, "rank %d: %s\n", ::bagua::tools::toolRank(), \
+                   bagua_tool_status_.message().c_str());               \
+      std::exit(3);                                                     \
+    }                                                                   \
   } while (0)
 
 #define BAGUA_TOOL_CHECK_NCCL(call)                                                       \
