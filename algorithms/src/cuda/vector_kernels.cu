@@ -113,6 +113,29 @@ int launched() {
   return static_cast<int>(cudaGetLastError());
 }
 
+// Launches `kernel` with blocksFor(count) blocks on this thread's stream; nothing for count == 0.
+template <class... Params, class... Args>
+int launchOver(size_t count, void (*kernel)(Params...), Args... args) {
+  if (count == 0) {
+    return 0;
+  }
+  kernel<<<blocksFor(count), kThreads, 0, cudaStreamPerThread>>>(args...);
+  return launched();
+}
+
+// A stream or event query as the entry points return it: 0 done, 1 not yet, else the error
+// (cleared from the thread's last-error slot).
+int queryResult(cudaError_t e) {
+  if (e == cudaSuccess) {
+    return 0;
+  }
+  if (e == cudaErrorNotReady) {
+    return 1;
+  }
+  (void)cudaGetLastError();
+  return static_cast<int>(e);
+}
+
 // A copy between host and device after this thread's stream work, waited for.
 int copySync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) {
@@ -170,15 +193,7 @@ int zero(void* dst, size_t bytes) {
 }
 
 int queryStream() {
-  const cudaError_t e = cudaStreamQuery(cudaStreamPerThread);
-  if (e == cudaSuccess) {
-    return 0;
-  }
-  if (e == cudaErrorNotReady) {
-    return 1;
-  }
-  (void)cudaGetLastError();
-  return static_cast<int>(e);
+  return queryResult(cudaStreamQuery(cudaStreamPerThread));
 }
 
 void* perThreadStream() {
@@ -203,15 +218,7 @@ int eventRecord(void** event, void* stream) {
 }
 
 int eventQuery(void* event) {
-  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
-  if (e == cudaSuccess) {
-    return 0;
-  }
-  if (e == cudaErrorNotReady) {
-    return 1;
-  }
-  (void)cudaGetLastError();
-  return static_cast<int>(e);
+  return queryResult(cudaEventQuery(static_cast<cudaEvent_t>(event)));
 }
 
 void eventDestroy(void* event) {
@@ -221,82 +228,43 @@ void eventDestroy(void* event) {
 }
 
 int reduceChunks(const float* chunks, size_t n, size_t c, bool average, float* out) {
-  if (c == 0) {
-    return 0;
-  }
-  reduceChunksKernel<<<blocksFor(c), kThreads, 0, cudaStreamPerThread>>>(chunks, n, c,
-                                                                         average ? 1 : 0, out);
-  return launched();
+  return launchOver(c, reduceChunksKernel, chunks, n, c, average ? 1 : 0, out);
 }
 
 int averagePair(float* a, const float* b, size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  averagePairKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, b, n);
-  return launched();
+  return launchOver(n, averagePairKernel, a, b, n);
 }
 
 int lowPrecisionDiff(float* d, const float* x, const float* l, const float* r, const float* w,
                      size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  lowPrecisionDiffKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(d, x, l, r, w, n);
-  return launched();
+  return launchOver(n, lowPrecisionDiffKernel, d, x, l, r, w, n);
 }
 
 int addInPlace(float* a, const float* b, size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  addInPlaceKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, b, n);
-  return launched();
+  return launchOver(n, addInPlaceKernel, a, b, n);
 }
 
 int addAndCopy(float* w, const float* d, float* x, size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  addAndCopyKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(w, d, x, n);
-  return launched();
+  return launchOver(n, addAndCopyKernel, w, d, x, n);
 }
 
 int divideInPlace(float* a, float divisor, size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  divideInPlaceKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(a, divisor, n);
-  return launched();
+  return launchOver(n, divideInPlaceKernel, a, divisor, n);
 }
 
 int qadamStep(float* x, const float* grad, float* m, float* v, size_t n, bool warm,
               float weightDecay, float b1, float b2, float ob1, float ob2, float stepSize,
               float bc2Sqrt, float eps, bool hold) {
-  if (n == 0) {
-    return 0;
-  }
-  qadamStepKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(
-      x, grad, m, v, n, warm ? 1 : 0, weightDecay, b1, b2, ob1, ob2, stepSize, bc2Sqrt, eps,
-      hold ? 1 : 0);
-  return launched();
+  return launchOver(n, qadamStepKernel, x, grad, m, v, n, warm ? 1 : 0, weightDecay, b1, b2, ob1,
+                    ob2, stepSize, bc2Sqrt, eps, hold ? 1 : 0);
 }
 
 int momentumMix(float* slot, const float* m, float b1, float ob1, size_t n) {
-  if (n == 0) {
-    return 0;
-  }
-  momentumMixKernel<<<blocksFor(n), kThreads, 0, cudaStreamPerThread>>>(slot, m, b1, ob1, n);
-  return launched();
+  return launchOver(n, momentumMixKernel, slot, m, b1, ob1, n);
 }
 
 int addMeanMinusSnapshot(float* w, const float* sum, const float* snap, float n, size_t count) {
-  if (count == 0) {
-    return 0;
-  }
-  addMeanMinusSnapshotKernel<<<blocksFor(count), kThreads, 0, cudaStreamPerThread>>>(w, sum, snap,
-                                                                                     n, count);
-  return launched();
+  return launchOver(count, addMeanMinusSnapshotKernel, w, sum, snap, n, count);
 }
 
 }  // namespace bagua::algo::cudakernels
