@@ -11,7 +11,6 @@ import time
 import pytest
 import torch
 
-import bagua.torch_api as bagua
 from bagua.torch_api import algorithms, utils
 from bagua.torch_api.contrib import CachedDataset, CacheLoader
 from bagua.torch_api.contrib.utils.redis_store import RedisStore, start_redis_server_cli
@@ -339,7 +338,6 @@ def test_store_server_on_a_busy_port_says_so():
 def test_single_process_without_a_launcher(tmp_path):
     """python script.py with no launcher variables: init works (world of one, a free port),
     torch.distributed too, and the group can be destroyed and made again."""
-    import subprocess
     import sys
 
     script = tmp_path / "one.py"

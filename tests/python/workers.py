@@ -468,7 +468,7 @@ def dropin(a):
     from bagua.torch_api.data_parallel.distributed import DistributedDataParallel_V1_9_0
 
     _init()
-    r, n = bagua.get_rank(), bagua.get_world_size()
+    r = bagua.get_rank()
     lr, steps = 0.05, 6
     out = {}
 

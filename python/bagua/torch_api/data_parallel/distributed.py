@@ -15,7 +15,6 @@ import warnings
 import torch
 from torch.nn.modules import Module
 
-from .. import communication
 from ..communication import BaguaProcessGroup, _get_default_group
 from ..algorithms import GradientAllReduceAlgorithm
 from .bagua_distributed import BaguaDistributedDataParallel

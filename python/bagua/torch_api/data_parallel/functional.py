@@ -2,7 +2,6 @@
 backward all-reduces the gradient, on a ``torch.distributed`` group through its Bagua twin
 (``ProcessGroup.bagua_patch()``), as SyncBatchNorm uses it."""
 
-import torch
 import torch.distributed as dist
 from torch.autograd import Function
 
