@@ -147,7 +147,7 @@ fi
 
 if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ] && want tests; then
   log "test suite"
-  timeout 240 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 12 > "$OUT/tests.log" 2>&1
+  timeout 480 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 12 > "$OUT/tests.log" 2>&1
   rc=$?
   grep -E '^ *[0-9]+/[0-9]+ |^(Ok|Fail|Skipped|Timeout):' "$OUT/tests.log" | tail -40
   # Which gtest cases skipped, and why (GPU tests must not skip here).

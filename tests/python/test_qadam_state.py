@@ -182,8 +182,14 @@ def test_param_groups_and_lr_scheduler_are_honoured():
     m2, opt, _ = _train(q_adam.QAdamOptimizer, {"lr": 0.01, "weight_decay": 0.1,
                                                 "warmup_steps": 100}, 30, groups=True,
                         sched=sched)
+    # torch >= 2.0's Adam updates exp_avg with lerp_ (Bagua's QAdam, as torch 1.x's Adam, with
+    # mul_ + add_), so the two agree to rounding there and bit for bit only on torch 1.x.
+    exact = int(torch.__version__.split(".")[0]) < 2
     for a, b in zip(m1.parameters(), m2.parameters()):
-        assert torch.equal(a, b)
+        if exact:
+            assert torch.equal(a, b)
+        else:
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (a - b).abs().max()
     assert opt.param_groups[1]["lr"] == 0.005 * 0.5 ** 6
 
 

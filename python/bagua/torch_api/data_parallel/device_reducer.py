@@ -145,7 +145,7 @@ class DeviceReducer:
                     ev.synchronize()
                     flat = self.flats[bi]
                     nccl.all_reduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
-                                    code(flat.dtype), int(op)).wait()
+                                    code(flat.dtype), comm._CORE_OP[op]).wait()
             except Exception as e:  # surfaced by finish_backward
                 self._error = RuntimeError("bagua: bucket {}: {}".format(bi, e))
             self._done.release()
