@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Bagua's algorithms against torch DDP (and DDP's compression hooks), same model, same data,
+same ranks, same transport, one command, one table (issue 18).
+
+    python3 bench/ddp/compare.py --device cpu --nproc 2                   # loopback
+    python3 bench/ddp/compare.py --device cpu --nproc 2 --link 10gbit     # netns + tc htb
+    python3 bench/ddp/compare.py --device cuda --nproc 2 --share-gpu --net bagua-net --link 10gbit
+
+Contestants (--contestants, default all): torch DDP; DDP + bf16 compression hook (fp16 on CPU:
+gloo has no bf16 all-reduce in torch 1.13); DDP + PowerSGD hook; bagua's gradient_allreduce,
+bytegrad, qadam, decentralized and low_precision_decentralized (``with_bagua``). Every
+contestant runs in the same rank processes (worker.py), from the same initial weights, on the
+same per-rank batches, interleaved round by round. Models (--models): a GPT-style transformer LM
+on text from a fixed random Markov chain (its entropy rate is the loss floor), and ResNet-50's
+layout (written here; torchvision not needed) on synthetic class-template images.
+
+The link (--link RATE, e.g. 10gbit): on CPU each rank runs in its own network namespace with a
+veth into a bridge and a tc htb cap on its egress (netlink.py), so gloo and bagua's host backend
+(forced onto TCP: BAGUA_HOST_SHM=0) share the same shaped link. On CUDA, NCCL runs over
+Bagua-Net for both torch DDP and bagua with BAGUA_NET_SEND_RATE_MBPS capping each rank's send
+rate (the plugin's pacing), since NCCL's Socket transport has no cap.
+
+Columns: step ms (median of the timed rounds' mean step time), speed vs DDP (DDP's step time /
+this one's: > 1 is faster), the rank-averaged training loss of the last tenth of the steps, the
+loss on a fixed evaluation set (rank average), that loss relative to DDP's, and the largest
+difference between a rank's weights and rank 0's (0 for the centralized algorithms).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import netlink  # noqa: E402
+
+ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
+       "decentralized", "low_precision_decentralized"]
+DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
+                  ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    ap.add_argument("--models", default="transformer,resnet50",
+                    help="comma-separated: transformer, resnet50")
+    ap.add_argument("--preset", default="",
+                    help="model size: tiny, small, gpt2 (transformer), resnet50 (resnet); "
+                         "default tiny on CPU, gpt2 / resnet50 on CUDA")
+    ap.add_argument("--contestants", default=",".join(ALL),
+                    help="comma-separated, default all: " + ", ".join(ALL))
+    ap.add_argument("--rounds", type=int, default=5, help="rounds; the first is not timed")
+    ap.add_argument("--round-steps", type=int, default=4, help="steps per contestant per round")
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam's (and QAdam's) learning rate")
+    ap.add_argument("--algo-warmup", type=int, default=0,
+                    help="QAdam warm-up steps and PowerSGD's start iteration (default: the "
+                         "first round)")
+    ap.add_argument("--powersgd-rank", type=int, default=1)
+    ap.add_argument("--bucket-mb", type=float, default=0,
+                    help="bucket size for both (0: each one's default, DDP 25 MB, bagua 10 MiB)")
+    ap.add_argument("--batch", type=int, default=0, help="per-rank batch (0: the preset's)")
+    ap.add_argument("--link", default="none", help="'none' or " + netlink.RATE_HELP)
+    ap.add_argument("--net", default="socket", choices=["socket", "bagua-net"],
+                    help="CUDA: NCCL's transport between ranks (network path: P2P/SHM off)")
+    ap.add_argument("--share-gpu", action="store_true",
+                    help="CUDA: every rank on cuda:0 (start MPS first), NCCL_HOSTID per rank")
+    ap.add_argument("--bagua-transport", default="",
+                    choices=["", "auto", "engine", "socket"],
+                    help="CPU: bagua's host transport (default: auto; engine with --link)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
+    ap.add_argument("--build", default=os.environ.get("BAGUA_BUILD", os.path.join(ROOT, "build")))
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per model")
+    ap.add_argument("--json", default="", help="write every result here")
+    a = ap.parse_args()
+    if a.nproc < 1:
+        ap.error("--nproc must be >= 1")
+    if a.rounds < 2 or a.round_steps < 1:
+        ap.error("--rounds must be >= 2 (the first is warm-up) and --round-steps >= 1")
+    for m in a.models.split(","):
+        if m not in ("transformer", "resnet50"):
+            ap.error("--models: {!r} is not one of transformer, resnet50".format(m))
+    for c in a.contestants.split(","):
+        if c not in ALL:
+            ap.error("--contestants: {!r} is not one of {}".format(c, ", ".join(ALL)))
+    if a.link != "none":
+        try:
+            netlink.parse_rate(a.link)
+        except ValueError as e:
+            ap.error(str(e))
+        if a.device == "cuda" and a.net != "bagua-net":
+            ap.error("--link on CUDA caps Bagua-Net's send rate: add --net bagua-net")
+    return a
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(args, rank, master, port):
+    env = dict(os.environ)
+    py = [os.path.join(ROOT, "python"), os.path.join(args.build, "python")]
+    env["PYTHONPATH"] = os.pathsep.join(py + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(MASTER_ADDR=master, MASTER_PORT=str(port), RANK=str(rank),
+               WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(args.nproc), OMP_NUM_THREADS=str(args.threads))
+    if args.link != "none" or args.share_gpu:
+        # Every rank its own "node": the link (or NCCL's network path) is between all of them.
+        env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    if args.device == "cpu":
+        transport = args.bagua_transport or ("engine" if args.link != "none" else "auto")
+        env["BAGUA_HOST_TRANSPORT"] = transport
+        if args.link != "none":
+            env["BAGUA_HOST_SHM"] = "0"  # namespaces share /dev/shm: keep bytes on the link
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
+        return env
+    env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo",
+               NCCL_IB_DISABLE="1")
+    if args.share_gpu:
+        env["NCCL_HOSTID"] = "bagua-bench-rank{}".format(rank)
+    if args.net == "bagua-net":
+        plugin = os.path.join(args.build, "net_plugin")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([plugin, env.get("LD_LIBRARY_PATH", "")])
+        env.update(NCCL_NET_PLUGIN="bagua", NCCL_NET="Bagua")
+        if args.link != "none":
+            env["BAGUA_NET_SEND_RATE_MBPS"] = str(int(netlink.parse_rate(args.link) / 1e6))
+    else:
+        env.update(NCCL_NET_PLUGIN="none", NCCL_NET="Socket")
+    return env
+
+
+def run_model(args, model, link):
+    preset = args.preset or DEFAULT_PRESET[(args.device, model)]
+    contestants = args.contestants
+    if args.device == "cpu":  # gloo (torch 1.13) cannot all-reduce bf16: the fp16 hook instead
+        contestants = contestants.replace("ddp_bf16", "ddp_fp16")
+    warm = args.algo_warmup or args.round_steps
+    out = tempfile.NamedTemporaryFile(prefix="bagua-ddp-", suffix=".json", delete=False).name
+    wargs = ["--device", args.device, "--model", model, "--preset", preset, "--contestants",
+             contestants, "--rounds", str(args.rounds), "--round-steps", str(args.round_steps),
+             "--lr", str(args.lr), "--algo-warmup", str(warm), "--powersgd-rank",
+             str(args.powersgd_rank), "--bucket-mb", str(args.bucket_mb), "--threads",
+             str(args.threads), "--batch", str(args.batch), "--out", out]
+    master = link.addr(0) if link else "127.0.0.1"
+    port = 29500 if link else free_port()
+    procs = []
+    for r in range(args.nproc):
+        cmd = (link.prefix(r) if link else []) + [sys.executable,
+                                                  os.path.join(HERE, "worker.py")] + wargs
+        procs.append(subprocess.Popen(cmd, env=rank_env(args, r, master, port),
+                                      start_new_session=True))
+    deadline = time.time() + args.timeout
+    rc = 0
+    try:
+        for p in procs:
+            left = max(1.0, deadline - time.time())
+            try:
+                code = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                print("compare: {} did not finish within {:.0f} s".format(model, args.timeout),
+                      file=sys.stderr)
+                code = 124
+            rc = rc or code
+            if code != 0:
+                break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    if rc != 0:
+        raise SystemExit("compare: a rank failed on {} (exit {})".format(model, rc))
+    with open(out) as f:
+        res = json.load(f)
+    os.unlink(out)
+    res["preset"] = preset
+    return res
+
+
+def table(args, res, link_desc):
+    rows = res["results"]
+    base = next((r for r in rows if r["name"] == "ddp"), None)
+    floor = res.get("loss_floor")
+    print()
+    print("{} ({}, {:.1f} M parameters), {} ranks, {}, {}; {} steps each ({} rounds x {}, "
+          "first round untimed); torch {}".format(
+              res["model"], res["preset"], res["params"] / 1e6, res["world"], res["device"],
+              link_desc, res["steps"], args.rounds, args.round_steps, res["torch"]))
+    if floor is not None:
+        print("loss floor (the Markov chain's entropy rate): {:.3f} nats/token".format(floor))
+    hdr = "{:30s} {:>9s} {:>8s} {:>10s} {:>9s} {:>9s} {:>10s}".format(
+        "contestant", "step ms", "vs DDP", "train loss", "eval loss", "eval/DDP", "rank diff")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        speed = base["step_ms"] / r["step_ms"] if base else float("nan")
+        rel = r["eval_loss"] / base["eval_loss"] if base else float("nan")
+        print("{:30s} {:9.2f} {:7.2f}x {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
+            r["name"], r["step_ms"], speed, r["final_loss"], r["eval_loss"], rel,
+            r["weight_spread"]))
+    ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
+    if ga is not None and "max_loss_diff_vs_ddp" in ga:
+        print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(
+            ga["max_loss_diff_vs_ddp"]))
+
+
+def main():
+    args = parse()
+    link = None
+    if args.link == "none":
+        link_desc = ("loopback (NCCL {}{})".format(args.net, ", one GPU shared"
+                                                   if args.share_gpu else "")
+                     if args.device == "cuda" else
+                     "loopback (gloo TCP; bagua host transport {})".format(
+                         args.bagua_transport or "auto"))
+    elif args.device == "cuda":
+        link_desc = "link {} per rank (Bagua-Net send-rate cap, NCCL over Bagua-Net)".format(
+            args.link)
+    else:
+        link = netlink.Link(args.nproc, args.link)
+        link_desc = "link {} per rank (netns + tc htb; gloo TCP, bagua engine TCP)".format(
+            args.link)
+    everything = []
+    ctx = link if link else _Null()
+    with ctx:
+        if link:
+            got = link.measure(1.0)
+            print("link check: one TCP stream rank 1 -> rank 0: {:.2f} Gbit/s (cap {})".format(
+                got * 8 / 1e9, args.link))
+        for model in args.models.split(","):
+            res = run_model(args, model, link)
+            res["link"] = link_desc
+            table(args, res, link_desc)
+            everything.append(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M"),
+                       "runs": everything}, f, indent=1)
+    return 0
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

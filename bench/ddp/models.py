@@ -1,0 +1,210 @@
+"""The comparison's models and the data they learn, all generated here (no downloads).
+
+* ``MarkovText``: token sequences from a fixed random Markov chain (order 1, ``succ`` successors
+  per token with peaked random probabilities). Its entropy rate is the lowest loss any model can
+  reach, so a loss curve says how far training got. ``entropy_rate()`` computes it.
+* ``LM``: a GPT-2-shaped decoder (pre-LayerNorm blocks, causal self-attention, GELU MLP, tied
+  input/output embedding). Preset ``gpt2`` is GPT-2 small's shape (124 M parameters with a
+  50257-token vocabulary).
+* ``ResNet``: ResNet-50's layout written here (bottleneck blocks 3-4-6-3, BatchNorm), so the
+  bench runs where torchvision is absent; ``width=64`` is ResNet-50 itself (25.6 M parameters
+  with 1000 classes), smaller widths for CPU. ``ClassImages``: synthetic images, one fixed
+  random template per class plus noise, so the loss falls as the model learns the templates.
+
+Every generator takes an explicit seed: the same data on every run, per rank.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# name -> (vocab, d_model, layers, heads, seq, batch)
+LM_PRESETS = {
+    "tiny": (256, 64, 2, 4, 32, 8),
+    "small": (1024, 256, 4, 4, 128, 8),
+    "gpt2": (50257, 768, 12, 12, 512, 8),
+}
+# name -> (width, image, batch, classes)
+RESNET_PRESETS = {
+    "tiny": (8, 32, 8, 10),
+    "small": (16, 64, 8, 10),
+    "resnet50": (64, 224, 32, 1000),
+}
+
+
+class MarkovText:
+    """A fixed random order-1 Markov chain over ``vocab`` tokens (seeded)."""
+
+    def __init__(self, vocab, succ=8, sharpness=2.0, seed=1234):
+        g = torch.Generator().manual_seed(seed)
+        self.vocab = vocab
+        self.succ = torch.randint(0, vocab, (vocab, succ), generator=g)
+        self.probs = torch.softmax(torch.randn(vocab, succ, generator=g) * sharpness, dim=1)
+
+    def stationary(self, iters=300):
+        pi = torch.full((self.vocab,), 1.0 / self.vocab, dtype=torch.float64)
+        flow_p = self.probs.double()
+        for _ in range(iters):
+            nxt = torch.zeros_like(pi)
+            nxt.index_add_(0, self.succ.reshape(-1), (pi[:, None] * flow_p).reshape(-1))
+            pi = 0.5 * pi + 0.5 * nxt  # lazy chain: converges even for periodic chains
+        return pi
+
+    def entropy_rate(self):
+        """Nats per token of the chain at its stationary distribution: the loss floor."""
+        p = self.probs.double()
+        # Repeated successors add up: entropy over distinct next tokens.
+        h = torch.zeros(self.vocab, dtype=torch.float64)
+        for v in range(self.vocab) if self.vocab <= 4096 else []:
+            agg = {}
+            for s, q in zip(self.succ[v].tolist(), p[v].tolist()):
+                agg[s] = agg.get(s, 0.0) + q
+            h[v] = -sum(q * math.log(q) for q in agg.values() if q > 0)
+        if self.vocab > 4096:  # large vocabularies: collisions among 8 of 50k are rare
+            h = -(p * p.clamp_min(1e-300).log()).sum(1)
+        return float((self.stationary() * h).sum())
+
+    def sample(self, n, length, seed):
+        """``n`` sequences of ``length`` tokens (int64 [n, length]), seeded."""
+        g = torch.Generator().manual_seed(seed)
+        out = torch.empty(n, length, dtype=torch.long)
+        cur = torch.randint(0, self.vocab, (n,), generator=g)
+        for _ in range(16):  # burn in towards the stationary distribution
+            k = torch.multinomial(self.probs[cur], 1, generator=g).squeeze(1)
+            cur = self.succ[cur, k]
+        for t in range(length):
+            out[:, t] = cur
+            k = torch.multinomial(self.probs[cur], 1, generator=g).squeeze(1)
+            cur = self.succ[cur, k]
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            y = att.masked_fill(mask, float("-inf")).softmax(-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class LM(nn.Module):
+    def __init__(self, vocab, d, layers, heads, seq):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as GPT-2
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        nn.init.normal_(self.pos, std=0.01)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * 4
+        self.c1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(width)
+        self.c2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(width)
+        self.c3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.b3 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        y = F.relu(self.b2(self.c2(y)))
+        y = self.b3(self.c3(y))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet(nn.Module):
+    """ResNet-50's layout (3, 4, 6, 3 bottlenecks); width 64 is ResNet-50."""
+
+    def __init__(self, width=64, classes=1000, blocks=(3, 4, 6, 3)):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], width
+        for i, n in enumerate(blocks):
+            w = width * (2 ** i)
+            for j in range(n):
+                layers.append(Bottleneck(cin, w, 2 if (j == 0 and i > 0) else 1))
+                cin = w * 4
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class ClassImages:
+    """Synthetic labelled images: a fixed random template per class plus Gaussian noise."""
+
+    def __init__(self, classes, image, seed=4321, noise=1.0):
+        g = torch.Generator().manual_seed(seed)
+        self.classes = classes
+        self.image = image
+        self.noise = noise
+        # Low-frequency templates (upsampled 8x8 patterns): learnable by a convnet.
+        base = torch.randn(classes, 3, 8, 8, generator=g)
+        self.templates = F.interpolate(base, size=(image, image), mode="bilinear",
+                                       align_corners=False)
+
+    def sample(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        y = torch.randint(0, self.classes, (n,), generator=g)
+        x = self.templates[y] + self.noise * torch.randn(n, 3, self.image, self.image, generator=g)
+        return x, y
+
+
+def build(model, preset, seed=0):
+    """(module, data source, description) for ``model`` in {transformer, resnet50}."""
+    torch.manual_seed(seed)
+    if model == "transformer":
+        vocab, d, layers, heads, seq, _ = LM_PRESETS[preset]
+        return LM(vocab, d, layers, heads, seq)
+    width, _, _, classes = RESNET_PRESETS[preset]
+    return ResNet(width, classes)

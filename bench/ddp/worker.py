@@ -1,0 +1,228 @@
+"""One rank of bench/ddp/compare.py (started by it; see compare.py for the options).
+
+Every contestant is built in this process from the same seed (same initial weights), with its
+own optimizer, and trains on the same per-rank batches. Rounds alternate the contestants, a block
+of --round-steps steps each, so load drift on the machine hits all of them; the first round is
+warm-up (bucket rebuilds, PowerSGD/QAdam set-up) and is not timed. A block is timed from a
+device synchronisation to one after its last step (no per-step host sync: losses are read at the
+block's end), so the step time is the training loop's throughput. At the end rank 0 writes the
+results as JSON: median step time over the timed rounds, the rank-averaged loss of every step,
+the loss on a fixed evaluation set, and how far the ranks' weights are apart.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
+BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
+               "low_precision_decentralized")
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="transformer")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--contestants", default="ddp,gradient_allreduce")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--round-steps", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--algo-warmup", type=int, default=5)
+    ap.add_argument("--powersgd-rank", type=int, default=1)
+    ap.add_argument("--bucket-mb", type=float, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--out", default="")
+    return ap.parse_args(argv)
+
+
+class Contestant:
+    def __init__(self, name, args, dev, pg_torch):
+        from bagua.torch_api.algorithms import Algorithm
+        from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
+
+        self.name = name
+        self.module = models.build(args.model, args.preset, seed=0).to(dev)
+        params = list(self.module.parameters())
+        if name in DDP_NAMES:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+            self.opt = torch.optim.Adam(params, lr=args.lr)
+            kw = {"bucket_cap_mb": args.bucket_mb} if args.bucket_mb > 0 else {}
+            first = dist._DEFAULT_FIRST_BUCKET_BYTES
+            if name == "ddp_powersgd" and dev.type == "cpu":
+                # The PowerSGD hook issues its second and third all-reduce from the callbacks
+                # of the first; on gloo those run on its worker threads, so with several
+                # buckets the ranks issue them in different orders and gloo fails
+                # ("op.preamble.length <= op.nbytes"). One bucket keeps the order.
+                kw["bucket_cap_mb"] = 1 << 20
+                dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 50
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(
+                self.module, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+            dist._DEFAULT_FIRST_BUCKET_BYTES = first
+            if name == "ddp_bf16":
+                self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            elif name == "ddp_fp16":
+                self.wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            elif name == "ddp_powersgd":
+                self.state = psgd.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                    start_powerSGD_iter=max(2, args.algo_warmup))
+                self.wrapped.register_comm_hook(self.state, psgd.powerSGD_hook)
+            return
+        if name not in BAGUA_NAMES:
+            raise ValueError("unknown contestant {!r}: one of {}".format(
+                name, ", ".join(DDP_NAMES + BAGUA_NAMES)))
+        if name == "qadam":
+            self.opt = QAdamOptimizer(params, lr=args.lr, warmup_steps=max(1, args.algo_warmup))
+            algo = QAdamAlgorithm(self.opt, hierarchical=False)
+        else:
+            self.opt = torch.optim.Adam(params, lr=args.lr)
+            algo = Algorithm.init(name, hierarchical=False)
+        if args.bucket_mb > 0:  # read at the wrap
+            os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
+        self.wrapped = self.module.with_bagua([self.opt], algo)
+
+
+def loss_of(args, module, batch):
+    x, y = batch
+    out = module(x)
+    if args.model == "transformer":
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(out, y)
+
+
+def make_data(args, rank, dev, steps):
+    """(train batches of this rank, eval batches shared by all ranks, loss floor or None)."""
+    if args.model == "transformer":
+        vocab, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
+        batch = args.batch or batch
+        chain = models.MarkovText(vocab)
+        pool = min(steps, 64)
+        toks = chain.sample(pool * batch, seq + 1, seed=1000 + rank)
+        train = [(t[:, :-1].to(dev), t[:, 1:].to(dev)) for t in toks.split(batch)]
+        ev = chain.sample(4 * batch, seq + 1, seed=999)
+        evals = [(t[:, :-1].to(dev), t[:, 1:].to(dev)) for t in ev.split(batch)]
+        return train, evals, chain.entropy_rate()
+    width, image, batch, classes = models.RESNET_PRESETS[args.preset]
+    batch = args.batch or batch
+    src = models.ClassImages(classes, image)
+    pool = min(steps, 8)
+    train = []
+    for i in range(pool):
+        x, y = src.sample(batch, seed=(1000 + rank) * 1000 + i)
+        train.append((x.to(dev), y.to(dev)))
+    evals = []
+    for i in range(2):
+        x, y = src.sample(batch, seed=999000 + i)
+        evals.append((x.to(dev), y.to(dev)))
+    return train, evals, None
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def main():
+    args = parse()
+    torch.set_num_threads(args.threads)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method="env://",
+                            rank=rank, world_size=world)
+    import bagua.torch_api as bagua
+
+    bagua.init_process_group()  # on torch.distributed's store
+
+    names = [n for n in args.contestants.split(",") if n]
+    steps = args.rounds * args.round_steps
+    train, evals, floor = make_data(args, rank, dev, steps)
+    t_build = time.perf_counter()
+    cont = [Contestant(n, args, dev, None) for n in names]
+    build_s = time.perf_counter() - t_build
+    per_round = {n: [] for n in names}
+    losses = {n: [] for n in names}
+    step_no = {n: 0 for n in names}
+    for r in range(args.rounds):
+        for c in cont:
+            sync(dev)
+            t0 = time.perf_counter()
+            got = []
+            for _ in range(args.round_steps):
+                batch = train[step_no[c.name] % len(train)]
+                step_no[c.name] += 1
+                c.opt.zero_grad(set_to_none=True)
+                loss = loss_of(args, c.wrapped, batch)
+                loss.backward()
+                c.opt.step()
+                got.append(loss.detach())
+            sync(dev)
+            dt = (time.perf_counter() - t0) / args.round_steps
+            if r > 0:
+                per_round[c.name].append(dt)
+            losses[c.name] += [float(v) for v in got]
+
+    # Rank-averaged losses, evaluation, and the ranks' weight spread (rank 0's weights sent).
+    results = []
+    ref = None
+    for c in cont:
+        lt = torch.tensor(losses[c.name], dtype=torch.float64, device=dev)
+        dist.all_reduce(lt)
+        lt /= world
+        with torch.no_grad():
+            was = c.module.training
+            c.module.eval()
+            ev = sum(float(loss_of(args, c.module, b)) for b in evals) / len(evals)
+            c.module.train(was)
+            evt = torch.tensor([ev], dtype=torch.float64, device=dev)
+            dist.all_reduce(evt)
+            flat = torch.cat([p.detach().reshape(-1).double() for p in c.module.parameters()])
+            mine = flat.clone()
+            dist.broadcast(flat, 0)
+            spread = torch.tensor([(mine - flat).abs().max().item()], device=dev)
+            dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        curve = lt.tolist()
+        tail = max(1, len(curve) // 10)
+        row = {"name": c.name, "step_ms": 1e3 * statistics.median(per_round[c.name])
+               if per_round[c.name] else float("nan"),
+               "round_ms": [1e3 * v for v in per_round[c.name]],
+               "loss_curve": curve, "final_loss": sum(curve[-tail:]) / tail,
+               "eval_loss": float(evt) / world, "weight_spread": float(spread)}
+        if c.name == "ddp":
+            ref = curve
+        results.append(row)
+    for row in results:
+        if ref is not None and len(row["loss_curve"]) == len(ref):
+            row["max_loss_diff_vs_ddp"] = max(abs(a - b) for a, b in zip(row["loss_curve"], ref))
+    nparams = sum(p.numel() for p in cont[0].module.parameters())
+    if rank == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "preset": args.preset, "params": nparams,
+                       "world": world, "device": args.device, "steps": steps,
+                       "loss_floor": floor, "build_s": build_s,
+                       "torch": torch.__version__, "results": results}, f)
+    bagua.barrier()
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
