@@ -44,17 +44,50 @@ if want upstream; then
   grep -E "^(FAILED|ERROR)" "$D/upstream.log" | head -20
 fi
 
+# With one GPU, a 2-rank launch is 2 "nodes" of one rank each on cuda:0 (each its own
+# NCCL_HOSTID under MPS, over NCCL's network path): the scripts stay unchanged (LOCAL_RANK is 0
+# on both, so their torch.cuda.set_device(bagua.get_local_rank()) picks cuda:0).
+SHARE=0
+if [ "$NGPU" = 1 ] && [ "${DROPIN_SHARE_GPU:-1}" = 1 ]; then
+  SHARE=1; NPROC=2; BNPROC=2
+  nvidia-cuda-mps-control -d 2>/dev/null && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  echo "one GPU: 2-rank launches run as 2 nodes x 1 rank on cuda:0 (MPS, NCCL_HOSTID per node, network path)"
+fi
+
+launch_one() {  # launcher nnodes node_rank nproc master_port script args...
+  local launcher="$1" nn="$2" nr="$3" n="$4" mp="$5"; shift 5
+  if [ "$launcher" = launch ]; then
+    "$PY" -m bagua.distributed.launch --nnodes "$nn" --node_rank "$nr" --nproc_per_node "$n" \
+      --master_addr 127.0.0.1 --master_port "$mp" "$@"
+  elif [ "$nn" = 1 ]; then
+    "$PY" -m bagua.distributed.run --standalone --nproc_per_node "$n" "$@"
+  else
+    "$PY" -m bagua.distributed.run --nnodes "$nn" --node_rank "$nr" --nproc_per_node "$n" \
+      --master_addr 127.0.0.1 --master_port "$mp" "$@"
+  fi
+}
+
 run_launch() {  # label launcher nproc script args...
   local label="$1" launcher="$2" n="$3"; shift 3
-  local log="$D/$label.log" t0=$SECONDS rc
-  if [ "$launcher" = launch ]; then
-    timeout "${DROPIN_CASE_TIMEOUT:-150}" "$PY" -m bagua.distributed.launch --nproc_per_node "$n" \
-      --master_port "$(port)" "$@" > "$log" 2>&1
+  local log="$D/$label.log" t0=$SECONDS rc mp
+  mp=$(port)
+  if [ "$SHARE" = 1 ] && [ "$n" = 2 ]; then
+    NCCL_HOSTID=dropin-node1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+      timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
+      _ "$launcher" 2 1 1 "$mp" "$@" > "$log.node1" 2>&1 &
+    local other=$!
+    NCCL_HOSTID=dropin-node0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+      timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
+      _ "$launcher" 2 0 1 "$mp" "$@" > "$log" 2>&1
+    rc=$?
+    wait "$other"; local rc1=$?
+    [ "$rc" = 0 ] && rc=$rc1
+    cat "$log.node1" >> "$log"; rm -f "$log.node1"
   else
-    timeout "${DROPIN_CASE_TIMEOUT:-150}" "$PY" -m bagua.distributed.run --standalone \
-      --nproc_per_node "$n" "$@" > "$log" 2>&1
+    timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
+      _ "$launcher" 1 0 "$n" "$mp" "$@" > "$log" 2>&1
+    rc=$?
   fi
-  rc=$?
   echo "$label rc=$rc $((SECONDS - t0))s $(grep -E 'Total img/sec|Img/sec per' "$log" | tail -1)"
   [ "$rc" = 0 ] || grep -E "Error|error|FAILED" "$log" | tail -3
 }
