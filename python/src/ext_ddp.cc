@@ -252,6 +252,21 @@ class PyReducer {
     }
     params_[i].grad = reinterpret_cast<void*>(grad);
   }
+  // Every parameter's gradient pointer at once (one call per step instead of one per tensor).
+  void setGrads(const std::vector<uintptr_t>& grads) {
+    if (grads.size() != params_.size()) {
+      throw pyb::value_error("set_grads: " + std::to_string(grads.size()) + " pointers for " +
+                             std::to_string(params_.size()) + " parameters");
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      params_[i].grad = reinterpret_cast<void*>(grads[i]);
+    }
+  }
+  // The autograd hook's one call: the gradient's current pointer, then markGradReady.
+  void markReady(int i, uintptr_t grad) {
+    setGrad(i, grad);
+    markGradReady(i);
+  }
   template <typename F>
   void run(F&& f) {
     Status s;
@@ -336,6 +351,8 @@ void bindDdp(pyb::module_& m) {
            pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0, pyb::keep_alive<1, 5>(),
            pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
+      .def("set_grads", &PyReducer::setGrads)
+      .def("mark_ready", &PyReducer::markReady)
       .def("prepare_forward", &PyReducer::prepareForward)
       .def("mark_grad_ready", &PyReducer::markGradReady)
       .def("finish_backward", &PyReducer::finishBackward)

@@ -426,6 +426,7 @@ class _NativeEngine:
                 int(stream))
         self._communicated = set(self._reducer.communicated())
         self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._synced = True  # a new reducer communicates
 
     def _moved(self):
         qadam = self.impl._qadam_optimizer()
@@ -467,17 +468,24 @@ class _NativeEngine:
             return p.grad.data_ptr()
         return self._zero_grad.data_ptr()
 
+    def _grad_ptrs(self):
+        zero = self._zero_grad.data_ptr()
+        return [g.data_ptr() if (g := p.grad) is not None and g.is_contiguous() else zero
+                for p in self._params]
+
     def pre_forward(self, inputs):
         self.rebind_if_moved()
         self._sync()
         if not self._python_device:
-            for i, p in enumerate(self._params):
-                self._reducer.set_grad(i, self._grad_ptr(p))
+            self._reducer.set_grads(self._grad_ptrs())
         self._reducer.prepare_forward()
 
     def _sync(self):
+        # Hot path (every gradient): the reducer is told only when the mode changes.
         sync = self.ddp._sync_enabled()
-        self._reducer.set_no_sync(not sync)
+        if sync != self._synced:
+            self._reducer.set_no_sync(not sync)
+            self._synced = sync
         return sync
 
     def on_grad(self, name, p):
@@ -491,8 +499,7 @@ class _NativeEngine:
             raise RuntimeError("bagua: sparse gradients are not supported ({})".format(name))
         if not g.is_contiguous():
             p.grad = g = g.contiguous()
-        self._reducer.set_grad(i, g.data_ptr())
-        self._reducer.mark_grad_ready(i)
+        self._reducer.mark_ready(i, g.data_ptr())
 
     def post_backward(self):
         if not self._sync():
@@ -503,7 +510,8 @@ class _NativeEngine:
             if p.grad is None:
                 # Unused this iteration: a zero gradient receives the others' average.
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            self._reducer.set_grad(i, p.grad.data_ptr())
+        if not self._python_device:
+            self._reducer.set_grads(self._grad_ptrs())
         self._reducer.finish_backward()
         if self.impl._native_name == "decentralized":
             # Bagua's bucket exposes the averaged weights of the last communication step

@@ -95,6 +95,9 @@ class DeviceReducer:
     def set_grad(self, i, ptr):
         pass
 
+    def mark_ready(self, i, ptr):
+        self.mark_grad_ready(i)
+
     def set_no_sync(self, on):
         self.no_sync = on
 
