@@ -21,12 +21,18 @@ CXX="${CXX:-g++}"
 FLAGS=(-std=c++20 -O2 -g -fPIC -pthread -I"$ROOT/base/include" -I"$ROOT/net_plugin/include"
        -I"$ROOT/net_plugin/src" -I"$B")
 objs=()
-for f in "$ROOT"/base/src/*.cc "$ROOT"/net_plugin/src/{address,comm,connect,net_params,socket,wire}.cc; do
+# The engine: every net_plugin/src/*.cc but the plugin's internals and ABI adapters (the same
+# split as net_plugin/meson.build).
+engine=()
+for f in "$ROOT"/net_plugin/src/*.cc; do
+  case "$(basename "$f")" in plugin_api.cc|tuner.cc|abi_*.cc) ;; *) engine+=("$f") ;; esac
+done
+for f in "$ROOT"/base/src/*.cc "${engine[@]}"; do
   o="$B/obj/$(basename "$(dirname "$(dirname "$f")")")_$(basename "$f" .cc).o"
   "$CXX" "${FLAGS[@]}" -c "$f" -o "$o" &
   objs+=("$o")
 done
-for f in "$ROOT"/net_plugin/src/{plugin_api,abi_nccl}.cc; do
+for f in "$ROOT"/net_plugin/src/{plugin_api,tuner,abi_nccl,abi_tuner}.cc; do
   "$CXX" "${FLAGS[@]}" -fvisibility=hidden -c "$f" -o "$B/obj/plugin_$(basename "$f" .cc).o" &
 done
 wait
@@ -34,7 +40,8 @@ wait
   -Wl,--version-script="$ROOT/net_plugin/src/nccl-net.map" -Wl,-z,defs
 ln -sf libnccl-net.so "$B/net_plugin/libnccl-net-bagua.so"
 base_objs=("$B"/obj/base_*.o)
-"$CXX" "${FLAGS[@]}" "$ROOT/tools/net_bench/main.cc" "${base_objs[@]}" -ldl \
+engine_objs=("$B"/obj/net_plugin_*.o)
+"$CXX" "${FLAGS[@]}" "$ROOT"/tools/net_bench/{links,main}.cc "${engine_objs[@]}" "${base_objs[@]}" -ldl \
   -o "$B/tools/net_bench/bagua-net-bench"
 if [ -n "$NCCL_HOME_DIR" ] && [ -f "$ROOT/tools/nccl_bench/main.cc" ]; then
   CUDA="${CUDA_HOME:-/usr/local/cuda}"

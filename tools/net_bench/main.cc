@@ -11,6 +11,8 @@
 //   bagua-net-bench [--plugin PATH] [--sizes 64K,1M,16M] [--streams 1,2,4,8] [--window 8]
 //                   [--conns 1] [--seconds 0.3] [--latency-sizes 8,64K,1M] [--json FILE]
 //   bagua-net-bench --demo          a ~20 s tour with a readable table
+//   bagua-net-bench --netns RECV_NS,SEND_NS ...   across shaped links between two network
+//                                   namespaces (links.cc; tools/net_bench/shaped_links.sh)
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,176 +33,12 @@
 
 #include "bagua/base/params.h"
 #include "bagua/net/socket_io.h"
-#include "nccl_net_abi.h"
+#include "driver.h"
+#include "links.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-[[noreturn]] void die(const std::string& what) {
-  std::fprintf(stderr, "bagua-net-bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-double secondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string fmtBytes(uint64_t b) {
-  if (b >= (1u << 30) && b % (1u << 30) == 0) {
-    return std::to_string(b >> 30) + "G";
-  }
-  if (b >= (1u << 20) && b % (1u << 20) == 0) {
-    return std::to_string(b >> 20) + "M";
-  }
-  if (b >= 1024 && b % 1024 == 0) {
-    return std::to_string(b >> 10) + "K";
-  }
-  return std::to_string(b);
-}
-
-std::vector<uint64_t> parseSizeList(const std::string& text) {
-  std::vector<uint64_t> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    std::string item =
-        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!item.empty()) {
-      bagua::Result<uint64_t> v = bagua::parseBytes(item);
-      if (!v.isOk()) {
-        die("bad size '" + item + "': " + v.status().message());
-      }
-      out.push_back(*v);
-    }
-    if (comma == std::string::npos) {
-      break;
-    }
-    pos = comma + 1;
-  }
-  return out;
-}
-
-// ---- the plugin, loaded like NCCL loads it ------------------------------------------------------
-
-class Plugin {
- public:
-  Plugin(const std::string& path, int streams, const char* schedule) {
-    setenv("BAGUA_NET_NSTREAMS", std::to_string(streams).c_str(), 1);
-    setenv("BAGUA_NET_SCHEDULE", schedule, 1);
-    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib_ == nullptr) {
-      die(std::string("dlopen failed: ") + dlerror());
-    }
-    net_ = static_cast<ncclNet_v11_t*>(dlsym(lib_, "ncclNetPlugin_v11"));
-    if (net_ == nullptr) {
-      die("no ncclNetPlugin_v11 in " + path);
-    }
-    check(net_->init(&ctx_, 1, nullptr, nullptr, nullptr), "init");
-  }
-  ~Plugin() {
-    net_->finalize(ctx_);
-    dlclose(lib_);
-  }
-  Plugin(const Plugin&) = delete;
-  Plugin& operator=(const Plugin&) = delete;
-
-  static void check(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess) {
-      die(std::string(what) + " failed with ncclResult " + std::to_string(r));
-    }
-  }
-
-  // One send/recv comm pair over loopback.
-  void connectPair(void** send, void** recv) {
-    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
-    void* listenComm = nullptr;
-    check(net_->listen(ctx_, 0, handle, &listenComm), "listen");
-    *send = nullptr;
-    *recv = nullptr;
-    auto t0 = Clock::now();
-    while (*send == nullptr || *recv == nullptr) {
-      ncclNetDeviceHandle_v7_t* dev = nullptr;
-      if (*send == nullptr) {
-        check(net_->connect(ctx_, 0, handle, send, &dev), "connect");
-      }
-      if (*recv == nullptr) {
-        check(net_->accept(listenComm, recv, &dev), "accept");
-      }
-      if (secondsSince(t0) > 10) {
-        die("connect/accept took more than 10 s");
-      }
-    }
-    check(net_->closeListen(listenComm), "closeListen");
-  }
-
-  ncclNet_v11_t* net() const { return net_; }
-
- private:
-  void* lib_ = nullptr;
-  ncclNet_v11_t* net_ = nullptr;
-  void* ctx_ = nullptr;
-};
-
-// Polls test() like NCCL's proxy thread, yielding between polls so that polling threads do not
-// starve the plugin's helper threads on small machines.
-void waitReq(ncclNet_v11_t* net, void* req) {
-  int done = 0;
-  for (;;) {
-    Plugin::check(net->test(req, &done, nullptr), "test");
-    if (done) {
-      return;
-    }
-    std::this_thread::yield();
-  }
-}
-
-// Completes `count` requests in posting order, keeping up to `window` in flight; post() returns
-// the next request, or null when the plugin has no free slot (retried after the oldest completes).
-template <typename Post>
-void keepWindow(ncclNet_v11_t* net, int count, int window, Post post) {
-  std::vector<void*> q;
-  int posted = 0;
-  for (int done = 0; done < count;) {
-    while (posted < count && static_cast<int>(q.size()) < window) {
-      void* req = post();
-      if (req == nullptr) {
-        break;
-      }
-      q.push_back(req);
-      ++posted;
-    }
-    waitReq(net, q.front());
-    q.erase(q.begin());
-    ++done;
-  }
-}
-
-// Streams `count` messages of `size` bytes over one comm pair, `window` in flight per side.
-void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int count, int window) {
-  std::vector<uint8_t> sbuf(size, 0x5a), rbuf(size);
-  std::thread sender([&] {
-    keepWindow(net, count, window, [&] {
-      void* req = nullptr;
-      Plugin::check(net->isend(send, sbuf.data(), size, 0, nullptr, nullptr, &req), "isend");
-      return req;
-    });
-  });
-  keepWindow(net, count, window, [&] {
-    void* req = nullptr;
-    void* data = rbuf.data();
-    size_t cap = size;
-    int tag = 0;
-    Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
-    return req;
-  });
-  sender.join();
-}
-
-int messagesFor(uint64_t size, double seconds, double guessGBps) {
-  double n = seconds * guessGBps * 1e9 / static_cast<double>(size);
-  return static_cast<int>(std::clamp(n, 8.0, 200000.0));
-}
+using namespace bagua::netbench;
 
 // GB/s of the plugin with `conns` connections in parallel.
 double pluginThroughput(Plugin& p, uint64_t size, int window, int conns, double seconds) {
@@ -439,7 +277,8 @@ void usage() {
       "baselines from the same run: one plain TCP socket ('tcp') and our engine with an\n"
       "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n"
       "--slow-stream RATE (bytes/s, K/M/G suffixes) paces data stream 0 of every plugin\n"
-      "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n");
+      "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n"
+      "--netns RECV_NS,SEND_NS switches to the shaped-link mode (--netns --help tells).\n");
 }
 
 Options parseArgs(int argc, char** argv) {
@@ -501,6 +340,11 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--netns") {
+      return bagua::netbench::linksMain(argc, argv, defaultPluginPath());
+    }
+  }
   Options o = parseArgs(argc, argv);
   if (o.demo) {
     o.sizes = {64 << 10, 1 << 20, 16 << 20};

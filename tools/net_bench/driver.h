@@ -1,0 +1,227 @@
+// bagua-net-bench's plumbing shared by its loopback mode (main.cc) and its shaped-link mode
+// (links.cc): the plugin loaded and driven the way NCCL drives it (dlopen, ncclNetPlugin_v11,
+// listen/connect/accept, isend/irecv/test with a window of requests in flight), size parsing and
+// formatting. Single-threaded set-up; the pump functions run one sender and one receiver thread.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bagua/base/params.h"
+#include "nccl_net_abi.h"
+
+namespace bagua::netbench {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] inline void die(const std::string& what) {
+  std::fprintf(stderr, "bagua-net-bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+inline double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+inline std::string fmtBytes(uint64_t b) {
+  if (b >= (1u << 30) && b % (1u << 30) == 0) {
+    return std::to_string(b >> 30) + "G";
+  }
+  if (b >= (1u << 20) && b % (1u << 20) == 0) {
+    return std::to_string(b >> 20) + "M";
+  }
+  if (b >= 1024 && b % 1024 == 0) {
+    return std::to_string(b >> 10) + "K";
+  }
+  return std::to_string(b);
+}
+
+inline std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!item.empty()) {
+      out.push_back(item);
+    }
+    if (comma == std::string::npos) {
+      break;
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
+
+inline std::vector<uint64_t> parseSizeList(const std::string& text) {
+  std::vector<uint64_t> out;
+  for (const std::string& item : splitList(text)) {
+    bagua::Result<uint64_t> v = bagua::parseBytes(item);
+    if (!v.isOk()) {
+      die("bad size '" + item + "': " + v.status().message());
+    }
+    out.push_back(*v);
+  }
+  return out;
+}
+
+// The plugin, loaded like NCCL loads it. The stream count and schedule go through the plugin's
+// own environment variables (read at init), as a user would set them.
+class Plugin {
+ public:
+  Plugin(const std::string& path, int streams, const char* schedule) {
+    setenv("BAGUA_NET_NSTREAMS", std::to_string(streams).c_str(), 1);
+    setenv("BAGUA_NET_SCHEDULE", schedule, 1);
+    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) {
+      die(std::string("dlopen failed: ") + dlerror());
+    }
+    net_ = static_cast<ncclNet_v11_t*>(dlsym(lib_, "ncclNetPlugin_v11"));
+    if (net_ == nullptr) {
+      die("no ncclNetPlugin_v11 in " + path);
+    }
+    check(net_->init(&ctx_, 1, nullptr, nullptr, nullptr), "init");
+  }
+  ~Plugin() {
+    net_->finalize(ctx_);
+    dlclose(lib_);
+  }
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  static void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) {
+      die(std::string(what) + " failed with ncclResult " + std::to_string(r));
+    }
+  }
+
+  // Starts listening on device `dev`; the handle goes to the peer.
+  void* listen(int dev, char (&handle)[NCCL_NET_HANDLE_MAXSIZE]) {
+    void* listenComm = nullptr;
+    check(net_->listen(ctx_, dev, handle, &listenComm), "listen");
+    return listenComm;
+  }
+  // One non-blocking connect attempt (NCCL retries with the same handle); null while pending.
+  void* connectStep(int dev, char (&handle)[NCCL_NET_HANDLE_MAXSIZE]) {
+    void* send = nullptr;
+    ncclNetDeviceHandle_v7_t* devComm = nullptr;
+    check(net_->connect(ctx_, dev, handle, &send, &devComm), "connect");
+    return send;
+  }
+  void* acceptStep(void* listenComm) {
+    void* recv = nullptr;
+    ncclNetDeviceHandle_v7_t* devComm = nullptr;
+    check(net_->accept(listenComm, &recv, &devComm), "accept");
+    return recv;
+  }
+
+  // One send/recv comm pair over loopback (device 0).
+  void connectPair(void** send, void** recv) {
+    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listenComm = listen(0, handle);
+    *send = nullptr;
+    *recv = nullptr;
+    auto t0 = Clock::now();
+    while (*send == nullptr || *recv == nullptr) {
+      if (*send == nullptr) {
+        *send = connectStep(0, handle);
+      }
+      if (*recv == nullptr) {
+        *recv = acceptStep(listenComm);
+      }
+      if (secondsSince(t0) > 10) {
+        die("connect/accept took more than 10 s");
+      }
+    }
+    check(net_->closeListen(listenComm), "closeListen");
+  }
+
+  ncclNet_v11_t* net() const { return net_; }
+
+ private:
+  void* lib_ = nullptr;
+  ncclNet_v11_t* net_ = nullptr;
+  void* ctx_ = nullptr;
+};
+
+// Polls test() like NCCL's proxy thread, yielding between polls so that polling threads do not
+// starve the plugin's helper threads on small machines.
+inline void waitReq(ncclNet_v11_t* net, void* req) {
+  int done = 0;
+  for (;;) {
+    Plugin::check(net->test(req, &done, nullptr), "test");
+    if (done) {
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+// Completes `count` requests in posting order, keeping up to `window` in flight; post() returns
+// the next request, or null when the plugin has no free slot (retried after the oldest completes).
+template <typename Post>
+void keepWindow(ncclNet_v11_t* net, int count, int window, Post post) {
+  std::vector<void*> q;
+  int posted = 0;
+  for (int done = 0; done < count;) {
+    while (posted < count && static_cast<int>(q.size()) < window) {
+      void* req = post();
+      if (req == nullptr) {
+        break;
+      }
+      q.push_back(req);
+      ++posted;
+    }
+    waitReq(net, q.front());
+    q.erase(q.begin());
+    ++done;
+  }
+}
+
+// Sends `count` messages of `size` bytes from `buf`, `window` in flight.
+inline void sendMessages(ncclNet_v11_t* net, void* send, std::vector<uint8_t>& buf, int count,
+                         int window) {
+  keepWindow(net, count, window, [&] {
+    void* req = nullptr;
+    Plugin::check(net->isend(send, buf.data(), buf.size(), 0, nullptr, nullptr, &req), "isend");
+    return req;
+  });
+}
+
+// Receives `count` messages into `buf` (each up to buf.size() bytes), `window` in flight.
+inline void recvMessages(ncclNet_v11_t* net, void* recv, std::vector<uint8_t>& buf, int count,
+                         int window) {
+  keepWindow(net, count, window, [&] {
+    void* req = nullptr;
+    void* data = buf.data();
+    size_t cap = buf.size();
+    int tag = 0;
+    Plugin::check(net->irecv(recv, 1, &data, &cap, &tag, nullptr, nullptr, &req), "irecv");
+    return req;
+  });
+}
+
+// Streams `count` messages of `size` bytes over one comm pair, `window` in flight per side.
+inline void pumpPair(ncclNet_v11_t* net, void* send, void* recv, uint64_t size, int count,
+                     int window) {
+  std::vector<uint8_t> sbuf(size, 0x5a), rbuf(size);
+  std::thread sender([&] { sendMessages(net, send, sbuf, count, window); });
+  recvMessages(net, recv, rbuf, count, window);
+  sender.join();
+}
+
+// Messages of `size` that take about `seconds` at `guessGBps`, at least 8.
+inline int messagesFor(uint64_t size, double seconds, double guessGBps) {
+  double n = seconds * guessGBps * 1e9 / static_cast<double>(size);
+  return static_cast<int>(std::clamp(n, 8.0, 200000.0));
+}
+
+}  // namespace bagua::netbench
