@@ -3,14 +3,51 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "bagua/base/logging.h"
 #include "comm.h"
 #include "wire.h"
 
 namespace bagua::net {
+
+namespace {
+
+// EngineOptions::sendRateMbps: one virtual clock per process. A sender reserves the wire time
+// of its bytes (start = max(now, the clock), clock = start + bytes / rate) and sends at its start
+// time, so over any stretch the process's payload rate stays at or below the cap whatever the
+// number of comms and streams; idle time earns no credit (a link has no burst memory).
+class SendPacer {
+ public:
+  // The time `bytes` may start on a link of `mbps` Mbit/s.
+  std::chrono::steady_clock::time_point reserve(uint64_t bytes, uint64_t mbps) {
+    const auto cost =
+        static_cast<int64_t>(static_cast<double>(bytes) * 8e3 / static_cast<double>(mbps));  // ns
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t cur = clock_.load(std::memory_order_relaxed);
+    int64_t start = 0;
+    do {
+      start = std::max(cur, now);
+    } while (!clock_.compare_exchange_weak(cur, start + cost, std::memory_order_relaxed));
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(start));
+  }
+
+ private:
+  std::atomic<int64_t> clock_{0};
+};
+
+SendPacer& processPacer() {
+  static SendPacer pacer;
+  return pacer;
+}
+
+}  // namespace
 
 SendComm::Impl::Impl(Fd control, std::vector<Fd> data, const EngineOptions& options,
                      SocketAddress peer)
@@ -46,6 +83,11 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   slot->size = size;
   slot->seq = seq;
   bool isInline = size <= options_.inlineBytes;
+  if (isInline && options_.sendRateMbps > 0) {
+    // Sent from the caller's thread without waiting (NCCL's proxy must not block): the inline
+    // payload pushes the clock, so the next chunk of any stream waits for it.
+    (void)processPacer().reserve(size, options_.sendRateMbps);
+  }
   bool roundRobin = options_.schedule == Schedule::kRoundRobin;
   // One snapshot of the live settings per message (see LiveSettings).
   const LiveSettings live = resolveLive();
@@ -239,6 +281,19 @@ bool SendComm::Impl::sendChunk(int stream, Slot* slot, uint64_t offset, uint32_t
   h.length = length;
   wire::encodeChunk(h, header);
   iovec iov[2] = {{header, sizeof(header)}, {slot->data + offset, length}};
+  if (options_.sendRateMbps > 0) {
+    // Link emulation: wait for this chunk's slot on the process's clock, in slices so that an
+    // abort is seen within 10 ms.
+    const auto start = processPacer().reserve(length, options_.sendRateMbps);
+    while (!failed()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= start) {
+        break;
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          start - now, std::chrono::milliseconds(10)));
+    }
+  }
   Status s = sendAllV(data_[static_cast<size_t>(stream)].get(), iov, 2);
   if (!s.isOk()) {
     ioError(std::move(s), "chunk", stream);

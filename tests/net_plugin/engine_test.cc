@@ -440,6 +440,31 @@ TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
               100.0 * static_cast<double>(dyn[0]) / static_cast<double>(total), tRr);
 }
 
+// BAGUA_NET_SEND_RATE_MBPS (link emulation for bench/ddp): two connections of one process,
+// sending at once, share one pacing clock, so 4 MiB in total at 64 Mbit/s take >= 0.52 s however
+// the bytes are spread over comms and streams; inline messages count too. Every byte arrives.
+TEST(Engine, SendRateCapIsOneClockPerProcess) {
+  EngineOptions o = testOptions(4);
+  o.sendRateMbps = 64;
+  Pair a = connectPair(o);
+  Pair b = connectPair(o);
+  ASSERT_TRUE(a.send && a.recv && b.send && b.recv);
+  std::vector<size_t> sizes(8, 256 << 10);
+  sizes.push_back(100);  // inline (o.inlineBytes is 256)
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread other([&] { transfer(b, sizes, 4); });
+  transfer(a, sizes, 4);
+  other.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double bytes = 2.0 * (8 * (256 << 10) + 100);
+  const double floor = bytes * 8 / 64e6;
+  EXPECT_GE(seconds, 0.95 * floor) << "the cap let " << bytes << " bytes through in " << seconds
+                                   << " s (64 Mbit/s needs " << floor << " s)";
+  EXPECT_LT(seconds, 10 * floor) << "paced far below the cap";
+  std::printf("send-rate cap 64 Mbit/s: %.0f bytes over 2 comms in %.3f s (%.1f Mbit/s)\n", bytes,
+              seconds, bytes * 8 / seconds / 1e6);
+}
+
 TEST(Engine, LargeMessages64MiBPlus) {
   EngineOptions o = testOptions(8);
   o.maxChunkBytes = 1 << 20;

@@ -96,6 +96,9 @@ struct EngineOptions {
   // stream 0 of every send comm is paced to this many bytes/s by the kernel (SO_MAX_PACING_RATE),
   // i.e. one slow flow among fast ones, as on a congested path or a bad ECMP hash.
   uint64_t slowStreamBytesPerSec = 0;
+  // Link emulation (BAGUA_NET_SEND_RATE_MBPS): when non-zero, the payload of every send comm of
+  // the process goes out at most at this many Mbit/s in total (one pacing clock per process).
+  uint64_t sendRateMbps = 0;
 
   // Options from the catalogue (environment or defaults). Fails on an invalid value, naming it.
   static Result<EngineOptions> fromParams();

@@ -115,6 +115,13 @@ struct NetParams : ParamCatalogue {
                             "Fault injection for benchmarks: pace data stream 0 of every "
                             "send comm to this many bytes/s (SO_MAX_PACING_RATE), one slow "
                             "flow among fast ones. 0 (default): off."};
+  IntParam sendRateMbps{*this,
+                        "BAGUA_NET_SEND_RATE_MBPS",
+                        0,
+                        {0, 10 * 1000 * 1000},
+                        "Link emulation for benchmarks: every send comm of this process "
+                        "together sends at most this many Mbit/s of payload (one pacing "
+                        "clock per process, i.e. per rank: a slow NIC). 0 (default): off."};
 };
 NetParams& netParams();
 
