@@ -20,10 +20,12 @@ veth into a bridge and a tc htb cap on its egress (netlink.py), so gloo and bagu
 Bagua-Net for both torch DDP and bagua with BAGUA_NET_SEND_RATE_MBPS capping each rank's send
 rate (the plugin's pacing), since NCCL's Socket transport has no cap.
 
-Columns: step ms (median of the timed rounds' mean step time), speed vs DDP (DDP's step time /
-this one's: > 1 is faster), the rank-averaged training loss of the last tenth of the steps, the
+Columns: step ms (median of the timed rounds' mean step time), speed vs DDP (median over the
+timed rounds of DDP's block time / this one's in the same round: > 1 is faster), the rank-averaged training loss of the last tenth of the steps, the
 loss on a fixed evaluation set (rank average), that loss relative to DDP's, and the largest
-difference between a rank's weights and rank 0's (0 for the centralized algorithms).
+difference between a rank's weights and rank 0's (0 for the centralized algorithms). cpu ms:
+rank 0's CPU time per step, every thread of the process (median over the timed rounds): the
+cost that is left when the machine is shared and wall times swing.
 """
 
 import argparse
@@ -192,6 +194,17 @@ def run_model(args, model, link):
     return res
 
 
+def paired_speed(base, row):
+    """Median over the timed rounds of DDP's block time over this contestant's in the same
+    round: adjacent blocks see the same load on a shared machine, so the ratio is steadier than
+    the ratio of the two medians."""
+    pairs = sorted(b / r for b, r in zip(base["round_ms"], row["round_ms"]) if r > 0)
+    if not pairs:
+        return float("nan")
+    mid = len(pairs) // 2
+    return pairs[mid] if len(pairs) % 2 else 0.5 * (pairs[mid - 1] + pairs[mid])
+
+
 def table(args, res, link_desc):
     rows = res["results"]
     base = next((r for r in rows if r["name"] == "ddp"), None)
@@ -203,15 +216,17 @@ def table(args, res, link_desc):
               link_desc, res["steps"], args.rounds, args.round_steps, res["torch"]))
     if floor is not None:
         print("loss floor (the Markov chain's entropy rate): {:.3f} nats/token".format(floor))
-    hdr = "{:30s} {:>9s} {:>8s} {:>10s} {:>9s} {:>9s} {:>10s}".format(
-        "contestant", "step ms", "vs DDP", "train loss", "eval loss", "eval/DDP", "rank diff")
+    hdr = "{:30s} {:>9s} {:>8s} {:>8s} {:>10s} {:>9s} {:>9s} {:>10s}".format(
+        "contestant", "step ms", "vs DDP", "cpu ms", "train loss", "eval loss", "eval/DDP",
+        "rank diff")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        speed = base["step_ms"] / r["step_ms"] if base else float("nan")
+        speed = paired_speed(base, r) if base else float("nan")
+        r["speed_vs_ddp"] = speed
         rel = r["eval_loss"] / base["eval_loss"] if base else float("nan")
-        print("{:30s} {:9.2f} {:7.2f}x {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
-            r["name"], r["step_ms"], speed, r["final_loss"], r["eval_loss"], rel,
+        print("{:30s} {:9.2f} {:7.2f}x {:8.2f} {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
+            r["name"], r["step_ms"], speed, r["cpu_ms"], r["final_loss"], r["eval_loss"], rel,
             r["weight_spread"]))
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:

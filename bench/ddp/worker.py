@@ -159,12 +159,14 @@ def main():
     cont = [Contestant(n, args, dev, None) for n in names]
     build_s = time.perf_counter() - t_build
     per_round = {n: [] for n in names}
+    cpu_round = {n: [] for n in names}  # this process's CPU time (every thread) per step
     losses = {n: [] for n in names}
     step_no = {n: 0 for n in names}
     for r in range(args.rounds):
         for c in cont:
             sync(dev)
             t0 = time.perf_counter()
+            c0 = time.process_time()
             got = []
             for _ in range(args.round_steps):
                 batch = train[step_no[c.name] % len(train)]
@@ -178,6 +180,7 @@ def main():
             dt = (time.perf_counter() - t0) / args.round_steps
             if r > 0:
                 per_round[c.name].append(dt)
+                cpu_round[c.name].append((time.process_time() - c0) / args.round_steps)
             losses[c.name] += [float(v) for v in got]
 
     # Rank-averaged losses, evaluation, and the ranks' weight spread (rank 0's weights sent).
@@ -204,6 +207,8 @@ def main():
         row = {"name": c.name, "step_ms": 1e3 * statistics.median(per_round[c.name])
                if per_round[c.name] else float("nan"),
                "round_ms": [1e3 * v for v in per_round[c.name]],
+               "cpu_ms": 1e3 * statistics.median(cpu_round[c.name]) if cpu_round[c.name]
+               else float("nan"),
                "loss_curve": curve, "final_loss": sum(curve[-tail:]) / tail,
                "eval_loss": float(evt) / world, "weight_spread": float(spread)}
         if c.name == "ddp":
