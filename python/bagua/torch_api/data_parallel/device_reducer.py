@@ -17,6 +17,7 @@ import threading
 import torch
 
 from .. import communication as comm
+from .._communicator import _CORE_OP
 
 
 class DeviceReducer:
@@ -148,7 +149,7 @@ class DeviceReducer:
                     ev.synchronize()
                     flat = self.flats[bi]
                     nccl.all_reduce(flat.data_ptr(), flat.data_ptr(), flat.numel(),
-                                    code(flat.dtype), comm._CORE_OP[op]).wait()
+                                    code(flat.dtype), _CORE_OP[op]).wait()
             except Exception as e:  # surfaced by finish_backward
                 self._error = RuntimeError("bagua: bucket {}: {}".format(bi, e))
             self._done.release()
