@@ -133,7 +133,8 @@ def rank_env(args, rank, master, port):
         env["NCCL_HOSTID"] = "bagua-bench-rank{}".format(rank)
     if args.net == "bagua-net":
         plugin = os.path.join(args.build, "net_plugin")
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([plugin, env.get("LD_LIBRARY_PATH", "")])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [plugin] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
         env.update(NCCL_NET_PLUGIN="bagua", NCCL_NET="Bagua")
         if args.link != "none":
             env["BAGUA_NET_SEND_RATE_MBPS"] = str(int(netlink.parse_rate(args.link) / 1e6))
@@ -236,6 +237,8 @@ def table(args, res, link_desc):
 
 def main():
     args = parse()
+    # A SIGTERM (timeout, the GPU script) unwinds: the ranks and the namespaces get cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     link = None
     if args.link == "none":
         link_desc = ("loopback (NCCL {}{})".format(args.net, ", one GPU shared"

@@ -388,7 +388,7 @@ Status DistributedDataParallel::markGradReady(int paramIndex) {
 }
 
 Status DistributedDataParallel::launchReadyBuckets() {
-  // Device buckets: mark "all gradients copied" on the copy stream before handing them over.
+  // Device buckets: mark "all gradients copied" on the trainer's stream before handing them over.
   for (size_t bi = nextBucket_; bi < buckets_.size() && pendingInBucket_[bi] == 0; ++bi) {
     BAGUA_RETURN_IF_ERROR(stager_->markReady(buckets_[bi]));
   }

@@ -2,11 +2,13 @@
 //
 // Host buckets are plain host memory and memcpy. Device buckets (builds with NCCL and CUDA) are
 // one cudaMalloc'd allocation each; gradients are copied in and out with cudaMemcpyAsync on the
-// stager's own non-blocking copy stream, ordered after the trainer's stream with an event, never
-// through host memory. Each device bucket has a "gradients copied" event: markReady() records it
-// once the bucket's last gradient was copied, and the bucket thread polls it (waitReady) before
-// handing the bucket to the algorithm. After the copy-back the trainer's stream waits for the
-// copy stream (releaseToTrainer), so the trainer reads the reduced gradients in order. All the
+// trainer's stream, never through host memory: a copy-in is ordered after the kernel that wrote
+// the gradient with no event or cross-stream wait (as torch DDP does; an earlier version used a
+// copy stream and an event record + stream wait per gradient, four runtime calls instead of
+// two). Each device bucket has a "gradients copied" event: markReady() records it on the
+// trainer's stream once the bucket's last gradient was copied, and the bucket thread polls it
+// (waitReady) before handing the bucket to the algorithm. The copy-backs run after the host saw
+// every collective finish, so the trainer reads the reduced gradients in stream order. All the
 // CUDA state lives here, so that bagua/core/ddp.h holds none of it.
 //
 // Layouts: allocate() gives a new bucket list its storage while the previous layout's storage
@@ -48,7 +50,7 @@ class DeviceStager {
   // `trainerStream`: the stream the trainer produces and reads gradients on
   // (DdpOptions::cudaStream; null: the legacy default stream). Borrowed.
   explicit DeviceStager(CUstream_st* trainerStream) : trainerStream_(trainerStream) {}
-  // Waits for the copy stream, then frees both layouts, the events and the stream.
+  // Frees both layouts and their events (cudaFree waits for the device's pending copies).
   ~DeviceStager();
   DeviceStager(const DeviceStager&) = delete;
   DeviceStager& operator=(const DeviceStager&) = delete;
@@ -63,8 +65,8 @@ class DeviceStager {
   void commit();
 
   // ---- Hot path, trainer thread -------------------------------------------------------------
-  // A gradient into its bucket slot. Device: asynchronous, after everything the trainer's stream
-  // enqueued so far.
+  // A gradient into its bucket slot. Device: asynchronous on the trainer's stream (after
+  // everything it enqueued so far).
   Status copyIn(const Bucket& bucket, void* slot, const void* grad, size_t bytes) {
     if (bucket.device.type == DeviceType::kCpu) {
       hostCopy(slot, grad, bytes);
@@ -99,7 +101,8 @@ class DeviceStager {
   Status markReady(const Bucket& bucket) {
     return bucket.device.type == DeviceType::kCpu ? Status::ok() : deviceMarkReady(bucket);
   }
-  // After the iteration's copy-backs: the trainer's stream waits for them (device layouts).
+  // After the iteration's copy-backs (kept as the hand-over point; the copies are on the
+  // trainer's stream, so there is nothing left to order).
   Status releaseToTrainer();
 
   // ---- Bucket thread -------------------------------------------------------------------------
@@ -142,10 +145,8 @@ class DeviceStager {
   Status deviceWaitReady(const Bucket& bucket, std::chrono::steady_clock::time_point deadline);
 
   CUstream_st* const trainerStream_;
-  // Created with the first device bucket; one device per process.
-  CUstream_st* copyStream_ = nullptr;
+  // The device of the first device bucket; one device per process.
   int copyDevice_ = -1;
-  CUevent_st* trainerMark_ = nullptr;  // marks the trainer's (or the copy) stream for a wait
   Layout current_;
   Layout next_;  // allocated, not yet committed
 };

@@ -22,6 +22,8 @@
 
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/algorithms/qadam.h"
+#include "bagua/autotune/autotuner.h"
+#include "bagua/autotune/params.h"
 #include "bagua/core/ddp.h"
 #include "ext.h"
 
@@ -206,12 +208,29 @@ class PyAlgorithm {
   std::shared_ptr<core::Algorithm> algo_;
 };
 
+// Whether this wrap is autotuned: `request` 1 / 0 forces it, -1 follows BAGUA_AUTOTUNE (>= 1).
+// Only the all-reduce family is wrapped (the tuner re-reifies the algorithm at each layout
+// switch; QAdam's stage and the weight-averaging algorithms keep state or have no gradient
+// buckets: Bagua tunes none of them either).
+bool autotuneThisWrap(int request, const std::string& algorithm) {
+  bool on = request > 0;
+  if (request < 0) {
+    Result<int64_t> level = autotune::autotuneParams().level.get();
+    if (!level.isOk()) {
+      throw pyb::value_error(level.status().toString());
+    }
+    on = *level >= 1;
+  }
+  return on && (algorithm == "gradient_allreduce" || algorithm == "bytegrad");
+}
+
 class PyReducer {
  public:
   PyReducer(pyb::object group, const std::vector<ParamSpec>& params,
             const std::vector<ParamSpec>& buffers, PyAlgorithm& algorithm, PyQAdam* qadam,
             double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
-            const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream)
+            const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream,
+            int autotuneRequest, const std::string& autotuneModel)
       : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
     core::ProcessGroup& pg = groupOf(group_);
     core::DdpOptions o;
@@ -230,17 +249,37 @@ class PyReducer {
       stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());
       opts.push_back(stateOnly_.get());
     }
+    std::shared_ptr<core::Algorithm> algo = algorithm.get();
+    std::shared_ptr<autotune::Tunable> tunable;
+    if (autotuneThisWrap(autotuneRequest, algorithm.name())) {
+      // BAGUA_AUTOTUNE: the bucket layout (size and order) tuned while training, as Bagua's
+      // autotune service does; the with_bagua bucket size is the starting point.
+      tunable = std::make_shared<autotune::Tunable>(algo);
+      algo = tunable;
+    }
     Result<std::unique_ptr<core::DistributedDataParallel>> r =
         BAGUA_ERROR(kInternal, "not created");
     {
       pyb::gil_scoped_release nogil;
-      r = core::withBagua(params_, buffers_, opts, algorithm.get(), pg, o);
+      r = core::withBagua(params_, buffers_, opts, algo, pg, o);
     }
     ddp_ = take(std::move(r));
+    if (tunable) {
+      autotune::AutotuneOptions ao;
+      ao.model = autotuneModel.empty() ? "with_bagua" : autotuneModel;
+      ao.enabled = true;
+      Result<std::unique_ptr<autotune::Autotuner>> t = BAGUA_ERROR(kInternal, "not created");
+      {
+        pyb::gil_scoped_release nogil;
+        t = autotune::Autotuner::create(*ddp_, *tunable, ao);
+      }
+      tuner_ = take(std::move(t));
+    }
   }
   ~PyReducer() {
     pyb::gil_scoped_release nogil;
     noSync_.reset();
+    tuner_.reset();
     ddp_.reset();
   }
   PyReducer(const PyReducer&) = delete;
@@ -286,7 +325,19 @@ class PyReducer {
     run([&] { return ddp_->finishBackward(); });
   }
   void step() {
-    run([&] { return ddp_->step(); });
+    run([&] {
+      BAGUA_RETURN_IF_ERROR(ddp_->step());
+      return tuner_ ? tuner_->onIterationEnd() : Status::ok();
+    });
+  }
+  // The tuner's state for tests and logs: (tuning, skipped, switch steps, current bucket bytes);
+  // None without autotuning.
+  pyb::object autotuneState() const {
+    if (!tuner_) {
+      return pyb::none();
+    }
+    return pyb::make_tuple(tuner_->tuning(), tuner_->skipped(), tuner_->switchSteps(),
+                           tuner_->current().bucketBytes);
   }
   void setNoSync(bool on) {
     if (on && !noSync_) {
@@ -311,6 +362,7 @@ class PyReducer {
   std::vector<Parameter> buffers_;
   std::unique_ptr<StateOnlyOptimizer> stateOnly_;
   std::unique_ptr<core::DistributedDataParallel> ddp_;
+  std::unique_ptr<autotune::Autotuner> tuner_;  // BAGUA_AUTOTUNE only; destroyed before ddp_
   std::unique_ptr<core::DistributedDataParallel::NoSyncGuard> noSync_;
 };
 
@@ -342,14 +394,16 @@ void bindDdp(pyb::module_& m) {
   m.def("algorithm_names", [] { return algo::algorithmNames(); });
 
   pyb::class_<PyReducer>(m, "Reducer")
-      .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
-                     PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
-                     const std::vector<std::string>&, int64_t, uintptr_t>(),
-           pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
-           pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
-           pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
-           pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0, pyb::keep_alive<1, 5>(),
-           pyb::keep_alive<1, 6>())
+      .def(
+          pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
+                    PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
+                    const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&>(),
+          pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
+          pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
+          pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
+          pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
+          pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "", pyb::keep_alive<1, 5>(),
+          pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
       .def("set_grads", &PyReducer::setGrads)
       .def("mark_ready", &PyReducer::markReady)
@@ -362,7 +416,8 @@ void bindDdp(pyb::module_& m) {
       .def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
       .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
       .def_property_readonly("buckets_rebuilt",
-                             [](PyReducer& r) { return r.ddp().bucketsRebuilt(); });
+                             [](PyReducer& r) { return r.ddp().bucketsRebuilt(); })
+      .def_property_readonly("autotune_state", &PyReducer::autotuneState);
 }
 
 }  // namespace bagua::py

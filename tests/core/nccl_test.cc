@@ -1,7 +1,7 @@
 // The NCCL backend on real GPUs: ranks as threads, one device each. Skipped (with the reason)
 // where no GPU is visible; the lead runs it on the GPU machine. Also the reducer on device
-// tensors (device buckets, the copy stream, the rebuild's broadcast staged through the device),
-// which runs on one GPU as well.
+// tensors (device buckets, copies on the trainer's stream, the rebuild's broadcast staged through
+// the device), which runs on one GPU as well.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -397,7 +397,7 @@ class AveragePlusOne final : public Algorithm {
 };
 
 // The reducer's device path: gradients written on the trainer's own stream, copied into device
-// buckets on the reducer's copy stream, reduced over NCCL and copied back (or, as bucket views,
+// buckets on that stream, reduced over NCCL and copied back (or, as bucket views,
 // written in place), read back on the trainer's stream right after finishBackward() without a
 // device-wide synchronisation. Small buckets force several of them; the marking order differs
 // from the registration order, so the rebuild after the first iteration (rank 0's order

@@ -15,6 +15,9 @@ SCENARIOS_2 = {
                               "wrapper": "with_bagua", "do_flatten": False},
     "gar_ddp": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                 "wrapper": "ddp"},
+    # BAGUA_AUTOTUNE on for this wrap (the tuner's windows shortened by the launch's env).
+    "gar_autotune": {"algorithm": "gradient_allreduce", "steps": 40, "reference": True,
+                     "wrapper": "with_bagua", "autotune": True},
     "no_sync": {"algorithm": "gradient_allreduce", "steps": 6, "accumulate": 2},
     "bytegrad": {"algorithm": "bytegrad", "steps": 10, "reference": True,
                  "kwargs": {"hierarchical": False}},
@@ -55,7 +58,11 @@ def runs2():
     items["features"] = {"func": "features"}  # last: it aborts the group on purpose
     # Launched by baguarun (the launcher is part of what is tested); the world-3 run below is
     # spawned directly with torchrun's variables, as torchrun would.
-    outs = harness.run("bundle", 2, {"items": items}, timeout=240, launcher="baguarun")
+    # The tuner's parameters (read only where a wrap is autotuned: gar_autotune): no warm-up,
+    # one 2-iteration window per setting, 6 settings.
+    tune = {"BAGUA_AUTOTUNE_WARMUP_TIME_S": "0", "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": "0",
+            "BAGUA_AUTOTUNE_CHECK_INTERVAL": "2", "BAGUA_AUTOTUNE_MAX_SAMPLES": "6"}
+    outs = harness.run("bundle", 2, {"items": items}, timeout=240, launcher="baguarun", env=tune)
     return {k: [o[k] for o in outs] for k in items}
 
 
@@ -94,6 +101,21 @@ def test_gradient_allreduce_equals_single_process(runs2, scenario):
     assert outs[0]["unwrap_hops"] == (1 if wrapper == "ddp" else 0)
     assert outs[0]["unwrapped_state_dict_keys"] == ["fc1.weight", "fc2.weight", "fc2.bias",
                                                     "fc3.weight"]
+
+
+def test_autotuned_gradient_allreduce_equals_single_process(runs2):
+    # BAGUA_AUTOTUNE: the tuner switched the bucket layout while training (every rank at the
+    # same iterations) and the run is still DDP's: ranks equal, single-process reference.
+    outs = runs2["gar_autotune"]
+    tuning, skipped, switches, bucket_bytes = outs[0]["autotune"]
+    assert not skipped
+    assert len(switches) >= 1, "the tuner never switched layouts: {}".format(outs[0]["autotune"])
+    assert outs[0]["autotune"] == outs[1]["autotune"]
+    assert outs[0]["layout"] == outs[1]["layout"]
+    assert sorted(n for b in outs[0]["layout"] for n in b) == sorted(
+        ["fc1.weight", "fc2.weight", "fc2.bias", "fc3.weight"])
+    _assert_ranks_equal(outs)
+    assert torch.allclose(outs[0]["final"], outs[0]["reference"], rtol=1e-5, atol=1e-6)
 
 
 def test_no_sync_accumulation_equals_single_process(runs2):

@@ -241,7 +241,14 @@ def train(a):
                                           find_unused_parameters=a.get("find_unused", False))
         ctx = wrapped.no_sync
     else:
-        wrapped = model.with_bagua([opt], algo, do_flatten=a.get("do_flatten", True))
+        from bagua.torch_api.data_parallel import bagua_distributed
+
+        tuned = bagua_distributed.AUTOTUNE
+        bagua_distributed.AUTOTUNE = 1 if a.get("autotune") else tuned
+        try:
+            wrapped = model.with_bagua([opt], algo, do_flatten=a.get("do_flatten", True))
+        finally:
+            bagua_distributed.AUTOTUNE = tuned
         ctx = wrapped.no_sync
     init = flat(model)
     losses = []
@@ -261,6 +268,9 @@ def train(a):
         opt.step()
         losses.append(loss.item())
     out = {"init": init, "final": flat(model), "losses": losses}
+    if a.get("autotune"):
+        out["autotune"] = wrapped.bagua_ddp._engine._reducer.autotune_state
+        out["layout"] = wrapped.bagua_ddp.bucket_layout()
     if a["algorithm"] == "async":
         algo.abort(model)
         algo.abort(model)  # a second abort is a no-op

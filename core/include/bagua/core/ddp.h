@@ -16,10 +16,11 @@
 //
 // Device tensors: parameters on a CUDA device are reduced in device buckets (cudaMalloc'd, one
 // per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
-// are copied in and out with cudaMemcpyAsync on the reducer's own copy stream, ordered after the
-// trainer's stream (DdpOptions::cudaStream) with events, never through host memory. A bucket is
-// handed to the algorithm once its copy event has completed. Host and device buckets may mix
-// (a bucket holds one device). Without NCCL, device tensors are refused with an error.
+// are copied in and out with cudaMemcpyAsync on the trainer's stream (DdpOptions::cudaStream),
+// so in order after the kernels that wrote them, never through host memory. A bucket is handed
+// to the algorithm once its "copied" event, recorded after its last copy, has completed. Host
+// and device buckets may mix (a bucket holds one device). Without NCCL, device tensors are
+// refused with an error.
 //
 // Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
 // finishBackward() as an error within the collective timeout; the reducer is then unusable.
@@ -65,7 +66,7 @@ struct DdpOptions {
   // Bound on waiting for communication in finishBackward (0: BAGUA_COLLECTIVE_TIMEOUT_MS).
   std::chrono::milliseconds timeout{0};
   // Device tensors: the cudaStream_t the trainer produces gradients on and reads them from
-  // (nullptr: the legacy default stream). Gradient copies wait for it; it waits for copy-back.
+  // (nullptr: the legacy default stream). Gradient copies in and out are enqueued on it.
   CUstream_st* cudaStream = nullptr;
 };
 
@@ -145,7 +146,7 @@ class DistributedDataParallel {
   // rebuild (an algorithm's later stage reducing fewer tensors, e.g. async after its warm-up).
   std::vector<std::vector<uint8_t>> ownGrads_;
   // The buckets' storage and the copies into and out of it (host memory, or device memory with
-  // the copy stream and events).
+  // the buckets' events).
   std::unique_ptr<DeviceStager> stager_;
 
   // Per-iteration state (trainer thread).

@@ -15,6 +15,12 @@ after torch's current stream with CUDA events). ``CUDA_REDUCER = "python"`` sele
 ``DeviceReducer`` instead (gradient_allreduce only, in Python over the NCCL communicator; kept
 as a comparison point for the benchmark).
 
+Autotuning (``BAGUA_AUTOTUNE`` >= 1, Bagua's variable, and the other ``BAGUA_AUTOTUNE_*``):
+gradient_allreduce and bytegrad wraps get the C++ ``autotune`` library's tuner, which searches
+the bucket size and order while training runs (rank 0's Bayesian optimiser, decisions through
+the group's store) and switches every rank's buckets at the same iteration, starting from the
+wrap's bucket size; it runs after each optimizer step.
+
 Parameter memory: the reducer holds the parameters' (and buffers') data pointers, and keeps a
 reference to each tensor it was given so that memory stays alive. When a parameter's memory is
 replaced after the wrap (``fuse_optimizer`` after ``with_bagua``, Bagua's documented order;
@@ -35,6 +41,10 @@ tensors again.
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
 CUDA_REDUCER = "core"
+#: Autotuning of the C++ reducer's buckets: -1 follows BAGUA_AUTOTUNE (>= 1: on), 1 / 0 force it
+#: (tests). Only gradient_allreduce and bytegrad are tuned.
+AUTOTUNE = -1
+_reducers_made = 0  # names each reducer's tuner (store keys), equal across ranks
 
 import contextlib
 import weakref
@@ -383,6 +393,8 @@ class _NativeEngine:
         # The memory the reducer points at: kept alive (see the module docstring).
         self._bound = [p.data for p in self._params] + [b for _, b in self._named_buffers]
         self._shapes = [p.shape for p in self._params]
+        self._bound_ptrs = [p.data_ptr() for p in self._bound[:len(self._params)]]
+        self._bound_dtypes = [p.dtype for p in self._bound[:len(self._params)]]
         self.is_cuda = any(p.is_cuda for p in self._params)
         group = ddp.process_group
         _broadcast_optimizer_state(ddp.optimizers, group)
@@ -418,12 +430,15 @@ class _NativeEngine:
             params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
             buffers = [_spec(n, b) for n, b in self._named_buffers]
             ext_algo = impl._algorithm._make_ext()
+            global _reducers_made
+            _reducers_made += 1  # the same on every rank: they wrap and rebuild in step
             self._reducer = ext.Reducer(
                 host_group, params, buffers, ext_algo,
                 qadam._ext if qadam is not None else None,
                 float(ddp._bucket_cap_mb), bool(ddp.find_unused_parameters),
                 bool(ddp._broadcast_buffers), True, ignore, int(ddp._first_bucket_bytes),
-                int(stream))
+                int(stream), autotune=AUTOTUNE,
+                autotune_model="with_bagua{}".format(_reducers_made))
         self._communicated = set(self._reducer.communicated())
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._synced = True  # a new reducer communicates
@@ -432,7 +447,14 @@ class _NativeEngine:
         qadam = self.impl._qadam_optimizer()
         if qadam is not None and qadam._generation != getattr(self, "_qadam_generation", None):
             return True  # the optimizer's core state object was replaced (load_state_dict)
-        for i, p in enumerate(self._params):
+        # Twice a step: one list compare in the common case (data pointer and dtype; a device
+        # change always moves the data), the detailed walk only when something moved.
+        if [p.data_ptr() for p in self._params] == self._bound_ptrs and \
+                [p.dtype for p in self._params] == self._bound_dtypes:
+            params_moved = False
+        else:
+            params_moved = True
+        for i, p in enumerate(self._params if params_moved else ()):
             if p.data_ptr() != self._bound[i].data_ptr() or p.dtype != self._bound[i].dtype \
                     or p.device != self._bound[i].device:
                 if p.shape != self._shapes[i]:

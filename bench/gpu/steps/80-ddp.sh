@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Issue 18 on ONE GPU: bagua against torch DDP, 2 ranks sharing cuda:0 through MPS, each rank its
+# own NCCL_HOSTID so NCCL takes the network path (P2P and SHM off, loopback), with
+# bench/ddp/compare.py:
+#   1. the default path: DDP against with_bagua(gradient_allreduce), GPT-2 small (124 M, Adam,
+#      512 tokens x 8 per rank) and ResNet-50 (batch 32, 224 px), over NCCL Socket
+#      and over Bagua-Net (target: bagua's step time <= DDP's);
+#   2. the slow link: every contestant (DDP, DDP + bf16 hook, DDP + PowerSGD, bagua's
+#      gradient_allreduce, bytegrad, qadam, decentralized, low_precision_decentralized) over
+#      Bagua-Net capped at 10 Gbit/s per rank (BAGUA_NET_SEND_RATE_MBPS) for both libraries.
+# Compute is shared by the two ranks: compare contestants within one run only.
+# Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Detail in $OUT/80-ddp.log, JSON in $OUT/80-ddp-*.json.
+# Alone: BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=80 bench/gpu/run.sh
+# step-timeout: 550
+set -uo pipefail
+LOG="$OUT/80-ddp.log"
+PY=/opt/torch/.venv/bin/python
+[ -x "$PY" ] || PY=python3
+: > "$LOG"
+ext_ok() { PYTHONPATH="$BUILD/python" "$PY" -c 'import _bagua_ext' >> "$LOG" 2>&1; }
+if ! ext_ok; then
+  echo "== building _bagua_ext for $PY" >> "$LOG"
+  meson configure "$BUILD" -Dpython="$PY" >> "$LOG" 2>&1
+  ninja -C "$BUILD" build.ninja >> "$LOG" 2>&1
+  target=$(cd "$BUILD" && ninja -t targets all 2>/dev/null | grep -o '^python/_bagua_ext[^:]*\.so' | head -1)
+  [ -n "$target" ] && timeout 90 ninja -C "$BUILD" "$target" >> "$LOG" 2>&1
+fi
+ext_ok || { echo "80-ddp: extension not importable by $PY (see 80-ddp.log)"; exit 1; }
+
+# MPS, private pipe and log folders; stopped at the end (if this step started it).
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+started_mps=0
+if command -v nvidia-cuda-mps-control > /dev/null; then
+  if nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then started_mps=1; fi
+else
+  echo "80-ddp: no nvidia-cuda-mps-control: ranks time-slice the GPU (collectives cost ~4.5 ms each)"
+fi
+stop_mps() { [ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1; }
+trap stop_mps EXIT
+
+export CUDA_VISIBLE_DEVICES=0
+CMP=("$PY" "$ROOT/bench/ddp/compare.py" --device cuda --nproc 2 --share-gpu --build "$BUILD")
+run() {  # label, seconds, compare.py arguments...
+  local label="$1" limit="$2"; shift 2
+  echo "===== $label: $*" >> "$LOG"
+  timeout "$limit" "${CMP[@]}" --timeout $((limit - 10)) --json "$OUT/80-ddp-$label.json" "$@" \
+    >> "$LOG" 2>&1
+  local rc=$?
+  [ "$rc" = 0 ] || { echo "80-ddp $label: rc=$rc"; grep -E "Error|error|failed" "$LOG" | tail -3; }
+}
+SECONDS=0
+for net in socket bagua-net; do
+  run "default-$net" 100 --net "$net" --models transformer,resnet50 \
+    --contestants ddp,gradient_allreduce --rounds 6 --round-steps 5
+done
+run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
+  --rounds 4 --round-steps 4
+run "link10-resnet50" 100 --net bagua-net --link 10gbit --models resnet50 \
+  --rounds 4 --round-steps 5
+
+"$PY" - "$OUT" <<'PY'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
+    label = os.path.basename(path)[7:-5]
+    for run in json.load(open(path))["runs"]:
+        rows = {r["name"]: r for r in run["results"]}
+        base = rows.get("ddp")
+        print("{} {} ({:.1f} M): {}".format(label, run["model"], run["params"] / 1e6, run["link"]))
+        for r in run["results"]:
+            extra = ""
+            if r["name"] == "gradient_allreduce" and "max_loss_diff_vs_ddp" in r:
+                extra = " loss diff vs ddp {:.1e}".format(r["max_loss_diff_vs_ddp"])
+            print("  {:28s} {:8.1f} ms {:5.2f}x  eval loss {:.3f} ({:.3f} of ddp) rank diff {:.0e}{}"
+                  .format(r["name"], r["step_ms"], r.get("speed_vs_ddp", float("nan")),
+                          r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
+                          r["weight_spread"], extra))
+PY
+echo "80-ddp: ${SECONDS}s"
