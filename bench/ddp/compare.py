@@ -229,6 +229,14 @@ def table(args, res, link_desc):
         print("{:30s} {:9.2f} {:7.2f}x {:8.2f} {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
             r["name"], r["step_ms"], speed, r["cpu_ms"], r["final_loss"], r["eval_loss"], rel,
             r["weight_spread"]))
+    for r in rows:
+        t = r.get("trace_ms_per_step")
+        if t:
+            print("  {} per step (ms, rank 0): hooks {:.2f}, finish waiting {:.2f}, copy-back "
+                  "{:.2f}; bucket thread ({:.1f} buckets): queued {:.2f}, waiting for copies "
+                  "{:.2f}, communicating {:.2f}".format(
+                      r["name"], t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
+                      t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:
         print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(

@@ -95,6 +95,12 @@ class Contestant:
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
         self.wrapped = self.module.with_bagua([self.opt], algo)
 
+    def reducer(self):
+        """bagua's C++ reducer (for its time accounting), None for DDP."""
+        ddp = getattr(self.wrapped, "bagua_ddp", None)
+        red = getattr(getattr(ddp, "_engine", None), "_reducer", None)
+        return red if hasattr(red, "stats") else None
+
 
 def loss_of(args, module, batch):
     x, y = batch
@@ -178,6 +184,8 @@ def main():
                 got.append(loss.detach())
             sync(dev)
             dt = (time.perf_counter() - t0) / args.round_steps
+            if r == 0 and c.reducer() is not None:
+                c.reducer().reset_stats()  # the trace covers the timed rounds only
             if r > 0:
                 per_round[c.name].append(dt)
                 cpu_round[c.name].append((time.process_time() - c0) / args.round_steps)
@@ -211,6 +219,13 @@ def main():
                else float("nan"),
                "loss_curve": curve, "final_loss": sum(curve[-tail:]) / tail,
                "eval_loss": float(evt) / world, "weight_spread": float(spread)}
+        red = c.reducer()
+        if red is not None:
+            st = red.stats()
+            it = max(1, st["iterations"])
+            row["trace_ms_per_step"] = {k[:-3]: v / 1e6 / it for k, v in st.items()
+                                        if k.endswith("_ns")}
+            row["trace_ms_per_step"]["buckets"] = st["buckets"] / it
         if c.name == "ddp":
             ref = curve
         results.append(row)

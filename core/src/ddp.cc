@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
@@ -350,7 +351,32 @@ Status DistributedDataParallel::prepareForward() {
   return impl_->onForwardPre(*this);
 }
 
+DdpStats DistributedDataParallel::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void DistributedDataParallel::resetStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = DdpStats{};
+}
+
+namespace {
+
+int64_t nsSince(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
 Status DistributedDataParallel::markGradReady(int paramIndex) {
+  const Clock::time_point t0 = Clock::now();
+  Status s = markGradReadyImpl(paramIndex);
+  stats_.markNs += nsSince(t0);  // trainer-only field: no lock
+  return s;
+}
+
+Status DistributedDataParallel::markGradReadyImpl(int paramIndex) {
   if (paramIndex < 0 || paramIndex >= static_cast<int>(params_.size())) {
     return BAGUA_ERROR(kInvalidArgument, "markGradReady(%d): %zu parameters", paramIndex,
                        params_.size());
@@ -394,8 +420,9 @@ Status DistributedDataParallel::launchReadyBuckets() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
+  const Clock::time_point now = Clock::now();
   while (nextBucket_ < buckets_.size() && pendingInBucket_[nextBucket_] == 0) {
-    queue_.push_back(static_cast<int>(nextBucket_));
+    queue_.emplace_back(static_cast<int>(nextBucket_), now);
     ++launched_;
     ++nextBucket_;
     any = true;
@@ -410,6 +437,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
   setThreadName("bagua-bucket");
   while (true) {
     int bi = -1;
+    Clock::time_point queuedAt;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, stop, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
@@ -419,16 +447,19 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
         }
         continue;
       }
-      bi = queue_.front();
+      std::tie(bi, queuedAt) = queue_.front();
       queue_.pop_front();
     }
     Status s;
+    const Clock::time_point t0 = Clock::now();
+    Clock::time_point t1 = t0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       s = commError_;
     }
     if (s.isOk()) {
       s = stager_->waitReady(buckets_[bi], Clock::now() + timeout_);
+      t1 = Clock::now();
     }
     if (s.isOk()) {
       s = impl_->runBucket(buckets_[bi], group_);
@@ -443,6 +474,11 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
         commError_ = s;
       }
       ++completed_;
+      ++stats_.buckets;
+      stats_.bucketQueueNs +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - queuedAt).count();
+      stats_.bucketWaitNs += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+      stats_.bucketRunNs += nsSince(t1);
     }
     doneCv_.notify_all();
   }
@@ -507,10 +543,12 @@ Status DistributedDataParallel::finishBackward() {
     return BAGUA_ERROR(kInternal, "finishBackward: only %zu of %zu buckets launched", nextBucket_,
                        buckets_.size());
   }
+  const Clock::time_point t0 = Clock::now();
   Status s = waitForBuckets();
   if (!s.isOk()) {
     return s;
   }
+  const Clock::time_point t1 = Clock::now();
   if (!options_.gradientAsBucketView) {
     for (const Bucket& b : buckets_) {
       for (size_t k = 0; k < b.tensors.size(); ++k) {
@@ -520,6 +558,12 @@ Status DistributedDataParallel::finishBackward() {
     }
   }
   BAGUA_RETURN_IF_ERROR(stager_->releaseToTrainer());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.iterations;
+    stats_.finishWaitNs += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    stats_.copyOutNs += nsSince(t1);
+  }
   // Next iteration.
   std::fill(marked_.begin(), marked_.end(), false);
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {

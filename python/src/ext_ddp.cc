@@ -417,7 +417,22 @@ void bindDdp(pyb::module_& m) {
       .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
       .def_property_readonly("buckets_rebuilt",
                              [](PyReducer& r) { return r.ddp().bucketsRebuilt(); })
-      .def_property_readonly("autotune_state", &PyReducer::autotuneState);
+      .def_property_readonly("autotune_state", &PyReducer::autotuneState)
+      .def("stats",
+           [](PyReducer& r) {
+             const core::DdpStats st = r.ddp().stats();
+             pyb::dict d;
+             d["iterations"] = st.iterations;
+             d["mark_ns"] = st.markNs;
+             d["finish_wait_ns"] = st.finishWaitNs;
+             d["copy_out_ns"] = st.copyOutNs;
+             d["buckets"] = st.buckets;
+             d["bucket_wait_ns"] = st.bucketWaitNs;
+             d["bucket_run_ns"] = st.bucketRunNs;
+             d["bucket_queue_ns"] = st.bucketQueueNs;
+             return d;
+           })
+      .def("reset_stats", [](PyReducer& r) { r.ddp().resetStats(); });
 }
 
 }  // namespace bagua::py

@@ -169,6 +169,7 @@ struct RankResult {
   std::vector<std::vector<std::string>> layout;
   bool rebuilt = false;
   std::vector<float> buffer;
+  DdpStats stats;
 };
 
 std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
@@ -236,6 +237,7 @@ std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
         (*results)[r].weights = flatWeights(m);
         (*results)[r].layout = d.bucketLayout();
         (*results)[r].rebuilt = d.bucketsRebuilt();
+        (*results)[r].stats = d.stats();
         auto* b = static_cast<float*>(m.buffers()[0].data);
         (*results)[r].buffer.assign(b, b + m.buffers()[0].numel);
         return "";
@@ -286,6 +288,20 @@ TEST_P(DdpEquivalence, SmallBucketsAreRebuiltInReadyOrder) {
   EXPECT_EQ(got[0].layout, want);
   for (size_t r = 1; r < got.size(); ++r) {
     EXPECT_EQ(got[r].layout, got[0].layout) << "ranks disagree on buckets";
+  }
+  // The time accounting counted every communicating iteration and every bucket run (3 buckets
+  // after the rebuild; the first iteration's layout has its own count).
+  for (const RankResult& g : got) {
+    const DdpStats& st = g.stats;
+    EXPECT_EQ(st.iterations, spec.steps);
+    EXPECT_GE(st.buckets, 3 * (spec.steps - 1) + 1);
+    EXPECT_LE(st.buckets, 3 * (spec.steps - 1) + 6);
+    EXPECT_GT(st.markNs, 0);
+    EXPECT_GT(st.bucketRunNs, 0);
+    EXPECT_GE(st.finishWaitNs, 0);
+    EXPECT_GE(st.copyOutNs, 0);
+    EXPECT_GE(st.bucketQueueNs, 0);
+    EXPECT_GE(st.bucketWaitNs, 0);
   }
 }
 

@@ -51,12 +51,12 @@ run() {  # label, seconds, compare.py arguments...
 }
 SECONDS=0
 for net in socket bagua-net; do
-  run "default-$net" 100 --net "$net" --models transformer,resnet50 \
+  run "default-$net" 130 --net "$net" --models transformer,resnet50 \
     --contestants ddp,gradient_allreduce --rounds 6 --round-steps 5
 done
 run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
   --rounds 4 --round-steps 4
-run "link10-resnet50" 100 --net bagua-net --link 10gbit --models resnet50 \
+run "link10-resnet50" 110 --net bagua-net --link 10gbit --models resnet50 \
   --rounds 4 --round-steps 5
 
 "$PY" - "$OUT" <<'PY'
@@ -75,5 +75,11 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
                   .format(r["name"], r["step_ms"], r.get("speed_vs_ddp", float("nan")),
                           r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
                           r["weight_spread"], extra))
+            t = r.get("trace_ms_per_step")
+            if t:
+                print("    per step ms: hooks {:.2f} finish-wait {:.2f} copy-back {:.2f} | bucket "
+                      "thread: {:.1f} buckets, queued {:.2f} copies-wait {:.2f} comm {:.2f}".format(
+                          t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
+                          t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
 PY
 echo "80-ddp: ${SECONDS}s"

@@ -70,6 +70,19 @@ struct DdpOptions {
   CUstream_st* cudaStream = nullptr;
 };
 
+// Where a reducer's time went since creation (or resetStats()), for "where does the step go"
+// traces (bench/ddp prints them per contestant). Nanoseconds, summed.
+struct DdpStats {
+  int64_t iterations = 0;     // finishBackward() calls that communicated
+  int64_t markNs = 0;         // trainer: inside markGradReady (copy-in, queueing)
+  int64_t finishWaitNs = 0;   // trainer: finishBackward waiting for the buckets
+  int64_t copyOutNs = 0;      // trainer: finishBackward's copy-back
+  int64_t buckets = 0;        // buckets run by the bucket thread
+  int64_t bucketWaitNs = 0;   // bucket thread: waiting for a bucket's copies (device)
+  int64_t bucketRunNs = 0;    // bucket thread: inside the algorithm's runBucket
+  int64_t bucketQueueNs = 0;  // bucket thread: from a bucket's queueing to its run starting
+};
+
 class DistributedDataParallel {
  public:
   // Broadcasts rank 0's parameters, buffers and optimizer state, reifies the algorithm and
@@ -117,6 +130,10 @@ class DistributedDataParallel {
   // Broadcasts rank 0's parameters, buffers and optimizer state (used at creation and resets).
   Status broadcastState();
 
+  // Time accounting (trainer's thread; the bucket thread's part is read under mu_).
+  DdpStats stats();
+  void resetStats();
+
  private:
   DistributedDataParallel(std::vector<Parameter>& params, std::vector<Parameter>& buffers,
                           std::vector<Optimizer*> optimizers, std::shared_ptr<Algorithm> algorithm,
@@ -125,6 +142,7 @@ class DistributedDataParallel {
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
   Status rebuildFromReadyOrder();
   Status launchReadyBuckets();
+  Status markGradReadyImpl(int paramIndex);
   void commLoop(std::stop_token stop);
   Status waitForBuckets();
 
@@ -165,7 +183,8 @@ class DistributedDataParallel {
   std::mutex mu_;
   std::condition_variable_any cv_;
   std::condition_variable_any doneCv_;
-  std::deque<int> queue_;
+  std::deque<std::pair<int, std::chrono::steady_clock::time_point>> queue_;  // bucket, queued at
+  DdpStats stats_;  // trainer fields: trainer thread; bucket fields: under mu_
   size_t launched_ = 0;
   size_t completed_ = 0;
   Status commError_;
