@@ -141,8 +141,12 @@ void fillV9(const DeviceProps& d, P* p) {
   p->forceFlush = 0;
   p->netDeviceType = NCCL_NET_DEVICE_HOST;
   p->netDeviceVersion = 0;
-  p->vProps.ndevs = 1;
-  p->vProps.devs[0] = d.dev;
+  p->vProps.ndevs = 0;
+  for (int v : d.vdevs) {
+    if (p->vProps.ndevs < NCCL_NET_MAX_DEVS_PER_NIC) {
+      p->vProps.devs[p->vProps.ndevs++] = v;
+    }
+  }
   p->maxP2pBytes = d.maxP2pBytes;
   p->maxCollBytes = d.maxCollBytes;
 }
@@ -163,6 +167,16 @@ ncclResult_t aPropsV11(int dev, ncclNetProperties_v11_t* p) {
     fillV9(d, p);
     p->maxMultiRequestSize = 1;
     return Status::ok();
+  });
+}
+
+ncclResult_t aMakeVDeviceV9(int* d, ncclNetVDeviceProps_v9_t* props) {
+  return firewall("makeVDevice", [&]() -> Status {
+    if (props == nullptr || props->ndevs < 1 || props->ndevs > NCCL_NET_MAX_DEVS_PER_NIC) {
+      return BAGUA_ERROR(kInternal, "makeVDevice with %d devices (1..%d)",
+                         props == nullptr ? -1 : props->ndevs, NCCL_NET_MAX_DEVS_PER_NIC);
+    }
+    return makeVDevice(props->devs, props->ndevs, d);
   });
 }
 
@@ -302,26 +316,25 @@ using namespace bagua::net::plugin;  // NOLINT(google-build-using-namespace): ad
 extern "C" {
 
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
-    kPluginName,  aInitV11, aDevices,     aPropsV11,  aListenV11,   aConnectV11,
-    aAcceptV7,    aRegMr,   aRegMrDmaBuf, aDeregMr,   aIsendV10,    aIrecvV10,
-    aIflush,      aTest,    aCloseSend,   aCloseRecv, aCloseListen,
+    kPluginName,    aInitV11,     aDevices,     aPropsV11,  aListenV11,   aConnectV11,
+    aAcceptV7,      aRegMr,       aRegMrDmaBuf, aDeregMr,   aIsendV10,    aIrecvV10,
+    aIflush,        aTest,        aCloseSend,   aCloseRecv, aCloseListen,
     nullptr,  // getDeviceMr: no device offload
     nullptr,  // irecvConsumed: no device offload
-    nullptr,  // makeVDevice: no NIC fusion
-    aFinalizeV11,
+    aMakeVDeviceV9, aFinalizeV11,
     nullptr,  // setNetAttr: optional hint, NCCL checks for NULL
 };
 
 __attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = {
-    kPluginName, aInitV10,     aDevices,     aPropsV9,  aListen,   aConnectV10, aAcceptV7,
-    aRegMr,      aRegMrDmaBuf, aDeregMr,     aIsendV10, aIrecvV10, aIflush,     aTest,
-    aCloseSend,  aCloseRecv,   aCloseListen, nullptr,   nullptr,   nullptr,
+    kPluginName, aInitV10,     aDevices,     aPropsV9,  aListen,   aConnectV10,    aAcceptV7,
+    aRegMr,      aRegMrDmaBuf, aDeregMr,     aIsendV10, aIrecvV10, aIflush,        aTest,
+    aCloseSend,  aCloseRecv,   aCloseListen, nullptr,   nullptr,   aMakeVDeviceV9,
 };
 
 __attribute__((visibility("default"))) ncclNet_v9_t ncclNetPlugin_v9 = {
-    kPluginName, aInit,        aDevices,     aPropsV9, aListen, aConnectV7, aAcceptV7,
-    aRegMr,      aRegMrDmaBuf, aDeregMr,     aIsend,   aIrecv,  aIflush,    aTest,
-    aCloseSend,  aCloseRecv,   aCloseListen, nullptr,  nullptr, nullptr,
+    kPluginName, aInit,        aDevices,     aPropsV9, aListen, aConnectV7,     aAcceptV7,
+    aRegMr,      aRegMrDmaBuf, aDeregMr,     aIsend,   aIrecv,  aIflush,        aTest,
+    aCloseSend,  aCloseRecv,   aCloseListen, nullptr,  nullptr, aMakeVDeviceV9,
 };
 
 __attribute__((visibility("default"))) ncclNet_v8_t ncclNetPlugin_v8 = {

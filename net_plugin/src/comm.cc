@@ -92,6 +92,17 @@ void CommCore::fail(Status status) {
   signal();
 }
 
+std::vector<SocketAddress> CommCore::dataPeers() const {
+  std::vector<SocketAddress> out(data_.size());
+  for (size_t i = 0; i < data_.size(); ++i) {
+    socklen_t len = sizeof(out[i].storage);
+    if (getpeername(data_[i].get(), reinterpret_cast<sockaddr*>(&out[i].storage), &len) == 0) {
+      out[i].length = len;
+    }
+  }
+  return out;
+}
+
 void CommCore::abortNow(Status status) {
   fail(std::move(status));
   if (control_.valid()) {

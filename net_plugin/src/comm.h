@@ -128,6 +128,8 @@ class CommCore {
   virtual void callerProgress() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }
+  // getpeername of every data stream.
+  std::vector<SocketAddress> dataPeers() const;
   void setNotifier(Notifier* notifier) { notifier_.store(notifier, std::memory_order_release); }
   // Fails the comm with `status` and shuts its sockets down (threads keep running until the
   // destructor; they see errors or end of stream and stop on their own).

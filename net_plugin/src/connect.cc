@@ -53,8 +53,9 @@ struct Listener::Impl {
   };
 
   EngineOptions options;
-  Fd listenFd;
-  SocketAddress address;
+  std::vector<Fd> listenFds;             // one per rail
+  std::vector<SocketAddress> addresses;  // bound addresses, one per rail
+  SocketAddress address;                 // rail 0 (for messages)
   Handle handle{};
   uint64_t nonce = 0;
   std::vector<Pending> pending;
@@ -112,68 +113,111 @@ const Handle& Listener::handle() const {
 const SocketAddress& Listener::address() const {
   return impl_->address;
 }
+int Listener::rails() const {
+  return static_cast<int>(impl_->addresses.size());
+}
 
-Result<std::unique_ptr<Listener>> Listener::create(const SocketAddress& bindAddress,
-                                                   const EngineOptions& options) {
-  BAGUA_RETURN_IF_ERROR(options.validate());
+namespace {
+
+// A listening socket on `bindAddress`; *bound gets the address with its port.
+Result<Fd> listenOn(const SocketAddress& bindAddress, const EngineOptions& options,
+                    SocketAddress* bound) {
   if (bindAddress.family() != AF_INET && bindAddress.family() != AF_INET6) {
     return BAGUA_ERROR(kInvalidArgument, "listen address %s is neither IPv4 nor IPv6",
                        bindAddress.toString().c_str());
   }
-  auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  BAGUA_ASSIGN_OR_RETURN(impl->listenFd, makeSocket(bindAddress.family()));
+  BAGUA_ASSIGN_OR_RETURN(Fd fd, makeSocket(bindAddress.family()));
   int one = 1;
-  setsockopt(impl->listenFd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (options.socketBufferBytes > 0) {
     // Accepted sockets inherit the receive buffer; setting it before listen() lets the window
     // scale be negotiated for it.
     int buf = static_cast<int>(std::min<uint64_t>(options.socketBufferBytes, 1u << 30));
-    setsockopt(impl->listenFd.get(), SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
   }
   SocketAddress addr = bindAddress;
-  if (::bind(impl->listenFd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length) !=
-      0) {
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length) != 0) {
     return BAGUA_ERRNO(errno, "bind").withContext(addr.toString());
   }
-  if (::listen(impl->listenFd.get(), 16384) != 0) {
+  if (::listen(fd.get(), 16384) != 0) {
     return BAGUA_ERRNO(errno, "listen");
   }
   socklen_t len = sizeof(addr.storage);
-  if (getsockname(impl->listenFd.get(), reinterpret_cast<sockaddr*>(&addr.storage), &len) != 0) {
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr.storage), &len) != 0) {
     return BAGUA_ERRNO(errno, "getsockname");
   }
   addr.length = len;
-  impl->address = addr;
+  *bound = addr;
+  return fd;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> Listener::create(const SocketAddress& bindAddress,
+                                                   const EngineOptions& options) {
+  return create(std::vector<SocketAddress>{bindAddress}, options);
+}
+
+Result<std::unique_ptr<Listener>> Listener::create(const std::vector<SocketAddress>& bindAddresses,
+                                                   const EngineOptions& options) {
+  BAGUA_RETURN_IF_ERROR(options.validate());
+  if (bindAddresses.empty() || bindAddresses.size() > 1 + wire::kMaxExtraRails) {
+    return BAGUA_ERROR(kInvalidArgument, "a listener takes 1 to %zu addresses, got %zu",
+                       1 + wire::kMaxExtraRails, bindAddresses.size());
+  }
+  for (size_t r = 1; r < bindAddresses.size(); ++r) {
+    if (bindAddresses[r].family() != AF_INET) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "rail %zu address %s is not IPv4: a device spanning several interfaces "
+                         "needs IPv4 addresses after the first (NCCL_SOCKET_FAMILY=AF_INET)",
+                         r, bindAddresses[r].toString().c_str());
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  for (const SocketAddress& a : bindAddresses) {
+    SocketAddress bound;
+    BAGUA_ASSIGN_OR_RETURN(Fd fd, listenOn(a, options, &bound));
+    impl->listenFds.push_back(std::move(fd));
+    impl->addresses.push_back(bound);
+  }
+  impl->address = impl->addresses[0];
   impl->nonce = randomU64();
   wire::HandleInfo info;
-  info.address = addr;
+  info.address = impl->addresses[0];
+  info.extra.assign(impl->addresses.begin() + 1, impl->addresses.end());
   info.nonce = impl->nonce;
   wire::encodeHandle(info, &impl->handle);
-  BAGUA_LOG_DEBUG(kLogNet, "listening on %s", addr.toString().c_str());
+  std::string list;
+  for (const SocketAddress& a : impl->addresses) {
+    list += (list.empty() ? "" : " ") + a.toString();
+  }
+  BAGUA_LOG_DEBUG(kLogNet, "listening on %s", list.c_str());
   return std::unique_ptr<Listener>(new Listener(std::move(impl)));
 }
 
 Result<std::unique_ptr<RecvComm>> Listener::accept() {
   Impl& l = *impl_;
-  for (;;) {
-    Impl::Pending p;
-    socklen_t len = sizeof(p.peer.storage);
-    int fd = ::accept4(l.listenFd.get(), reinterpret_cast<sockaddr*>(&p.peer.storage), &len,
-                       SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) {
-        continue;
+  for (size_t r = 0; r < l.listenFds.size(); ++r) {
+    for (;;) {
+      Impl::Pending p;
+      socklen_t len = sizeof(p.peer.storage);
+      int fd = ::accept4(l.listenFds[r].get(), reinterpret_cast<sockaddr*>(&p.peer.storage), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) {
+          continue;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          break;
+        }
+        return BAGUA_ERRNO(errno, "accept").withContext(l.addresses[r].toString());
       }
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        break;
-      }
-      return BAGUA_ERRNO(errno, "accept").withContext(l.address.toString());
+      p.peer.length = len;
+      p.fd = Fd(fd);
+      p.since = Clock::now();
+      l.pending.push_back(std::move(p));
     }
-    p.peer.length = len;
-    p.fd = Fd(fd);
-    p.since = Clock::now();
-    l.pending.push_back(std::move(p));
   }
   std::unique_ptr<RecvComm> result;
   auto now = Clock::now();
@@ -217,6 +261,7 @@ Result<std::unique_ptr<RecvComm>> Listener::accept() {
 struct Connector::Impl {
   struct Stream {
     Fd fd;
+    SocketAddress target;  // the listener's address of this stream's rail
     bool connected = false;
     uint8_t hello[wire::kHelloBytes] = {};
     size_t sent = 0;
@@ -230,19 +275,56 @@ struct Connector::Impl {
 Connector::Connector(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Connector::~Connector() = default;
 
+namespace {
+
+// Binds a socket about to connect to the interface of its rail: its address (port 0) and, where
+// the process may (CAP_NET_RAW, or a kernel that lets anyone), its device.
+Status bindLocal(int fd, const NetInterface& iface) {
+  SocketAddress a = iface.address;
+  if (a.family() == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = 0;
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&a.storage)->sin6_port = 0;
+  }
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) != 0) {
+    return BAGUA_ERRNO(errno, "bind").withContext(a.toString());
+  }
+  if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, iface.name.c_str(),
+                 static_cast<socklen_t>(iface.name.size())) != 0) {
+    BAGUA_LOG_DEBUG(kLogNet, "SO_BINDTODEVICE %s: %s (the source address still picks the rail)",
+                    iface.name.c_str(), std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Connector>> Connector::start(const Handle& handle,
-                                                    const EngineOptions& options) {
+                                                    const EngineOptions& options,
+                                                    const std::vector<NetInterface>& local) {
   BAGUA_RETURN_IF_ERROR(options.validate());
   BAGUA_ASSIGN_OR_RETURN(wire::HandleInfo info, wire::decodeHandle(handle.data(), handle.size()));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (info.rails() > 1 && options.notSentLowatBytes == 0) {
+    // Over rails of different speeds a stream must claim its next chunk only when its rail
+    // really moved the last one, not when a 4 MiB socket buffer swallowed it (which parks chunks
+    // on the slow rail and holds every message back: 0.69 R against 1.15 R with this, links of R
+    // and R/4).
+    impl->options.notSentLowatBytes = kMultiRailNotSentLowat;
+  }
   impl->target = info;
   impl->started = Clock::now();
   uint64_t connId = randomU64();
   impl->streams.resize(static_cast<size_t>(options.nStreams) + 1);
+  const bool bindRails = info.rails() > 1 && local.size() == info.rails();
   for (size_t i = 0; i < impl->streams.size(); ++i) {
     Impl::Stream& st = impl->streams[i];
-    BAGUA_ASSIGN_OR_RETURN(st.fd, makeSocket(info.address.family()));
+    // Control on rail 0, data stream j on rail j mod rails.
+    size_t rail = i == 0 ? 0 : (i - 1) % info.rails();
+    const SocketAddress& target = info.rail(rail);
+    st.target = target;
+    BAGUA_ASSIGN_OR_RETURN(st.fd, makeSocket(target.family()));
     if (options.socketBufferBytes > 0) {
       int buf = static_cast<int>(std::min<uint64_t>(options.socketBufferBytes, 1u << 30));
       setsockopt(st.fd.get(), SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
@@ -255,12 +337,15 @@ Result<std::unique_ptr<Connector>> Connector::start(const Handle& handle,
     h.nonce = info.nonce;
     h.connId = connId;
     wire::encodeHello(h, st.hello);
-    int rc = ::connect(st.fd.get(), reinterpret_cast<const sockaddr*>(&info.address.storage),
-                       info.address.length);
+    if (bindRails) {
+      BAGUA_RETURN_IF_ERROR(bindLocal(st.fd.get(), local[rail]));
+    }
+    int rc =
+        ::connect(st.fd.get(), reinterpret_cast<const sockaddr*>(&target.storage), target.length);
     if (rc == 0) {
       st.connected = true;
     } else if (errno != EINPROGRESS && errno != EINTR) {
-      return BAGUA_ERRNO(errno, "connect").withContext(info.address.toString());
+      return BAGUA_ERRNO(errno, "connect").withContext(target.toString());
     }
   }
   return std::unique_ptr<Connector>(new Connector(std::move(impl)));
@@ -289,7 +374,7 @@ Result<std::unique_ptr<SendComm>> Connector::poll() {
         return BAGUA_ERRNO(errno, "getsockopt(SO_ERROR)");
       }
       if (err != 0) {
-        return BAGUA_ERRNO(err, "connect").withContext(c.target.address.toString());
+        return BAGUA_ERRNO(err, "connect").withContext(st.target.toString());
       }
       st.connected = true;
     }
@@ -310,8 +395,8 @@ Result<std::unique_ptr<SendComm>> Connector::poll() {
     data.push_back(std::move(c.streams[i].fd));
   }
   BAGUA_RETURN_IF_ERROR(finishSocket(c.streams[0].fd.get(), c.options));
-  BAGUA_LOG_INFO(kLogNet, "connected to %s: 1 control + %zu data streams",
-                 c.target.address.toString().c_str(), data.size());
+  BAGUA_LOG_INFO(kLogNet, "connected to %s: 1 control + %zu data streams over %zu rail(s)",
+                 c.target.address.toString().c_str(), data.size(), c.target.rails());
   auto impl = std::make_unique<SendComm::Impl>(std::move(c.streams[0].fd), std::move(data),
                                                c.options, c.target.address);
   c.streams.clear();

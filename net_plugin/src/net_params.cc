@@ -25,6 +25,7 @@ Result<EngineOptions> EngineOptions::fromParams() {
   BAGUA_ASSIGN_OR_RETURN(o.maxChunkBytes, p.maxChunk.get());
   BAGUA_ASSIGN_OR_RETURN(o.inlineBytes, p.inlineBytes.get());
   BAGUA_ASSIGN_OR_RETURN(o.socketBufferBytes, p.socketBuffer.get());
+  BAGUA_ASSIGN_OR_RETURN(o.notSentLowatBytes, p.notSentLowat.get());
   BAGUA_ASSIGN_OR_RETURN(o.timeoutMs, p.timeoutMs.get());
   BAGUA_ASSIGN_OR_RETURN(o.spinUs, p.spinUs.get());
   BAGUA_ASSIGN_OR_RETURN(o.helloTimeoutMs, p.helloTimeoutMs.get());

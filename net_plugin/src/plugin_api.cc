@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,10 +27,14 @@ constexpr uint64_t kSendMagic = 0x534e474142ULL;     // "BAGNS"
 constexpr uint64_t kRecvMagic = 0x524e474142ULL;     // "BAGNR"
 constexpr uint64_t kConnectMagic = 0x434e474142ULL;  // "BAGNC" (connect state in the handle)
 
+// One NCCL device: an interface, or several (rails) that each connection spreads its streams
+// over (BAGUA_NET_DEVICES=fused, or a virtual device NCCL made with makeVDevice).
 struct Device {
-  NetInterface iface;
-  std::string pciPath;  // empty: none
+  std::vector<NetInterface> ifaces;  // rail r = ifaces[r]
+  std::string name;                  // "eth0", or "eth0+eth1"
+  std::string pciPath;               // empty: none
   int speedMbps = 0;
+  std::vector<int> children;  // devices a virtual device was made of (empty: none)
 };
 
 struct ListenComm {
@@ -55,9 +60,11 @@ static_assert(kHandleBytes == NCCL_NET_HANDLE_MAXSIZE);
 
 struct Global {
   std::mutex mu;
-  int refs = 0;                 // guarded by mu
-  std::vector<Device> devices;  // guarded by mu; stable while refs > 0
-  EngineOptions options;        // set at first init
+  int refs = 0;  // guarded by mu
+  // Guarded by mu; a deque, so that makeVDevice's appends leave references to the others valid
+  // while comms use them; cleared at the last finalize.
+  std::deque<Device> devices;
+  EngineOptions options;  // set at first init
   std::atomic<ncclDebugLogger_t> logger{nullptr};
 };
 
@@ -103,6 +110,46 @@ std::string pciPathOf(const std::string& ifname) {
   return real;
 }
 
+// A device over the interfaces of `devs` (plain devices of g), in that order: its rails.
+// Rails after the first must be IPv4 and at most kMaxRails in all (the handle's room).
+Result<Device> fuse(const Global& g, const std::vector<int>& devs) {
+  constexpr size_t kMaxRails = 7;
+  Device d;
+  for (int dev : devs) {
+    if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) {
+      return BAGUA_ERROR(kInvalidArgument, "device %d out of range (%zu devices)", dev,
+                         g.devices.size());
+    }
+    const Device& c = g.devices[static_cast<size_t>(dev)];
+    if (!c.children.empty()) {
+      return BAGUA_ERROR(kInvalidArgument, "device %d (%s) is itself virtual", dev, c.name.c_str());
+    }
+    for (const NetInterface& i : c.ifaces) {
+      if (!d.ifaces.empty() && i.address.family() != AF_INET) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "interface %s (%s) is not IPv4: a device spanning several interfaces "
+                           "needs IPv4 after the first (set NCCL_SOCKET_FAMILY=AF_INET, or "
+                           "BAGUA_NET_DEVICES=per-interface)",
+                           i.name.c_str(), i.address.toString().c_str());
+      }
+      d.ifaces.push_back(i);
+    }
+    d.name += (d.name.empty() ? "" : "+") + c.name;
+    d.speedMbps += c.speedMbps;
+    if (d.pciPath.empty()) {
+      d.pciPath = c.pciPath;
+    }
+    d.children.push_back(dev);
+  }
+  if (d.ifaces.empty() || d.ifaces.size() > kMaxRails) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "a device spans 1 to %zu interfaces, %zu given (narrow "
+                       "NCCL_SOCKET_IFNAME, or BAGUA_NET_DEVICES=per-interface)",
+                       kMaxRails, d.ifaces.size());
+  }
+  return d;
+}
+
 Status discover(Global& g) {
   NetParams& p = netParams();
   BAGUA_RETURN_IF_ERROR(p.loadAll());
@@ -112,20 +159,37 @@ Status discover(Global& g) {
   BAGUA_ASSIGN_OR_RETURN(int family, parseAddressFamily(familyText));
   BAGUA_ASSIGN_OR_RETURN(std::vector<NetInterface> ifs, findInterfaces(ifname, family, 16));
   BAGUA_ASSIGN_OR_RETURN(int64_t speedParam, p.speedMbps.get());
+  BAGUA_ASSIGN_OR_RETURN(std::string layout, p.devices.get());
   g.devices.clear();
   std::string list;
   for (size_t i = 0; i < ifs.size(); ++i) {
     Device d;
-    d.iface = ifs[i];
-    d.pciPath = pciPathOf(d.iface.name);
-    int sysSpeed = readSpeed(d.iface.name);
+    d.ifaces = {ifs[i]};
+    d.name = ifs[i].name;
+    d.pciPath = pciPathOf(d.name);
+    int sysSpeed = readSpeed(d.name);
     d.speedMbps =
         speedParam > 0 ? static_cast<int>(speedParam) : (sysSpeed > 0 ? sysSpeed : 400000);
-    list += strPrintf("%s[%zu]%s<%s>", i == 0 ? "" : " ", i, d.iface.name.c_str(),
-                      d.iface.address.toString().c_str());
+    list += strPrintf("%s[%zu]%s<%s>", i == 0 ? "" : " ", i, d.name.c_str(),
+                      ifs[i].address.toString().c_str());
     g.devices.push_back(std::move(d));
   }
   BAGUA_LOG_INFO(kLogInit, "Using interfaces %s", list.c_str());
+  if (layout == "fused" && g.devices.size() > 1) {
+    std::vector<int> all(g.devices.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+      all[i] = static_cast<int>(i);
+    }
+    BAGUA_ASSIGN_OR_RETURN(Device fused, fuse(g, all));
+    fused.children.clear();  // NCCL sees one plain device
+    if (speedParam > 0) {
+      fused.speedMbps = static_cast<int>(speedParam);
+    }
+    g.devices.clear();
+    g.devices.push_back(std::move(fused));
+    BAGUA_LOG_INFO(kLogInit, "BAGUA_NET_DEVICES=fused: one device %s over %zu interfaces",
+                   g.devices[0].name.c_str(), g.devices[0].ifaces.size());
+  }
   // Both catalogues this library reads: the engine's and the tuner's (whose bad values fail the
   // tuner's init, not this one: they show as '?').
   std::string knobs;
@@ -244,11 +308,29 @@ Status getProperties(int dev, DeviceProps* props) {
   BAGUA_ASSIGN_OR_RETURN(const Device* d, device(dev));
   *props = DeviceProps();
   // The strings live in the device list until the last finalize().
-  props->name = const_cast<char*>(d->iface.name.c_str());
+  props->name = const_cast<char*>(d->name.c_str());
   props->pciPath = d->pciPath.empty() ? nullptr : const_cast<char*>(d->pciPath.c_str());
   props->guid = static_cast<uint64_t>(dev);
   props->speedMbps = d->speedMbps;
   props->dev = dev;
+  props->vdevs = d->children.empty() ? std::vector<int>{dev} : d->children;
+  return Status::ok();
+}
+
+Status makeVDevice(const int* devs, int ndevs, int* vdev) {
+  if (devs == nullptr || vdev == nullptr || ndevs < 1) {
+    return BAGUA_ERROR(kInternal, "makeVDevice with null arguments or %d devices", ndevs);
+  }
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.refs == 0) {
+    return BAGUA_ERROR(kInternal, "makeVDevice() before init()");
+  }
+  BAGUA_ASSIGN_OR_RETURN(Device d, fuse(g, std::vector<int>(devs, devs + ndevs)));
+  *vdev = static_cast<int>(g.devices.size());
+  BAGUA_LOG_INFO(kLogInit, "virtual device %d: %s over %zu interfaces", *vdev, d.name.c_str(),
+                 d.ifaces.size());
+  g.devices.push_back(std::move(d));
   return Status::ok();
 }
 
@@ -258,13 +340,18 @@ Status listen(int dev, void* handle, void** listenComm) {
   }
   *listenComm = nullptr;
   BAGUA_ASSIGN_OR_RETURN(const Device* d, device(dev));
-  SocketAddress bindAddr = d->iface.address;
-  if (bindAddr.family() == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&bindAddr.storage)->sin_port = 0;
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&bindAddr.storage)->sin6_port = 0;
+  std::vector<SocketAddress> bindAddrs;
+  for (const NetInterface& i : d->ifaces) {
+    SocketAddress a = i.address;
+    if (a.family() == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = 0;
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&a.storage)->sin6_port = 0;
+    }
+    bindAddrs.push_back(a);
   }
-  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Listener> l, Listener::create(bindAddr, global().options));
+  BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Listener> l,
+                         Listener::create(bindAddrs, global().options));
   std::memcpy(handle, l->handle().data(), kHandleBytes);
   auto lc = std::make_unique<ListenComm>();
   lc->listener = std::move(l);
@@ -277,7 +364,7 @@ Status connect(int dev, void* handle, void** sendComm) {
     return BAGUA_ERROR(kInternal, "connect with a null handle or sendComm");
   }
   *sendComm = nullptr;
-  BAGUA_RETURN_IF_ERROR(device(dev).status());
+  BAGUA_ASSIGN_OR_RETURN(const Device* d, device(dev));
   auto* bytes = static_cast<uint8_t*>(handle);
   ConnectState st;
   std::memcpy(&st, bytes + kHandleCallerOffset, sizeof(st));
@@ -287,7 +374,8 @@ Status connect(int dev, void* handle, void** sendComm) {
   } else {
     Handle h;
     std::memcpy(h.data(), bytes, kHandleBytes);
-    BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Connector> fresh, Connector::start(h, global().options));
+    BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<Connector> fresh,
+                           Connector::start(h, global().options, d->ifaces));
     c = fresh.release();
     st = ConnectState{kConnectMagic, c};
     std::memcpy(bytes + kHandleCallerOffset, &st, sizeof(st));

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "bagua/base/status.h"
 #include "bagua/net/engine.h"
@@ -30,6 +31,7 @@ struct DeviceProps {
   int dev = 0;
   size_t maxP2pBytes = size_t{1} << 30;
   size_t maxCollBytes = size_t{512} << 20;
+  std::vector<int> vdevs;  // vProps: the devices a virtual device was made of, else {dev}
 };
 
 // Refcounted: the first call discovers interfaces and installs the NCCL logger as the log sink;
@@ -40,6 +42,9 @@ Status finalize();
 int initCount();
 
 Status devices(int* ndev);
+// A virtual device over plain devices `devs` (NCCL's NIC fusion): its connections spread their
+// streams over every interface of them. Appended to the device list; *vdev is its index.
+Status makeVDevice(const int* devs, int ndevs, int* vdev);
 Status getProperties(int dev, DeviceProps* props);
 Status listen(int dev, void* handle, void** listenComm);
 // Non-blocking; *sendComm stays null until connected. Keeps its progress inside the handle.

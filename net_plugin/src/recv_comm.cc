@@ -254,6 +254,9 @@ void RecvComm::abort(const std::string& why) {
 int RecvComm::nStreams() const {
   return impl_->nStreams();
 }
+std::vector<SocketAddress> RecvComm::streamPeers() const {
+  return impl_->dataPeers();
+}
 const SocketAddress& RecvComm::peer() const {
   return impl_->peer();
 }

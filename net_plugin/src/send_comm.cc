@@ -369,6 +369,9 @@ void SendComm::setNotifier(Notifier* notifier) {
 std::vector<uint64_t> SendComm::bytesPerStream() const {
   return impl_->bytesPerStream();
 }
+std::vector<SocketAddress> SendComm::streamPeers() const {
+  return impl_->dataPeers();
+}
 Status SendComm::setLiveSettings(const LiveSettings& settings) {
   return impl_->setLive(settings);
 }

@@ -50,6 +50,11 @@ Status setStreamOptions(int fd, const EngineOptions& options) {
     BAGUA_RETURN_IF_ERROR(setOpt(fd, SOL_SOCKET, SO_SNDBUF, buf, "setsockopt(SO_SNDBUF)"));
     BAGUA_RETURN_IF_ERROR(setOpt(fd, SOL_SOCKET, SO_RCVBUF, buf, "setsockopt(SO_RCVBUF)"));
   }
+  if (options.notSentLowatBytes > 0) {
+    int lowat = static_cast<int>(std::min<uint64_t>(options.notSentLowatBytes, INT_MAX));
+    BAGUA_RETURN_IF_ERROR(
+        setOpt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat, "setsockopt(TCP_NOTSENT_LOWAT)"));
+  }
   // A peer that vanishes without a FIN/RST: unacknowledged data fails after TCP_USER_TIMEOUT;
   // an idle connection is probed by keepalive (idle + cnt * intvl ~ timeout).
   int timeoutMs = static_cast<int>(std::min<int64_t>(options.timeoutMs, INT_MAX));

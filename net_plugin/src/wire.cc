@@ -25,6 +25,14 @@ void encodeHandle(const HandleInfo& info, Handle* out) {
     std::memcpy(p + 16, &s4->sin_addr, 4);
   }
   put64(p + 32, info.nonce);
+  size_t extra = std::min(info.extra.size(), kMaxExtraRails);
+  p[40] = static_cast<uint8_t>(extra);
+  for (size_t j = 0; j < extra; ++j) {
+    const auto* s4 = reinterpret_cast<const sockaddr_in*>(&info.extra[j].storage);
+    uint8_t* e = p + 48 + 8 * j;
+    std::memcpy(e, &s4->sin_addr, 4);
+    put16(e + 4, ntohs(s4->sin_port));
+  }
 }
 
 Result<HandleInfo> decodeHandle(const uint8_t* bytes, size_t length) {
@@ -69,6 +77,24 @@ Result<HandleInfo> decodeHandle(const uint8_t* bytes, size_t length) {
     return BAGUA_ERROR(kInvalidArgument, "connection handle has port 0");
   }
   info.nonce = get64(bytes + 32);
+  size_t extra = bytes[40];
+  if (extra > kMaxExtraRails) {
+    return BAGUA_ERROR(kInvalidArgument, "connection handle lists %zu extra rails (at most %zu)",
+                       extra, kMaxExtraRails);
+  }
+  for (size_t j = 0; j < extra; ++j) {
+    const uint8_t* e = bytes + 48 + 8 * j;
+    SocketAddress a;
+    auto* s4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+    s4->sin_family = AF_INET;
+    std::memcpy(&s4->sin_addr, e, 4);
+    s4->sin_port = htons(get16(e + 4));
+    a.length = sizeof(sockaddr_in);
+    if (s4->sin_port == 0) {
+      return BAGUA_ERROR(kInvalidArgument, "connection handle: rail %zu has port 0", j + 1);
+    }
+    info.extra.push_back(a);
+  }
   return info;
 }
 

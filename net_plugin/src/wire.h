@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "bagua/base/status.h"
 #include "bagua/net/engine.h"
@@ -54,13 +55,23 @@ inline uint64_t get64(const uint8_t* p) {
 
 // ---- handle ------------------------------------------------------------------------------------
 // Layout: 0 magic u32 | 4 version u16 | 6 family u16 (4 or 6) | 8 port u16 | 10 zero u16 |
-// 12 scope id u32 | 16 address 16 bytes | 32 nonce u64 | 40..63 zero | 64..127 caller's.
+// 12 scope id u32 | 16 address 16 bytes | 32 nonce u64 | 40 extra rails u8 | 41..47 zero |
+// 48 + 8j (j < extra rails): IPv4 address 4 bytes | port u16 | zero u16 | 96..127 caller's.
+// Rail 0 is the address at 16; rails 1.. (a device spanning several interfaces) are IPv4 only.
+// A handle without extra rails is byte-identical to the single-address handle of earlier builds.
+inline constexpr size_t kMaxExtraRails = (kHandleCallerOffset - 48) / 8;
+static_assert(kMaxExtraRails >= 6);
 struct HandleInfo {
-  SocketAddress address;
+  SocketAddress address;             // rail 0
+  std::vector<SocketAddress> extra;  // rails 1..: IPv4, at most kMaxExtraRails
   uint64_t nonce = 0;
+
+  size_t rails() const { return 1 + extra.size(); }
+  const SocketAddress& rail(size_t r) const { return r == 0 ? address : extra[r - 1]; }
 };
+// Extra rails beyond kMaxExtraRails or not IPv4 are a caller bug (Listener::create checks).
 void encodeHandle(const HandleInfo& info, Handle* out);
-// kInvalidArgument with a clear message on a wrong magic, version or family.
+// kInvalidArgument with a clear message on a wrong magic, version, family or rail list.
 Result<HandleInfo> decodeHandle(const uint8_t* bytes, size_t length);
 
 // ---- hello (first bytes on every socket, connector -> listener) -------------------------------

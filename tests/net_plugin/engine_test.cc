@@ -16,15 +16,21 @@
 #include <gtest/gtest.h>
 
 #include "bagua/net/engine.h"
+#include "engine_pair.h"
 #include "net_test_util.h"
 #include "wire.h"
 
 namespace bagua::net {
 namespace {
 
+using testing::connectPair;
 using testing::fillPattern;
 using testing::firstMismatch;
+using testing::Pair;
 using testing::pollFor;
+using testing::testOptions;
+using testing::transfer;
+using testing::waitRequest;
 
 // ---- wire formats ------------------------------------------------------------------------------
 
@@ -243,124 +249,6 @@ TEST(Params, DefaultsEnvAndStrictParsing) {
 
 // ---- loopback transfers ------------------------------------------------------------------------
 
-EngineOptions testOptions(int nStreams) {
-  EngineOptions o;
-  o.nStreams = nStreams;
-  o.minChunkBytes = 4096;
-  o.maxChunkBytes = 64 << 10;
-  o.inlineBytes = 256;
-  o.socketBufferBytes = 0;
-  o.timeoutMs = 5000;
-  o.spinUs = 20;
-  o.helloTimeoutMs = 2000;
-  return o;
-}
-
-struct Pair {
-  std::unique_ptr<SendComm> send;
-  std::unique_ptr<RecvComm> recv;
-};
-
-Pair connectPair(const EngineOptions& o, const char* addr = "127.0.0.1") {
-  Pair p;
-  Result<std::unique_ptr<Listener>> l = Listener::create(*SocketAddress::parse(addr), o);
-  EXPECT_TRUE(l.isOk()) << l.status().toString();
-  if (!l.isOk()) {
-    return p;
-  }
-  Result<std::unique_ptr<Connector>> c = Connector::start((*l)->handle(), o);
-  EXPECT_TRUE(c.isOk()) << c.status().toString();
-  if (!c.isOk()) {
-    return p;
-  }
-  bool ok = pollFor(10, [&] {
-    if (!p.send) {
-      Result<std::unique_ptr<SendComm>> s = (*c)->poll();
-      EXPECT_TRUE(s.isOk()) << s.status().toString();
-      if (s.isOk()) {
-        p.send = std::move(*s);
-      }
-    }
-    if (!p.recv) {
-      Result<std::unique_ptr<RecvComm>> r = (*l)->accept();
-      EXPECT_TRUE(r.isOk()) << r.status().toString();
-      if (r.isOk()) {
-        p.recv = std::move(*r);
-      }
-    }
-    return (p.send && p.recv) || ::testing::Test::HasFailure();
-  });
-  EXPECT_TRUE(ok) << "connection set-up timed out";
-  return p;
-}
-
-// Tests a request to completion (bounded); returns the status and size.
-Status waitRequest(Request* r, size_t* size, double seconds = 30) {
-  bool done = false;
-  Status s;
-  bool finished = pollFor(seconds, [&] {
-    s = r->test(&done, size);
-    return done || !s.isOk();
-  });
-  if (!finished) {
-    return BAGUA_ERROR(kDeadlineExceeded, "request did not finish in %.0f s", seconds);
-  }
-  return s;
-}
-
-// Sends `sizes` in order with up to `window` in flight on each side; checks every byte.
-void transfer(Pair& p, const std::vector<size_t>& sizes, size_t window, size_t recvSlack = 0) {
-  std::vector<std::vector<uint8_t>> sendBufs(sizes.size()), recvBufs(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    sendBufs[i].resize(sizes[i]);
-    fillPattern(sendBufs[i], i);
-    recvBufs[i].assign(sizes[i] + recvSlack, 0xee);
-  }
-  std::thread sender([&] {
-    std::vector<Request*> inflight;
-    size_t next = 0, doneCount = 0;
-    while (doneCount < sizes.size()) {
-      while (next < sizes.size() && inflight.size() < window) {
-        Result<Request*> r = p.send->isend(sendBufs[next].data(), sizes[next]);
-        if (!r.isOk() && r.status().code() == StatusCode::kUnavailable) {
-          break;
-        }
-        ASSERT_TRUE(r.isOk()) << r.status().toString();
-        inflight.push_back(*r);
-        ++next;
-      }
-      size_t n = 0;
-      ASSERT_TRUE(waitRequest(inflight.front(), &n).isOk());
-      EXPECT_EQ(n, sizes[doneCount]);
-      inflight.erase(inflight.begin());
-      ++doneCount;
-    }
-  });
-  std::vector<Request*> inflight;
-  size_t next = 0, doneCount = 0;
-  while (doneCount < sizes.size() && !::testing::Test::HasFatalFailure()) {
-    while (next < sizes.size() && inflight.size() < window) {
-      Result<Request*> r = p.recv->irecv(recvBufs[next].data(), recvBufs[next].size());
-      ASSERT_TRUE(r.isOk()) << r.status().toString();
-      inflight.push_back(*r);
-      ++next;
-    }
-    size_t n = 0;
-    Status s = waitRequest(inflight.front(), &n);
-    ASSERT_TRUE(s.isOk()) << s.toString();
-    size_t i = doneCount;
-    EXPECT_EQ(n, sizes[i]) << "message " << i;
-    long long bad = firstMismatch(recvBufs[i].data(), sizes[i], i);
-    EXPECT_EQ(bad, -1) << "message " << i << " of " << sizes[i] << " bytes";
-    for (size_t k = sizes[i]; k < recvBufs[i].size(); ++k) {
-      ASSERT_EQ(recvBufs[i][k], 0xee) << "write past the message end, message " << i;
-    }
-    inflight.erase(inflight.begin());
-    ++doneCount;
-  }
-  sender.join();
-}
-
 class Transfer : public ::testing::TestWithParam<int> {};
 
 TEST_P(Transfer, SizesAroundInlineAndChunkBoundaries) {
@@ -397,18 +285,21 @@ TEST(Engine, RoundRobinScheduleDeliversEveryByte) {
   }
 }
 
-// One slow flow among fast ones (stream 0 paced by the kernel to 16 MB/s): the dynamic schedule
+// One slow flow among fast ones (stream 0 paced by the kernel to 2 MiB/s): the dynamic schedule
 // routes chunks around it, the equal split (NCCL Socket's and the old Bagua-Net's rule) has to
 // wait for it. Checked on how the bytes were spread (exact for the equal split) and on time.
+// The pace is far below what the other streams carry even on a 2-core VM at load average 20
+// (~20 MB/s there; at 16 MB/s, the earlier pace, the test failed under such load because the
+// "fast" streams were hardly faster than the slow one).
 TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
-  constexpr size_t kMessage = 4 << 20;
+  constexpr size_t kMessage = 2 << 20;
   constexpr size_t kMessages = 8;
   std::vector<size_t> sizes(kMessages, kMessage);
   auto run = [&](Schedule schedule, std::vector<uint64_t>* perStream) {
     EngineOptions o = testOptions(4);
     o.maxChunkBytes = 256 << 10;
     o.socketBufferBytes = 128 << 10;  // back-pressure from the slow stream comes early
-    o.slowStreamBytesPerSec = 16 << 20;
+    o.slowStreamBytesPerSec = 2 << 20;
     o.schedule = schedule;
     Pair p = connectPair(o);
     EXPECT_TRUE(p.send && p.recv);
@@ -431,11 +322,11 @@ TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
   for (uint64_t b : rr) {
     EXPECT_EQ(b, total / 4) << "the equal split gives every stream the same share";
   }
-  EXPECT_LT(dyn[0], total / 8) << "dynamic scheduling should starve the slow stream; it sent "
-                               << dyn[0] << " of " << total << " bytes";
-  // The equal split must push 8 MiB through 16 MB/s (>= 0.5 s); dynamic far less.
-  EXPECT_GE(tRr, 0.45);
-  EXPECT_LT(tDyn, tRr) << "dynamic " << tDyn << " s, equal split " << tRr << " s";
+  EXPECT_LT(dyn[0], total / 5) << "dynamic scheduling should give the slow stream less than its "
+                               << "equal share; it sent " << dyn[0] << " of " << total << " bytes";
+  // The equal split must push 4 MiB through 2 MiB/s (>= 2 s); dynamic far less.
+  EXPECT_GE(tRr, 1.9);
+  EXPECT_LT(tDyn, 0.8 * tRr) << "dynamic " << tDyn << " s, equal split " << tRr << " s";
   std::printf("slow stream: dynamic %.3f s (stream 0 sent %.1f%%), equal split %.3f s\n", tDyn,
               100.0 * static_cast<double>(dyn[0]) / static_cast<double>(total), tRr);
 }

@@ -253,6 +253,17 @@ void ctlRecv(int fd, void* p, size_t n) {
   }
 }
 
+// True once the other endpoint process has exited (its end of the control channel closed), so
+// that a set-up loop stops at once instead of waiting for its deadline.
+bool peerGone(int ctl) {
+  pollfd pfd{ctl, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) <= 0) {
+    return false;
+  }
+  char c = 0;
+  return ::recv(ctl, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 // The address of the first interface NCCL_SOCKET_IFNAME selects in this namespace.
 bagua::net::SocketAddress firstInterface() {
   std::string spec = bagua::processEnv("NCCL_SOCKET_IFNAME").value_or("");
@@ -353,8 +364,8 @@ void pluginReceiver(const LinkOptions& o, const Case& c, uint64_t size, int ctl,
   void* recv = nullptr;
   auto a0 = Clock::now();
   while ((recv = p.acceptStep(listenComm)) == nullptr) {
-    if (secondsSince(a0) > 30) {
-      die("accept took more than 30 s");
+    if (secondsSince(a0) > 30 || peerGone(ctl)) {
+      die("no connection from the sender (it exited, or 30 s passed)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -386,8 +397,8 @@ void pluginSender(const LinkOptions& o, const Case& c, uint64_t size, int ctl) {
   void* send = nullptr;
   auto c0 = Clock::now();
   while ((send = p.connectStep(0, handle)) == nullptr) {
-    if (secondsSince(c0) > 30) {
-      die("connect took more than 30 s");
+    if (secondsSince(c0) > 30 || peerGone(ctl)) {
+      die("could not connect to the receiver (it exited, or 30 s passed)");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }

@@ -110,6 +110,17 @@ case "$cmd" in
       ip -n "$a" link set "bn$k" up; ip -n "$b" link set "bn$k" up
       shape "$a" "bn$k" "$rate" "$flows"; shape "$b" "bn$k" "$rate" "$flows"
     done
+    # The plugin takes only running interfaces: wait until every link's carrier is up on both
+    # sides (a veth pair reports it a few milliseconds after `link set up`).
+    for k in "${!links[@]}"; do
+      for ns in "$a" "$b"; do
+        for _ in $(seq 1 100); do
+          ip -n "$ns" link show "bn$k" | grep -q 'state UP' && break
+          sleep 0.05
+        done
+        ip -n "$ns" link show "bn$k" | grep -q 'state UP' || die "bn$k in $ns did not come up"
+      done
+    done
     trap - ERR
     ;;
   down)

@@ -81,13 +81,20 @@ enum class Schedule {
   kRoundRobin,  // chunk k to stream k mod N, equal split (NCCL Socket / Bagua-Net; baseline)
 };
 
+// TCP_NOTSENT_LOWAT on the sending side of a connection over several rails (unless set).
+inline constexpr uint64_t kMultiRailNotSentLowat = 256 * 1024;
+
 // Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
 struct EngineOptions {
-  int nStreams = 8;                        // data streams per connection (BAGUA_NET_NSTREAMS)
-  uint64_t minChunkBytes = 64 * 1024;      // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
-  uint64_t maxChunkBytes = 1024 * 1024;    // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
-  uint64_t inlineBytes = 64 * 1024;        // messages up to this go on the control stream
-  uint64_t socketBufferBytes = 4 << 20;    // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
+  int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
+  uint64_t minChunkBytes = 64 * 1024;    // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
+  uint64_t inlineBytes = 64 * 1024;      // messages up to this go on the control stream
+  uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
+  // TCP_NOTSENT_LOWAT of every stream (BAGUA_NET_NOTSENT_LOWAT); 0 = the kernel's default
+  // (unbounded), except on a connection over several rails, whose sender uses
+  // kMultiRailNotSentLowat.
+  uint64_t notSentLowatBytes = 0;
   int64_t timeoutMs = 30000;               // dead-peer bound: TCP_USER_TIMEOUT + keepalive
   int64_t spinUs = 0;                      // helper threads spin this long before parking
   int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
@@ -151,7 +158,7 @@ Result<std::vector<NetInterface>> findInterfaces(std::string_view ifnameSpec, in
 // used by the engine and stay zero in a fresh handle: a caller (the NCCL plugin) may keep its own
 // connect state there between non-blocking retries.
 inline constexpr size_t kHandleBytes = 128;
-inline constexpr size_t kHandleCallerOffset = 64;
+inline constexpr size_t kHandleCallerOffset = 96;
 using Handle = std::array<uint8_t, kHandleBytes>;
 
 class Request;
@@ -219,12 +226,19 @@ class Listener {
   // Binds to `bindAddress` (port 0: any free port) and listens.
   static Result<std::unique_ptr<Listener>> create(const SocketAddress& bindAddress,
                                                   const EngineOptions& options);
+  // Listens on several addresses at once, the rails of one device spanning several interfaces
+  // (each its own port, all under one nonce). The handle lists them all; a Connector spreads
+  // its streams over them: data stream i on rail i mod rails, the control stream on rail 0.
+  // Rails after the first must be IPv4; at most 1 + wire's kMaxExtraRails (7) rails.
+  static Result<std::unique_ptr<Listener>> create(const std::vector<SocketAddress>& bindAddresses,
+                                                  const EngineOptions& options);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   const Handle& handle() const;
-  const SocketAddress& address() const;
+  const SocketAddress& address() const;  // rail 0
+  int rails() const;
 
   // Non-blocking: accepts and validates pending sockets; returns a RecvComm when one connector's
   // control and data streams are all there, else nullptr (Ok). Strangers are dropped and logged.
@@ -241,9 +255,14 @@ class Listener {
 class Connector {
  public:
   // Validates the handle (magic, version: a handle from another version is kInvalidArgument) and
-  // starts non-blocking connects.
+  // starts non-blocking connects, data stream i to the listener's rail i mod rails (see
+  // Listener::create). When `local` has one interface per rail of the handle, the streams of rail
+  // r leave from local[r]: bound to its address and, where the process may, to its device
+  // (SO_BINDTODEVICE), so that rails on one subnet still use their own interfaces. Otherwise the
+  // kernel's routing chooses.
   static Result<std::unique_ptr<Connector>> start(const Handle& handle,
-                                                  const EngineOptions& options);
+                                                  const EngineOptions& options,
+                                                  const std::vector<NetInterface>& local = {});
   ~Connector();
   Connector(const Connector&) = delete;
   Connector& operator=(const Connector&) = delete;
@@ -276,6 +295,8 @@ class SendComm {
   const SocketAddress& peer() const;
   // Payload bytes each data stream has sent so far (how the schedule spread the chunks).
   std::vector<uint64_t> bytesPerStream() const;
+  // The remote address each data stream is connected to (its rail).
+  std::vector<SocketAddress> streamPeers() const;
   // This comm's own live settings (beat the process-wide ones; all zero clears the override).
   // Any thread; applies from the next isend.
   [[nodiscard]] Status setLiveSettings(const LiveSettings& settings);
@@ -303,6 +324,8 @@ class RecvComm {
   void abort(const std::string& why);
   int nStreams() const;
   const SocketAddress& peer() const;
+  // The sender's address of each data stream (the interface it left from).
+  std::vector<SocketAddress> streamPeers() const;
 
   struct Impl;
   explicit RecvComm(std::unique_ptr<Impl> impl);
