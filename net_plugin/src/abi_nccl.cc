@@ -1,9 +1,10 @@
-// The exported NCCL net plugin tables ncclNetPlugin_v11 ... ncclNetPlugin_v6 and the live-settings
+// The exported NCCL net plugin tables ncclNetPlugin_v12 ... ncclNetPlugin_v6 and the live-settings
 // entry (bagua/net/live_abi.h): thin adapters over the internal API (plugin_api.h). Every entry
 // point is an exception firewall: it converts arguments, calls the internal API inside try/catch
 // and maps the Status to ncclResult_t, logging failures (through NCCL's logger once init ran).
 #include <climits>
 #include <exception>
+#include <iterator>
 #include <new>
 #include <type_traits>
 
@@ -143,7 +144,7 @@ void fillV9(const DeviceProps& d, P* p) {
   p->netDeviceVersion = 0;
   p->vProps.ndevs = 0;
   for (int v : d.vdevs) {
-    if (p->vProps.ndevs < NCCL_NET_MAX_DEVS_PER_NIC) {
+    if (p->vProps.ndevs < static_cast<int>(std::size(p->vProps.devs))) {
       p->vProps.devs[p->vProps.ndevs++] = v;
     }
   }
@@ -170,14 +171,37 @@ ncclResult_t aPropsV11(int dev, ncclNetProperties_v11_t* p) {
   });
 }
 
-ncclResult_t aMakeVDeviceV9(int* d, ncclNetVDeviceProps_v9_t* props) {
+ncclResult_t aPropsV12(int dev, ncclNetProperties_v12_t* p) {
+  return firewall("getProperties", [&]() -> Status {
+    DeviceProps d;
+    BAGUA_RETURN_IF_ERROR(getProperties(dev, &d));
+    *p = ncclNetProperties_v12_t{};
+    fillV9(d, p);
+    p->maxMultiRequestSize = 1;
+    // Rails and planes of a rail-optimised fabric are not known to a TCP plugin.
+    p->railId = NCCL_NET_ID_UNDEF;
+    p->planeId = NCCL_NET_ID_UNDEF;
+    return Status::ok();
+  });
+}
+
+// v9..v11 list up to 4 devices per virtual NIC, v12 up to 8.
+template <typename VProps>
+ncclResult_t aMakeVDevice(int* d, VProps* props) {
   return firewall("makeVDevice", [&]() -> Status {
-    if (props == nullptr || props->ndevs < 1 || props->ndevs > NCCL_NET_MAX_DEVS_PER_NIC) {
+    constexpr int kMax = static_cast<int>(std::size(VProps{}.devs));
+    if (props == nullptr || props->ndevs < 1 || props->ndevs > kMax) {
       return BAGUA_ERROR(kInternal, "makeVDevice with %d devices (1..%d)",
-                         props == nullptr ? -1 : props->ndevs, NCCL_NET_MAX_DEVS_PER_NIC);
+                         props == nullptr ? -1 : props->ndevs, kMax);
     }
     return makeVDevice(props->devs, props->ndevs, d);
   });
+}
+ncclResult_t aMakeVDeviceV9(int* d, ncclNetVDeviceProps_v9_t* props) {
+  return aMakeVDevice(d, props);
+}
+ncclResult_t aMakeVDeviceV12(int* d, ncclNetVDeviceProps_v12_t* props) {
+  return aMakeVDevice(d, props);
 }
 
 ncclResult_t aListen(int dev, void* handle, void** listenComm) {
@@ -314,6 +338,16 @@ ncclResult_t aGetLive(int* activeStreams, uint64_t* minChunkBytes, uint64_t* max
 using namespace bagua::net::plugin;  // NOLINT(google-build-using-namespace): adapter tables
 
 extern "C" {
+
+__attribute__((visibility("default"))) ncclNet_v12_t ncclNetPlugin_v12 = {
+    kPluginName,     aInitV11,     aDevices,     aPropsV12,  aListenV11,   aConnectV11,
+    aAcceptV7,       aRegMr,       aRegMrDmaBuf, aDeregMr,   aIsendV10,    aIrecvV10,
+    aIflush,         aTest,        aCloseSend,   aCloseRecv, aCloseListen,
+    nullptr,  // getDeviceMr: no device offload
+    nullptr,  // irecvConsumed: no device offload
+    aMakeVDeviceV12, aFinalizeV11,
+    nullptr,  // setNetAttr: optional hint, NCCL checks for NULL
+};
 
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
     kPluginName,    aInitV11,     aDevices,     aPropsV11,  aListenV11,   aConnectV11,

@@ -1,4 +1,4 @@
-// The exported NCCL tuner tables ncclTunerPlugin_v5 ... ncclTunerPlugin_v3: thin adapters over
+// The exported NCCL tuner tables ncclTunerPlugin_v6 ... ncclTunerPlugin_v3: thin adapters over
 // tuner::Policy (tuner.h). NCCL finds them in libnccl-net.so when NCCL_TUNER_PLUGIN is unset and
 // no libnccl-tuner.so exists. Each entry point is an exception firewall; a bad BAGUA_NET_TUNER*
 // value fails init with the key and the accepted values (NCCL then fails the communicator's
@@ -94,6 +94,10 @@ ncclResult_t finalize(void* ctx) noexcept {
 using namespace bagua::net::tuner;  // NOLINT(google-build-using-namespace): adapter tables
 
 extern "C" {
+
+// getChunkSize NULL: our policy picks protocols and channel counts, NCCL keeps its chunk size.
+__attribute__((visibility("default"))) ncclTuner_v6_t ncclTunerPlugin_v6 = {
+    bagua::net::plugin::kPluginName, initV5, getCollInfo, finalize, nullptr};
 
 __attribute__((visibility("default"))) ncclTuner_v5_t ncclTunerPlugin_v5 = {
     bagua::net::plugin::kPluginName, initV5, getCollInfo, finalize};

@@ -1,8 +1,11 @@
-// Our own declaration of NCCL's external net plugin ABI, versions 6 to 11, as NCCL 2.28.9 loads
-// it (symbols ncclNetPlugin_v11 ... ncclNetPlugin_v6). Written from the documented API (field
-// lists in /work/shared/reference/nccl_net_plugin.md, sections 1.3-1.7); NCCL ships no plugin
-// headers with its libraries, and we do not copy nccl_net.h. Layouts are pinned below with
-// static_assert on sizes and offsets (LP64), so a mistake fails the build, not a user's job.
+// Our own declaration of NCCL's external net plugin ABI, versions 6 to 12, as NCCL 2.28.9 (v6..v11)
+// and 2.30 (v12 first) load it (symbols ncclNetPlugin_v12 ... ncclNetPlugin_v6). v12 (NCCL 2.30)
+// is v11 with room for 8 devices per virtual NIC and a rail and a plane id at the end of the
+// properties (read from NCCL v2.30.7-1's net_v12.h for the field list, not copied). Written from
+// the documented API (field lists in /work/shared/reference/nccl_net_plugin.md, sections 1.3-1.7);
+// NCCL ships no plugin headers with its libraries, and we do not copy nccl_net.h. Layouts are
+// pinned below with static_assert on sizes and offsets (LP64), so a mistake fails the build, not a
+// user's job.
 #pragma once
 
 #include <cstddef>
@@ -336,6 +339,73 @@ typedef struct {
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v11_t* netAttr);
 } ncclNet_v11_t;
 
+// v12 (NCCL 2.30). NCCL_NET_ID_UNDEF marks an unknown rail or plane.
+#define NCCL_NET_MAX_DEVS_PER_NIC_V12 8
+#define NCCL_NET_ID_UNDEF (-1)
+
+typedef struct {
+  int ndevs;
+  int devs[NCCL_NET_MAX_DEVS_PER_NIC_V12];
+} ncclNetVDeviceProps_v12_t;
+
+typedef ncclNetCommConfig_v10_t ncclNetCommConfig_v12_t;
+typedef ncclNetDeviceHandle_v7_t ncclNetDeviceHandle_v12_t;
+typedef ncclNetAttr_v11_t ncclNetAttr_v12_t;
+
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+  ncclNetVDeviceProps_v12_t vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+  int maxMultiRequestSize;
+  int16_t railId;   // rail of the NIC in a rail-optimised fabric, or NCCL_NET_ID_UNDEF
+  int16_t planeId;  // plane of the NIC, or NCCL_NET_ID_UNDEF
+} ncclNetProperties_v12_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config,
+                       ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t* props);
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_v12_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm,
+                         ncclNetDeviceHandle_v12_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle,
+                        void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags,
+                        void** mhandles, void** phandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles,
+                         void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v12_t* props);
+  ncclResult_t (*finalize)(void* ctx);
+  ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_v12_t* netAttr);
+} ncclNet_v12_t;
+
 }  // extern "C"
 
 // ---- layout pins (x86-64 / aarch64 LP64) -------------------------------------------------------
@@ -383,3 +453,15 @@ static_assert(offsetof(ncclNet_v11_t, isend) == 10 * 8);
 static_assert(offsetof(ncclNet_v11_t, test) == 13 * 8);
 static_assert(offsetof(ncclNet_v11_t, finalize) == 20 * 8);
 static_assert(offsetof(ncclNet_v11_t, setNetAttr) == 21 * 8);
+static_assert(sizeof(ncclNetVDeviceProps_v12_t) == 36);
+static_assert(sizeof(ncclNetProperties_v12_t) == 128);
+static_assert(offsetof(ncclNetProperties_v12_t, vProps) == 64);
+static_assert(offsetof(ncclNetProperties_v12_t, maxP2pBytes) == 104);
+static_assert(offsetof(ncclNetProperties_v12_t, maxCollBytes) == 112);
+static_assert(offsetof(ncclNetProperties_v12_t, maxMultiRequestSize) == 120);
+static_assert(offsetof(ncclNetProperties_v12_t, railId) == 124);
+static_assert(offsetof(ncclNetProperties_v12_t, planeId) == 126);
+static_assert(sizeof(ncclNet_v12_t) == 22 * 8);
+static_assert(offsetof(ncclNet_v12_t, makeVDevice) == 19 * 8);
+static_assert(offsetof(ncclNet_v12_t, finalize) == 20 * 8);
+static_assert(offsetof(ncclNet_v12_t, setNetAttr) == 21 * 8);

@@ -111,9 +111,10 @@ std::string pciPathOf(const std::string& ifname) {
 }
 
 // A device over the interfaces of `devs` (plain devices of g), in that order: its rails.
-// Rails after the first must be IPv4 and at most kMaxRails in all (the handle's room).
+// Rails after the first must be IPv4 and at most kMaxRails in all (the handle's room: 9, so
+// that NCCL 2.30's virtual NICs of 8 devices fit).
 Result<Device> fuse(const Global& g, const std::vector<int>& devs) {
-  constexpr size_t kMaxRails = 7;
+  constexpr size_t kMaxRails = 9;
   Device d;
   for (int dev : devs) {
     if (dev < 0 || static_cast<size_t>(dev) >= g.devices.size()) {

@@ -29,7 +29,7 @@ void encodeHandle(const HandleInfo& info, Handle* out) {
   p[40] = static_cast<uint8_t>(extra);
   for (size_t j = 0; j < extra; ++j) {
     const auto* s4 = reinterpret_cast<const sockaddr_in*>(&info.extra[j].storage);
-    uint8_t* e = p + 48 + 8 * j;
+    uint8_t* e = p + 48 + 6 * j;
     std::memcpy(e, &s4->sin_addr, 4);
     put16(e + 4, ntohs(s4->sin_port));
   }
@@ -83,7 +83,7 @@ Result<HandleInfo> decodeHandle(const uint8_t* bytes, size_t length) {
                        extra, kMaxExtraRails);
   }
   for (size_t j = 0; j < extra; ++j) {
-    const uint8_t* e = bytes + 48 + 8 * j;
+    const uint8_t* e = bytes + 48 + 6 * j;
     SocketAddress a;
     auto* s4 = reinterpret_cast<sockaddr_in*>(&a.storage);
     s4->sin_family = AF_INET;

@@ -56,11 +56,12 @@ inline uint64_t get64(const uint8_t* p) {
 // ---- handle ------------------------------------------------------------------------------------
 // Layout: 0 magic u32 | 4 version u16 | 6 family u16 (4 or 6) | 8 port u16 | 10 zero u16 |
 // 12 scope id u32 | 16 address 16 bytes | 32 nonce u64 | 40 extra rails u8 | 41..47 zero |
-// 48 + 8j (j < extra rails): IPv4 address 4 bytes | port u16 | zero u16 | 96..127 caller's.
+// 48 + 6j (j < extra rails): IPv4 address 4 bytes | port u16 | 96..127 caller's.
 // Rail 0 is the address at 16; rails 1.. (a device spanning several interfaces) are IPv4 only.
 // A handle without extra rails is byte-identical to the single-address handle of earlier builds.
-inline constexpr size_t kMaxExtraRails = (kHandleCallerOffset - 48) / 8;
-static_assert(kMaxExtraRails >= 6);
+// 8: a virtual NIC of NCCL 2.30 (v12) holds up to 8 devices, 9 rails leave room for all of them.
+inline constexpr size_t kMaxExtraRails = (kHandleCallerOffset - 48) / 6;
+static_assert(kMaxExtraRails >= 8);
 struct HandleInfo {
   SocketAddress address;             // rail 0
   std::vector<SocketAddress> extra;  // rails 1..: IPv4, at most kMaxExtraRails

@@ -1,5 +1,5 @@
 // Functional tests of the built libnccl-net.so, loaded the way NCCL loads it: dlopen, dlsym of
-// ncclNetPlugin_v11 ... _v6, then listen/connect/accept/isend/irecv/test/close between threads
+// ncclNetPlugin_v12 ... _v6, then listen/connect/accept/isend/irecv/test/close between threads
 // (and a forked process) over loopback, every byte checked. The module's path comes from meson in
 // BAGUA_NET_PLUGIN_PATH.
 #include <dlfcn.h>
@@ -138,27 +138,35 @@ std::unique_ptr<Api> makeApi(void* lib, int version) {
   a->version = version;
   Api* ap = a.get();
   switch (version) {
+  case 12:
   case 11: {
-    auto* t = static_cast<ncclNet_v11_t*>(p);
-    fillCommon(*a, t);
-    a->init = [t, ap] {
-      return t->init(&ap->ctx, 1234, nullptr, bagua::net::testing::captureLogger, nullptr);
+    // v12 is v11 with wider properties; the same calls through either table.
+    auto setup = [&](auto* t) {
+      fillCommon(*a, t);
+      a->init = [t, ap] {
+        return t->init(&ap->ctx, 1234, nullptr, bagua::net::testing::captureLogger, nullptr);
+      };
+      a->finalize = [t, ap] { return t->finalize(ap->ctx); };
+      a->listen = [t, ap](int d, void* h, void** l) { return t->listen(ap->ctx, d, h, l); };
+      a->connect = [t, ap](int d, void* h, void** s) {
+        ncclNetDeviceHandle_v7_t* dev = nullptr;
+        return t->connect(ap->ctx, d, h, s, &dev);
+      };
+      a->regMr = t->regMr;
+      a->isend = [t](void* c, void* d, size_t s, void* m, void** r) {
+        return t->isend(c, d, s, 0, m, nullptr, r);
+      };
+      a->irecv = [t](void* c, int n, void** d, size_t* s, void** m, void** r) {
+        std::vector<int> tags(static_cast<size_t>(n), 0);
+        *r = reinterpret_cast<void*>(0x1);  // NCCL's optional-completion marker
+        return t->irecv(c, n, d, s, tags.data(), m, nullptr, r);
+      };
     };
-    a->finalize = [t, ap] { return t->finalize(ap->ctx); };
-    a->listen = [t, ap](int d, void* h, void** l) { return t->listen(ap->ctx, d, h, l); };
-    a->connect = [t, ap](int d, void* h, void** s) {
-      ncclNetDeviceHandle_v7_t* dev = nullptr;
-      return t->connect(ap->ctx, d, h, s, &dev);
-    };
-    a->regMr = t->regMr;
-    a->isend = [t](void* c, void* d, size_t s, void* m, void** r) {
-      return t->isend(c, d, s, 0, m, nullptr, r);
-    };
-    a->irecv = [t](void* c, int n, void** d, size_t* s, void** m, void** r) {
-      std::vector<int> tags(static_cast<size_t>(n), 0);
-      *r = reinterpret_cast<void*>(0x1);  // NCCL's optional-completion marker
-      return t->irecv(c, n, d, s, tags.data(), m, nullptr, r);
-    };
+    if (version == 12) {
+      setup(static_cast<ncclNet_v12_t*>(p));
+    } else {
+      setup(static_cast<ncclNet_v11_t*>(p));
+    }
     break;
   }
   case 10: {
@@ -433,10 +441,10 @@ TEST(PluginSo, ExportsOnlyNcclNetAndTunerPluginSymbols) {
   }
   std::sort(exported.begin(), exported.end());
   std::vector<std::string> want;
-  for (int v = 6; v <= 11; ++v) {
+  for (int v = 6; v <= 12; ++v) {
     want.push_back("ncclNetPlugin_v" + std::to_string(v));
   }
-  for (int v = 3; v <= 5; ++v) {
+  for (int v = 3; v <= 6; ++v) {
     want.push_back("ncclTunerPlugin_v" + std::to_string(v));
   }
   want.push_back("baguaNetGetLive_v1");  // the live-settings entry (bagua/net/live_abi.h)
@@ -707,7 +715,7 @@ TEST_P(Plugin, MisuseAndFaultsAreErrorsNotCrashes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, Plugin, ::testing::Values(11, 10, 9, 8, 7, 6),
+INSTANTIATE_TEST_SUITE_P(Versions, Plugin, ::testing::Values(12, 11, 10, 9, 8, 7, 6),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return "v" + std::to_string(i.param);
                          });

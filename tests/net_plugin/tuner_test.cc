@@ -304,4 +304,38 @@ TEST_F(Tuner, OlderTablesV4AndV3ApplyTheSamePolicy) {
   EXPECT_EQ(l[1], expected(withoutLl(llFavouredTable()), 2)) << out;
 }
 
+// NCCL 2.30's table: v5's calls plus an optional getChunkSize, which we leave NULL (NCCL keeps
+// its chunk size). Same policy as v5.
+TEST_F(Tuner, V6TableAppliesThePolicyAndLeavesChunkSizeToNccl) {
+  std::string out = inChild({}, [](void* lib) {
+    auto* v6 = static_cast<ncclTuner_v6_t*>(dlsym(lib, "ncclTunerPlugin_v6"));
+    auto* v5 = static_cast<ncclTuner_v5_t*>(dlsym(lib, "ncclTunerPlugin_v5"));
+    if (v6 == nullptr || v5 == nullptr) {
+      return std::string("CHILD FAILED: missing v6/v5");
+    }
+    std::string r = std::string("name=") + v6->name +
+                    " chunk=" + (v6->getChunkSize == nullptr ? "null" : "set") + "\n";
+    void* ctx = nullptr;
+    ncclTunerConstants_v6_t constants{};
+    ncclNvlDomainInfo_v6_t nvl{1, 1, 1};
+    Call c;
+    c.table = llFavouredTable();
+    c.rc = v6->init(&ctx, 7, 8, 2, logger, &nvl, &constants);
+    if (c.rc == ncclSuccess) {
+      c.rc = v6->getCollInfo(ctx, ncclFuncAllReduce, 1 * kMiB, 1,
+                             reinterpret_cast<float**>(c.table.data()), kAlgos, kProtos, 0,
+                             &c.nChannels);
+      c.rc = c.rc != ncclSuccess ? c.rc : v6->finalize(ctx);
+    }
+    r += describe(c) + "\n";
+    r += runV5(lib, 8, 2, {{ncclFuncAllReduce, 1 * kMiB}});
+    return r;
+  });
+  std::vector<std::string> l = lines(out);
+  ASSERT_GE(l.size(), 4u) << out;
+  EXPECT_EQ(l[0], "name=Bagua chunk=null") << out;
+  EXPECT_EQ(l[1], expected(withoutLl(llFavouredTable()), 2)) << out;
+  EXPECT_EQ(l[3], l[1]) << "v6 and v5 must decide alike:\n" << out;
+}
+
 }  // namespace

@@ -1,5 +1,5 @@
 // Devices spanning several interfaces through the built plugin: NCCL's NIC fusion (makeVDevice in
-// the v9..v11 tables) and the BAGUA_NET_DEVICES knob. Loopback only here (the fused device over
+// the v9..v12 tables) and the BAGUA_NET_DEVICES knob. Loopback only here (the fused device over
 // lo twice: two rails, two listening ports); links_test.cc runs fused devices over real veth
 // links.
 #include <dlfcn.h>
@@ -104,8 +104,9 @@ class VDevice : public ::testing::Test {
   }
 };
 
-// One message of `size` bytes over device `dev`, every byte checked.
-void sendOne(ncclNet_v11_t* net, void* ctx, int dev, size_t size) {
+// One message of `size` bytes over device `dev`, every byte checked (v11 or v12 table).
+template <typename Net>
+void sendOne(Net* net, void* ctx, int dev, size_t size) {
   char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void* listenComm = nullptr;
   ASSERT_EQ(net->listen(ctx, dev, handle, &listenComm), ncclSuccess);
@@ -197,14 +198,57 @@ TEST_F(VDevice, MakeVDeviceFusesDevicesAndCarriesMessages) {
   EXPECT_NE(net->makeVDevice(&vdev, &parts), ncclSuccess) << "a virtual device as a part";
 }
 
-// Every table that has makeVDevice (v9, v10, v11) exports it.
+// NCCL 2.30's table: a virtual NIC of 8 devices (v12's limit; v9..v11 take 4), rail and plane ids
+// left undefined, messages over its 8 rails.
+TEST_F(VDevice, V12VirtualNicOfEightDevices) {
+  setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
+  setenv("BAGUA_NET_NSTREAMS", "8", 1);
+  void* lib = dlopen(pluginPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  auto* net = static_cast<ncclNet_v12_t*>(dlsym(lib, "ncclNetPlugin_v12"));
+  ASSERT_NE(net, nullptr);
+  void* ctx = nullptr;
+  {
+#ifdef BAGUA_VDEV_TEST_WITH_LSAN
+    __lsan::ScopedDisabler noLeakCheck;
+#endif
+    ASSERT_EQ(net->init(&ctx, 9, nullptr, bagua::net::testing::captureLogger, nullptr),
+              ncclSuccess);
+  }
+  ncclNetProperties_v12_t p{};
+  ASSERT_EQ(net->getProperties(0, &p), ncclSuccess);
+  EXPECT_EQ(p.railId, NCCL_NET_ID_UNDEF);
+  EXPECT_EQ(p.planeId, NCCL_NET_ID_UNDEF);
+  EXPECT_EQ(p.vProps.ndevs, 1);
+  EXPECT_EQ(p.maxMultiRequestSize, 1);
+  ncclNetVDeviceProps_v12_t parts{};
+  parts.ndevs = NCCL_NET_MAX_DEVS_PER_NIC_V12;
+  int vdev = -1;
+  ASSERT_EQ(net->makeVDevice(&vdev, &parts), ncclSuccess);
+  ncclNetProperties_v12_t v{};
+  ASSERT_EQ(net->getProperties(vdev, &v), ncclSuccess);
+  EXPECT_EQ(v.vProps.ndevs, 8);
+  EXPECT_EQ(v.speed, 8 * p.speed);
+  EXPECT_EQ(v.railId, NCCL_NET_ID_UNDEF);
+  sendOne(net, ctx, vdev, (5 << 20) + 11);
+  parts.ndevs = NCCL_NET_MAX_DEVS_PER_NIC_V12 + 1;
+  EXPECT_NE(net->makeVDevice(&vdev, &parts), ncclSuccess);
+  EXPECT_EQ(net->finalize(ctx), ncclSuccess);
+  dlclose(lib);
+  unsetenv("NCCL_SOCKET_IFNAME");
+  unsetenv("BAGUA_NET_NSTREAMS");
+}
+
+// Every table that has makeVDevice (v9..v12) exports it.
 TEST_F(VDevice, EveryTableWithTheMemberExportsIt) {
   void* lib = dlopen(pluginPath().c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
   auto* v9 = static_cast<ncclNet_v9_t*>(dlsym(lib, "ncclNetPlugin_v9"));
   auto* v10 = static_cast<ncclNet_v10_t*>(dlsym(lib, "ncclNetPlugin_v10"));
   auto* v11 = static_cast<ncclNet_v11_t*>(dlsym(lib, "ncclNetPlugin_v11"));
-  ASSERT_TRUE(v9 != nullptr && v10 != nullptr && v11 != nullptr);
+  auto* v12 = static_cast<ncclNet_v12_t*>(dlsym(lib, "ncclNetPlugin_v12"));
+  ASSERT_TRUE(v9 != nullptr && v10 != nullptr && v11 != nullptr && v12 != nullptr);
+  EXPECT_NE(v12->makeVDevice, nullptr);
   EXPECT_NE(v9->makeVDevice, nullptr);
   EXPECT_NE(v10->makeVDevice, nullptr);
   EXPECT_NE(v11->makeVDevice, nullptr);

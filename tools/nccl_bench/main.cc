@@ -37,6 +37,9 @@ struct Options {
   int warmup = 5;
   std::string label = "nccl";
   std::string json;
+  // Every rank on GPU 0 (MPS shares it), each with its own NCCL_HOSTID, so that NCCL takes the
+  // network path between ranks of one GPU (issue 21's method for 4 ranks on one GPU).
+  bool shareGpu = false;
 };
 
 struct Row {
@@ -53,7 +56,11 @@ float pattern(int rank, size_t i) {
 std::vector<double> runRank(const Options& o, int rank, const ncclUniqueId& id,
                             std::vector<char>* correct) {
   bagua::tools::toolRank() = rank;
-  BAGUA_TOOL_CHECK_CUDA(cudaSetDevice(rank));
+  if (o.shareGpu && !bagua::processEnv("NCCL_HOSTID").has_value()) {
+    // Read by NCCL at its first init in this (forked, not yet NCCL-initialised) process.
+    setenv("NCCL_HOSTID", ("bagua-nccl-bench-rank" + std::to_string(rank)).c_str(), 1);
+  }
+  BAGUA_TOOL_CHECK_CUDA(cudaSetDevice(o.shareGpu ? 0 : rank));
   ncclComm_t comm;
   BAGUA_TOOL_CHECK_NCCL(ncclCommInitRank(&comm, o.ranks, id, rank));
   cudaStream_t stream;
@@ -124,10 +131,11 @@ bagua::Result<uint64_t> bytesArg(const char* key, const char* v) {
 void usage() {
   std::printf(
       "usage: bagua-nccl-bench [--ranks N] [--min BYTES] [--max BYTES] [--iters N]\n"
-      "                        [--warmup N] [--label NAME] [--json FILE]\n"
+      "                        [--warmup N] [--label NAME] [--json FILE] [--share-gpu]\n"
       "Float sum all-reduce over N GPUs (one process each), sizes doubling from --min to\n"
       "--max (K/M/G suffixes), every result checked. The transport is whatever the NCCL\n"
-      "environment selects.\n");
+      "environment selects. --share-gpu puts every rank on GPU 0 (run under MPS), each\n"
+      "with its own NCCL_HOSTID, so NCCL takes the network path between them.\n");
 }
 
 }  // namespace
@@ -169,6 +177,8 @@ int main(int argc, char** argv) {
       o.label = next();
     } else if (a == "--json") {
       o.json = next();
+    } else if (a == "--share-gpu") {
+      o.shareGpu = true;
     } else if (a == "--help" || a == "-h") {
       usage();
       return 0;

@@ -229,7 +229,7 @@ class Listener {
   // Listens on several addresses at once, the rails of one device spanning several interfaces
   // (each its own port, all under one nonce). The handle lists them all; a Connector spreads
   // its streams over them: data stream i on rail i mod rails, the control stream on rail 0.
-  // Rails after the first must be IPv4; at most 1 + wire's kMaxExtraRails (7) rails.
+  // Rails after the first must be IPv4; at most 1 + wire's kMaxExtraRails (9) rails.
   static Result<std::unique_ptr<Listener>> create(const std::vector<SocketAddress>& bindAddresses,
                                                   const EngineOptions& options);
   ~Listener();

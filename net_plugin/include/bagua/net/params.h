@@ -113,7 +113,7 @@ struct NetParams : ParamCatalogue {
                       "one NCCL device per interface NCCL_SOCKET_IFNAME selects; NCCL places "
                       "its channels on them, as with its Socket transport"},
                      {"fused",
-                      "one device spanning every selected interface (at most 7; IPv4 after "
+                      "one device spanning every selected interface (at most 9; IPv4 after "
                       "the first): each connection spreads its data streams over all of "
                       "them and the dynamic schedule gives a faster link more chunks"}},
                     "How the plugin presents several interfaces to NCCL. NCCL can also fuse "

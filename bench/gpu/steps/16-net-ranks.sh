@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Issue 21's method on ONE GPU: 4 (and 2) ranks sharing GPU 0 through MPS, each its own
+# NCCL_HOSTID, P2P and SHM off, so NCCL's network path carries every byte over loopback. NCCL
+# all-reduce busbw 1 MiB..256 MiB (bagua-nccl-bench --share-gpu, every result checked), same run:
+#   socket       NCCL's Socket transport, defaults
+#   socket-4x4   Socket with 4 threads x 4 sockets
+#   fastsocket   Google's nccl-fastsocket (v6 plugin), when third_party_fetch/fastsocket/
+#                libnccl-net-fastsocket.so was built on the CPU machine with
+#                /work/shared/tools/build_fastsocket.sh and carried here
+#   bagua        Bagua-Net, defaults; at 4 ranks also bagua-s4 / bagua-s2 (4 and 2 streams per
+#                connection: fewer helper threads per rank) to show what the thread count costs
+# plus the CPU time of all ranks (user + system, bash `times` of the finished run) per GB the
+# ranks sent (2(n-1) x size per all-reduce, warm-up included). Targets (issue 21): 4 ranks,
+# Bagua-Net >= Socket at every size and >= 2.5x at 256 MiB; >= 1.3x fastsocket from 64 MiB.
+# Detail in $OUT/16-net-ranks.log and $OUT/ranks<N>-<label>.json; tables on stdout.
+# Alone: BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=16 bench/gpu/run.sh
+# step-timeout: 590
+set -uo pipefail
+LOG="$OUT/16-net-ranks.log"
+BENCH="$BUILD/tools/nccl_bench/bagua-nccl-bench"
+FS="$ROOT/third_party_fetch/fastsocket/libnccl-net-fastsocket.so"
+: > "$LOG"
+[ -x "$BENCH" ] || { echo "16-net-ranks: bagua-nccl-bench not built"; exit 1; }
+
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+started_mps=0
+if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then
+  started_mps=1
+else
+  echo "16-net-ranks: MPS not started (ranks time-slice the GPU: compare within this run only)"
+fi
+trap '[ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
+
+NETPATH=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
+         NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)
+# CPU_NOW = user+system seconds of this shell's finished children so far. `times` must run in
+# this shell itself (a pipeline or $(...) would be a fresh process with no children).
+TIMES_FILE="$OUT/.16-times"
+cpu_children() {
+  times > "$TIMES_FILE"
+  CPU_NOW=$(tail -1 "$TIMES_FILE" | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); print u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+}
+CPU_TABLE="$OUT/16-net-ranks-cpu.txt"
+: > "$CPU_TABLE"
+run() {  # ranks, label, env assignments...
+  local n="$1" label="$2"; shift 2
+  local before after
+  cpu_children
+  before=$CPU_NOW
+  echo "===== ranks $n $label: $*" >> "$LOG"
+  env "${NETPATH[@]}" "$@" timeout 150 "$BENCH" --ranks "$n" --share-gpu --min 1M --max 256M \
+    --iters 10 --warmup 3 --label "ranks$n-$label" --json "$OUT/ranks$n-$label.json" >> "$LOG" 2>&1
+  local rc=$?
+  cpu_children
+  after=$CPU_NOW
+  grep -oE 'Loaded net plugin [A-Za-z]+ \(v[0-9]+\)|Using network [A-Za-z]+' "$LOG" | tail -1 |
+    sed "s/^/  ranks $n $label: /"
+  [ "$rc" = 0 ] || echo "  ranks $n $label: rc=$rc"
+  echo "$n $label $before $after" >> "$CPU_TABLE"
+}
+PLUG=(LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua)
+for n in 4 2; do
+  run "$n" socket NCCL_NET_PLUGIN=none NCCL_NET=Socket
+  run "$n" socket-4x4 NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+  if [ -f "$FS" ]; then
+    run "$n" fastsocket NCCL_NET_PLUGIN="$FS" NCCL_NET=FastSocket
+  else
+    echo "  fastsocket: not built ($FS missing): left out"
+  fi
+  run "$n" bagua "${PLUG[@]}"
+  if [ "$n" = 4 ]; then
+    run "$n" bagua-s4 "${PLUG[@]}" BAGUA_NET_NSTREAMS=4
+    run "$n" bagua-s2 "${PLUG[@]}" BAGUA_NET_NSTREAMS=2
+  fi
+done
+
+for n in 4 2; do
+  labels=()
+  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2; do
+    [ -f "$OUT/ranks$n-$l.json" ] && labels+=("ranks$n-$l")
+  done
+  echo "--- $n ranks on one GPU (busbw GB/s, ratios against Socket)"
+  python3 "$ROOT/bench/gpu/summarize.py" "$OUT" "${labels[@]}" | tee "$OUT/16-net-ranks$n.md"
+done
+echo "--- CPU seconds (all ranks, user + system) per GB sent"
+python3 - "$OUT" "$CPU_TABLE" <<'PY'
+import json, os, sys
+out, table = sys.argv[1], sys.argv[2]
+for line in open(table):
+    n, label, before, after = line.split()
+    n, cpu = int(n), float(after) - float(before)
+    try:
+        rows = json.load(open(os.path.join(out, f"ranks{n}-{label}.json")))["rows"]
+    except (OSError, ValueError, KeyError):
+        continue
+    gb = sum((10 + 3) * 2 * (n - 1) * r["bytes"] for r in rows) / 1e9
+    print(f"  ranks {n} {label:11s} {cpu:7.1f} s CPU for {gb:6.1f} GB: {cpu / gb:.3f} s/GB")
+PY
