@@ -9,6 +9,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/core/params.h"
 #include "bagua_config.h"
+#include "liveness.h"
 
 #ifdef BAGUA_CORE_WITH_NCCL
 #include "backend/nccl/nccl_communicator.h"
@@ -94,9 +95,11 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
                        "the host backend");
 #endif
   }
+  BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
   host::HostTransportOptions ht;
   host::SocketTransportOptions& to = ht.socket;
   to.connectTimeout = options.rendezvousTimeout;
+  to.deadPeerTimeout = live.timeout;
   BAGUA_ASSIGN_OR_RETURN(uint64_t buf, coreParams().hostSocketBuffer.get());
   to.socketBuffer = buf;
   BAGUA_ASSIGN_OR_RETURN(to.listenAddress, coreParams().hostListenAddr.get());
@@ -131,7 +134,16 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
       host::hostOptionsFromParams(
           options.collectiveTimeout,
           std::min(size, options.localWorldSize > 0 ? options.localWorldSize : size)));
-  return std::unique_ptr<Communicator>(new host::HostCommunicator(std::move(transport), ho));
+  auto comm = std::make_unique<host::HostCommunicator>(std::move(transport), ho);
+  if (live.on() && size > 1) {
+    host::PeerMonitorOptions mo;
+    mo.timeout = live.timeout;
+    mo.interval = live.interval;
+    mo.setupTimeout = options.rendezvousTimeout;
+    mo.bindAddress = to.listenAddress;
+    BAGUA_RETURN_IF_ERROR(comm->startPeerMonitor(store, mo));
+  }
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(std::shared_ptr<Store> store,

@@ -26,6 +26,7 @@
 #include "bagua/base/thread.h"
 #include "bagua/core/store.h"
 #include "bagua/net/socket_io.h"
+#include "liveness.h"
 
 namespace bagua::core {
 
@@ -336,6 +337,9 @@ class TcpStoreServer::Impl {
       }
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
+      // A client whose host vanished: its session (and parked waits) go within the bound
+      // instead of lingering for TCP's two hours.
+      (void)setDeadPeerBound(socket.native_handle(), deadPeerTimeout_);
       auto s = std::make_shared<Session>(this, std::move(socket));
       sessions_.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
       sessions_.push_back(s);
@@ -382,6 +386,7 @@ class TcpStoreServer::Impl {
   asio::io_context io_;
   tcp::acceptor acceptor_;
   int port_ = 0;
+  Millis deadPeerTimeout_{0};
   bool stopped_ = false;
   std::map<std::string, Bytes> data_;
   std::set<std::shared_ptr<Session>> waiters_;
@@ -391,6 +396,8 @@ class TcpStoreServer::Impl {
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port) {
   auto impl = std::make_unique<Impl>();
+  BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
+  impl->deadPeerTimeout_ = live.timeout;
   BAGUA_RETURN_IF_ERROR(impl->listen(host, port));
   BAGUA_LOG_INFO(kLogInit, "TCP store server listening on %s:%d", host.c_str(), impl->port_);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
@@ -425,8 +432,11 @@ Status ioAll(int fd, uint8_t* data, size_t len, bool write, Clock::time_point de
              const std::string& server) {
   Status s = write ? net::sendAll(fd, data, len, deadline) : net::recvAll(fd, data, len, deadline);
   if (!s.isOk()) {
-    s.withContext(strPrintf("TCP store %s%s", server.c_str(),
-                            s.code() == StatusCode::kRemoteError ? " (did rank 0 exit?)" : ""));
+    const char* hint = s.code() == StatusCode::kRemoteError ? " (did rank 0 exit?)"
+                       : s.code() == StatusCode::kDeadlineExceeded
+                           ? " (no answer: its host vanished or the network to it is cut?)"
+                           : "";
+    s.withContext(strPrintf("TCP store %s%s", server.c_str(), hint));
   }
   return s;
 }
@@ -435,6 +445,11 @@ Status ioAll(int fd, uint8_t* data, size_t len, bool write, Clock::time_point de
 
 Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& options) {
   const std::string server = strPrintf("%s:%d", options.host.c_str(), options.port);
+  Millis deadPeer = options.deadPeerTimeout;
+  if (deadPeer.count() < 0) {
+    BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
+    deadPeer = live.timeout;
+  }
   const auto deadline = Clock::now() + options.connectTimeout;
   std::string lastError = "no attempt";
   int attempts = 0;
@@ -473,6 +488,11 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& optio
           ::freeaddrinfo(res);
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          Status bound = setDeadPeerBound(fd, deadPeer);
+          if (!bound.isOk()) {
+            ::close(fd);
+            return bound.withContext(strPrintf("TCP store %s", server.c_str()));
+          }
           sockaddr_storage local{};
           socklen_t llen = sizeof(local);
           char buf[INET6_ADDRSTRLEN] = "127.0.0.1";

@@ -150,16 +150,22 @@ DataLoader::~DataLoader() {
   ring_.clear();
 }
 
-Status DataLoader::startEpoch(uint64_t epoch) {
+Status DataLoader::startEpoch(uint64_t epoch, size_t firstBatch) {
   Result<Batches> b = plan_.batchesForEpoch(epoch);
   if (!b.isOk()) {
     Status s = b.takeStatus();
     s.withContext(strPrintf("batch plan for epoch %llu", static_cast<unsigned long long>(epoch)));
     return std::move(s.addFrame(__FILE__, __LINE__));
   }
+  if (firstBatch > b->size()) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "startEpoch: resuming epoch %llu at batch %zu, but it has %zu batches (a "
+                       "position saved with another plan, dataset or world size?)",
+                       static_cast<unsigned long long>(epoch), firstBatch, b->size());
+  }
   uint64_t samples = 0;
-  for (const auto& batch : *b) {
-    samples += batch.size();
+  for (size_t k = firstBatch; k < b->size(); ++k) {
+    samples += (*b)[k].size();
   }
   // Batches of the abandoned epoch are freed after unlocking: no allocator call under mu_.
   std::vector<std::optional<Result<Batch>>> abandoned(ring_.size());
@@ -169,8 +175,8 @@ Status DataLoader::startEpoch(uint64_t epoch) {
     epoch_ = epoch;
     ++generation_;
     batches_ = std::move(*b);
-    nextClaim_ = 0;
-    nextConsume_ = 0;
+    nextClaim_ = firstBatch;
+    nextConsume_ = firstBatch;
     ring_.swap(abandoned);
   }
   workCv_.notify_all();
@@ -179,6 +185,11 @@ Status DataLoader::startEpoch(uint64_t epoch) {
       progress_ ? progressOut_ : nullptr,
       strPrintf("epoch %llu", static_cast<unsigned long long>(epoch)), samples, progressOptions_);
   return Status::ok();
+}
+
+LoaderPosition DataLoader::position() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {epoch_, nextConsume_};
 }
 
 size_t DataLoader::numBatches() const {

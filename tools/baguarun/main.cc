@@ -8,6 +8,13 @@
 //
 // --master_port 0 picks a free port (single-node jobs only). Exit status: 0 when every worker
 // succeeded, else the first failed worker's exit code (128 + signal when it was killed).
+//
+// Elastic jobs (--nnodes MIN:MAX, or any --rdzv_* option) are torchrun's: baguarun replaces
+// itself with `--torchrun CMD` (default: python3 -m bagua.distributed.run) and torchrun's flags,
+//   CMD --nnodes MIN:MAX --nproc_per_node N --rdzv_backend B --rdzv_endpoint E --rdzv_id ID
+//       --max_restarts R [--rdzv_conf C] --no_python program [args...]
+// (B default c10d, E default --master_addr:--master_port, ID default "baguarun", R default 3),
+// so C++ trainers restart on membership changes like Python ones.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -43,6 +50,18 @@ struct Options {
   int masterPort = 29500;
   double graceS = 5.0;
   std::vector<std::string> command;
+  // Elastic (delegated to torchrun): nnodes as given ("2:4"), and torchrun's rendezvous flags.
+  std::string nnodesText;
+  std::string rdzvBackend;
+  std::string rdzvEndpoint;
+  std::string rdzvId;
+  std::string rdzvConf;
+  int maxRestarts = 3;
+  std::string torchrun = "python3 -m bagua.distributed.run";
+  bool elastic() const {
+    return nnodesText.find(':') != std::string::npos || !rdzvBackend.empty() ||
+           !rdzvEndpoint.empty();
+  }
 };
 
 void usage(FILE* out) {
@@ -54,7 +73,11 @@ void usage(FILE* out) {
                "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), forwards signals, and stops every\n"
                "worker when one fails, reporting which rank failed and why.\n"
                "  --master_port 0   pick a free port (single node)\n"
-               "  --grace_s S       seconds between SIGTERM and SIGKILL (default 5)\n");
+               "  --grace_s S       seconds between SIGTERM and SIGKILL (default 5)\n"
+               "Elastic (torchrun underneath): --nnodes MIN:MAX, --rdzv_backend B (c10d),\n"
+               "  --rdzv_endpoint HOST:PORT (--master_addr:--master_port), --rdzv_id ID,\n"
+               "  --rdzv_conf K=V,..., --max_restarts R (3), --torchrun CMD\n"
+               "  (python3 -m bagua.distributed.run)\n");
 }
 
 bool parseIntArg(const std::string& name, const std::string& text, int lo, int hi, int* out) {
@@ -89,9 +112,13 @@ int parseArgs(int argc, char** argv, Options* o) {
       key = a.substr(0, eq);
       value = a.substr(eq + 1);
     }
-    static const char* const kKnown[] = {
-        "--nproc_per_node", "--nproc-per-node", "--nnodes",      "--node_rank",   "--node-rank",
-        "--master_addr",    "--master-addr",    "--master_port", "--master-port", "--grace_s"};
+    static const char* const kKnown[] = {"--nproc_per_node", "--nproc-per-node", "--nnodes",
+                                         "--node_rank",      "--node-rank",      "--master_addr",
+                                         "--master-addr",    "--master_port",    "--master-port",
+                                         "--grace_s",        "--rdzv_backend",   "--rdzv-backend",
+                                         "--rdzv_endpoint",  "--rdzv-endpoint",  "--rdzv_id",
+                                         "--rdzv-id",        "--rdzv_conf",      "--rdzv-conf",
+                                         "--max_restarts",   "--max-restarts",   "--torchrun"};
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       std::fprintf(stderr, "baguarun: unknown option %s\n", key.c_str());
       return 2;
@@ -107,7 +134,29 @@ int parseArgs(int argc, char** argv, Options* o) {
     if (key == "--nproc_per_node" || key == "--nproc-per-node") {
       ok = parseIntArg(key, value, 1, 4096, &o->nprocPerNode);
     } else if (key == "--nnodes") {
-      ok = parseIntArg(key, value, 1, 65536, &o->nnodes);
+      o->nnodesText = value;
+      const size_t colon = value.find(':');
+      if (colon == std::string::npos) {
+        ok = parseIntArg(key, value, 1, 65536, &o->nnodes);
+      } else {
+        int lo = 0;
+        int hi = 0;
+        ok = parseIntArg("--nnodes MIN", value.substr(0, colon), 1, 65536, &lo) &&
+             parseIntArg("--nnodes MAX", value.substr(colon + 1), lo, 65536, &hi);
+        o->nnodes = hi;
+      }
+    } else if (key == "--rdzv_backend" || key == "--rdzv-backend") {
+      o->rdzvBackend = value;
+    } else if (key == "--rdzv_endpoint" || key == "--rdzv-endpoint") {
+      o->rdzvEndpoint = value;
+    } else if (key == "--rdzv_id" || key == "--rdzv-id") {
+      o->rdzvId = value;
+    } else if (key == "--rdzv_conf" || key == "--rdzv-conf") {
+      o->rdzvConf = value;
+    } else if (key == "--max_restarts" || key == "--max-restarts") {
+      ok = parseIntArg(key, value, 0, 1 << 20, &o->maxRestarts);
+    } else if (key == "--torchrun") {
+      o->torchrun = value;
     } else if (key == "--node_rank" || key == "--node-rank") {
       ok = parseIntArg(key, value, 0, 65535, &o->nodeRank);
     } else if (key == "--master_addr" || key == "--master-addr") {
@@ -136,6 +185,9 @@ int parseArgs(int argc, char** argv, Options* o) {
   if (o->command.empty()) {
     std::fprintf(stderr, "baguarun: no program given\n");
     return 2;
+  }
+  if (o->elastic()) {
+    return 0;  // ranks come from torchrun's rendezvous; --node_rank does not apply
   }
   if (o->nodeRank >= o->nnodes) {
     std::fprintf(stderr, "baguarun: --node_rank %d must be below --nnodes %d\n", o->nodeRank,
@@ -195,6 +247,57 @@ int exitCodeOf(int status) {
   return 1;
 }
 
+// Replaces this process with torchrun (see the file comment); returns only on failure.
+int execTorchrun(const Options& o) {
+  std::vector<std::string> args;
+  std::string word;
+  for (char c : o.torchrun + " ") {
+    if (c == ' ') {
+      if (!word.empty()) {
+        args.push_back(word);
+      }
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  if (args.empty()) {
+    std::fprintf(stderr, "baguarun: --torchrun is empty\n");
+    return 2;
+  }
+  const std::string endpoint =
+      o.rdzvEndpoint.empty() ? o.masterAddr + ":" + std::to_string(o.masterPort) : o.rdzvEndpoint;
+  std::vector<std::string> more = {
+      "--nnodes",         o.nnodesText.empty() ? std::to_string(o.nnodes) : o.nnodesText,
+      "--nproc_per_node", std::to_string(o.nprocPerNode),
+      "--rdzv_backend",   o.rdzvBackend.empty() ? "c10d" : o.rdzvBackend,
+      "--rdzv_endpoint",  endpoint,
+      "--rdzv_id",        o.rdzvId.empty() ? "baguarun" : o.rdzvId,
+      "--max_restarts",   std::to_string(o.maxRestarts)};
+  if (!o.rdzvConf.empty()) {
+    more.push_back("--rdzv_conf");
+    more.push_back(o.rdzvConf);
+  }
+  more.push_back("--no_python");
+  args.insert(args.end(), more.begin(), more.end());
+  args.insert(args.end(), o.command.begin(), o.command.end());
+  std::string line;
+  for (const auto& a : args) {
+    line += (line.empty() ? "" : " ") + a;
+  }
+  std::fprintf(stderr, "baguarun: elastic job, handing over to torchrun: %s\n", line.c_str());
+  std::fflush(stderr);
+  std::vector<char*> argvOut;
+  for (auto& a : args) {
+    argvOut.push_back(a.data());
+  }
+  argvOut.push_back(nullptr);
+  ::execvp(argvOut[0], argvOut.data());
+  std::fprintf(stderr, "baguarun: cannot run '%s' (--torchrun): %s\n", argvOut[0],
+               std::strerror(errno));
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,6 +306,9 @@ int main(int argc, char** argv) {
   if (rc != 0) {
     usage(rc < 0 ? stdout : stderr);
     return rc < 0 ? 0 : rc;
+  }
+  if (o.elastic()) {
+    return execTorchrun(o);
   }
   if (o.masterPort == 0) {
     o.masterPort = pickFreePort();

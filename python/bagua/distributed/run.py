@@ -1,6 +1,7 @@
 """``python -m bagua.distributed.run``: torchrun's flags (``--nnodes MIN:MAX``, ``--rdzv_*``,
 ``--standalone``, ``--max_restarts``, ...) plus Bagua's (_bagua_flags.py), on
-``torch.distributed.run``. Elastic behaviour is torchrun's."""
+``torch.distributed.run``. Elastic behaviour is torchrun's, with a faster c10d rendezvous after
+a node is lost (_elastic.py: keep-alive and last-call defaults, settable in --rdzv_conf)."""
 
 import sys
 
@@ -19,6 +20,12 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = _bagua_flags.bagua_env(args)
+    if args.rdzv_backend == "c10d" and not args.standalone:
+        # Faster loss detection and re-rendezvous (_elastic.py); --rdzv_conf overrides.
+        from . import _elastic
+
+        args.rdzv_conf = _elastic.default_rdzv_conf(args.rdzv_conf)
+        _elastic.install()
     return _bagua_flags.launch(args, env)
 
 

@@ -240,8 +240,10 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
                                     world_size=w, timeout=timeout)
             owns = True
         _init_count += 1
-        key = "bagua/core_store/{}/{}".format(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
-                                              _init_count)
+        # Not keyed by TORCHELASTIC_RESTART_COUNT: it differs between the nodes of one round (a
+        # node restarted for a membership change keeps its count, one whose worker failed
+        # counts up, a joining node starts at 0); the env:// store is new in every round.
+        key = "bagua/core_store/{}".format(_init_count)
         server = None
         if r == 0:
             addr = env.get_master_addr()

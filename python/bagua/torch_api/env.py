@@ -58,6 +58,13 @@ def get_node_rank():
     return _int_env("NODE_RANK", 0)
 
 
+def get_restart_count():
+    """TORCHELASTIC_RESTART_COUNT (default 0): how many times torchrun restarted this node's
+    workers (failures only; a membership change restarts without counting, and a node that
+    joins later starts at 0, so it is not the same on every node)."""
+    return _int_env("TORCHELASTIC_RESTART_COUNT", 0)
+
+
 def get_master_addr():
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
 

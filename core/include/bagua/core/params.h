@@ -47,6 +47,21 @@ struct CoreParams : ParamCatalogue {
       300000,
       {100, 86400000},
       "deadline of one communicator operation; past it the communicator fails"};
+  IntParam peerTimeoutMs{
+      *this,
+      "BAGUA_PEER_TIMEOUT_MS",
+      10000,
+      {0, 3600000},
+      "dead-peer bound: a host-backend peer on another host that sends no heartbeat for this "
+      "long, or a TCP store server that acknowledges nothing for this long, is declared gone "
+      "and the calls waiting on it fail naming its rank and host (heartbeat datagrams, "
+      "TCP_USER_TIMEOUT and keepalive); 0 turns the heartbeat off and leaves TCP's defaults"};
+  IntParam heartbeatIntervalMs{*this,
+                               "BAGUA_HEARTBEAT_INTERVAL_MS",
+                               1000,
+                               {10, 600000},
+                               "host backend: how often each rank sends a heartbeat datagram "
+                               "to its peers on other hosts; at most BAGUA_PEER_TIMEOUT_MS / 3"};
   EnumParam hostAlgorithm{*this,
                           "BAGUA_HOST_ALGO",
                           "auto",

@@ -121,6 +121,9 @@ struct TcpStoreOptions {
   int port = 0;
   // How long to keep retrying the first connection (the server may start later).
   Millis connectTimeout{30000};
+  // A server whose host vanished (no FIN/RST) fails the call waiting on it within about this
+  // long (TCP_USER_TIMEOUT + keepalive); negative: BAGUA_PEER_TIMEOUT_MS; 0: TCP's defaults.
+  Millis deadPeerTimeout{-1};
 };
 
 // The client. Speaks a small length-prefixed binary protocol (core/README.md).

@@ -111,6 +111,10 @@ HostCommunicator::HostCommunicator(std::unique_ptr<Transport> transport, const H
 }
 
 HostCommunicator::~HostCommunicator() {
+  // First: its "bye" tells the peers this rank leaves in order, before our sockets close.
+  if (monitor_) {
+    monitor_->stop();
+  }
   // An operation still running (a peer that never joins) would otherwise hold the join up to
   // the collective timeout. Data already handed to the transport still reaches the peers.
   transport_->abort("communicator destroyed");
@@ -164,6 +168,15 @@ void HostCommunicator::workerLoop(std::stop_token stop) {
     }
     Status s = item.run(Clock::now() + options_.timeout);
     operations_.fetch_add(1, std::memory_order_relaxed);
+    if (!s.isOk() && monitor_) {
+      // A survivor that declared a peer on another host lost aborts, and we may see its sockets
+      // close just before its notice arrives: report the lost peer, not the messenger.
+      std::string lost = monitor_->waitLost(std::chrono::milliseconds(250));
+      if (!lost.empty() && s.message().find(lost) == std::string::npos) {
+        s = BAGUA_ERROR(kUnavailable, "%s (the transport reported: %s)", lost.c_str(),
+                        s.message().c_str());
+      }
+    }
     if (!s.isOk()) {
       s.withContext(strPrintf("rank %d: %s", rank(), item.name.c_str()));
       BAGUA_LOG_WARN(kLogCore, "host communicator failed: %s", s.toString().c_str());
@@ -185,6 +198,13 @@ void HostCommunicator::abort(const std::string& why) {
   }
   transport_->abort(why);
   queueCv_.notify_all();
+}
+
+Status HostCommunicator::startPeerMonitor(Store& store, const PeerMonitorOptions& options) {
+  BAGUA_ASSIGN_OR_RETURN(monitor_,
+                         PeerMonitor::start(store, rank(), size(), options,
+                                            [this](const std::string& why) { abort(why); }));
+  return Status::ok();
 }
 
 CommStats HostCommunicator::stats() const {

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/host/peer_monitor.h"
 #include "backend/host/reduce_kernels.h"
 #include "backend/host/transport.h"
 #include "bagua/core/communicator.h"
@@ -91,6 +92,10 @@ class HostCommunicator final : public Communicator {
   WorkPtr setTuning(const HostTuning& tuning, std::shared_ptr<Status> verdict);
   HostTuningState tuning() const;
 
+  // Collective: heartbeats with the peers on other hosts (peer_monitor.h); a lost peer aborts
+  // this communicator, naming it. Called once, right after construction, by every rank.
+  Status startPeerMonitor(Store& store, const PeerMonitorOptions& options);
+
  private:
   class HostWork;
   struct Item {
@@ -127,6 +132,7 @@ class HostCommunicator final : public Communicator {
   std::atomic<uint64_t> operations_{0};
   std::atomic<size_t> segmentNow_{0};  // options_.segmentBytes as last applied, for tuning()
   std::jthread worker_;
+  std::unique_ptr<PeerMonitor> monitor_;  // null: heartbeat off or every peer on this host
 };
 
 }  // namespace bagua::core::host

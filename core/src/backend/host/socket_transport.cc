@@ -19,6 +19,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/core/params.h"
 #include "bagua/net/socket_io.h"
+#include "liveness.h"
 
 namespace bagua::core::host {
 
@@ -86,7 +87,9 @@ bool parseHostPort(const std::string& s, sockaddr_storage* out, socklen_t* len) 
   return ::inet_pton(AF_INET, host.c_str(), &a->sin_addr) == 1;
 }
 
-void tuneSocket(int fd, size_t buffer) {
+void tuneSocket(int fd, size_t buffer, std::chrono::milliseconds deadPeer) {
+  // Best effort, as the buffer sizes: the heartbeat (peer_monitor.h) bounds a vanished host too.
+  (void)setDeadPeerBound(fd, deadPeer);
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (buffer > 0) {
@@ -422,9 +425,20 @@ std::string hostIdentity() {
     char boot[64] = {};
     ssize_t n = ::read(fd, boot, sizeof(boot) - 1);
     ::close(fd);
+    while (n > 0 && (boot[n - 1] == '\n' || boot[n - 1] == ' ')) {
+      --n;
+    }
     if (n > 0) {
       id += "/" + std::string(boot, static_cast<size_t>(n));
     }
+  }
+  // Processes in different network namespaces (containers, or the nodes of the elastic tests)
+  // are different hosts: they reach each other over a network, and usually see different
+  // /dev/shm mounts.
+  char ns[64] = {};
+  ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  if (n > 0) {
+    id += "/" + std::string(ns, static_cast<size_t>(n));
   }
   return id;
 }
@@ -477,7 +491,7 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
     std::string lastErr;
     while (true) {
       Fd fd(::socket(pa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-      tuneSocket(fd.get(), options.socketBuffer);
+      tuneSocket(fd.get(), options.socketBuffer, options.deadPeerTimeout);
       int r = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&pa), palen);
       if (r < 0 && errno == EINPROGRESS) {
         pollfd p{fd.get(), POLLOUT, 0};
@@ -527,7 +541,7 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
     if (fd.get() < 0) {
       continue;
     }
-    tuneSocket(fd.get(), options.socketBuffer);
+    tuneSocket(fd.get(), options.socketBuffer, options.deadPeerTimeout);
     uint32_t hello[2] = {0, 0};
     Status s = blockingIo(fd.get(), hello, sizeof(hello), false,
                           std::min(deadline, Clock::now() + std::chrono::seconds(10)),

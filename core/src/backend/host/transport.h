@@ -163,6 +163,8 @@ struct SocketTransportOptions {
   // Ranks on the same host exchange data through shared-memory rings (shm_mesh.h).
   bool sharedMemory = true;
   size_t sharedMemoryRingBytes = 1 << 20;
+  // TCP_USER_TIMEOUT + keepalive on every connection (liveness.h); 0: TCP's defaults.
+  std::chrono::milliseconds deadPeerTimeout{0};
 };
 
 // A full mesh of TCP connections (one per peer pair; the higher rank connects to the lower),

@@ -90,6 +90,11 @@ struct LoaderOptions {
   HostAllocator* allocator = nullptr;
 };
 
+struct LoaderPosition {
+  uint64_t epoch = 0;
+  size_t batchesConsumed = 0;
+};
+
 class DataLoader {
  public:
   // Borrows `dataset` and `plan` (both must outlive the loader). InvalidArgument for an empty
@@ -100,9 +105,14 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Asks the plan for `epoch`'s batches and starts loading them. Abandons what is left of the
-  // previous epoch (in-flight batches are discarded).
-  [[nodiscard]] Status startEpoch(uint64_t epoch);
+  // Asks the plan for `epoch`'s batches and starts loading them from batch `firstBatch` (0, or
+  // a saved position's batchesConsumed to resume mid-epoch; InvalidArgument past the epoch's
+  // batch count). Abandons what is left of the previous epoch (in-flight batches are discarded).
+  [[nodiscard]] Status startEpoch(uint64_t epoch, size_t firstBatch = 0);
+  // Where the consumer is (what a checkpoint saves, issue 20): the epoch and how many of its
+  // batches next() has handed out. Batches prefetched but not yet taken are not counted, so a
+  // resume at this position reads each of the epoch's remaining batches exactly once.
+  LoaderPosition position() const;
   // The next batch in plan order; nullopt after the last one. FailedPrecondition before
   // startEpoch().
   [[nodiscard]] Result<std::optional<Batch>> next();

@@ -7,6 +7,7 @@ from .load_balancing_data_loader import (  # noqa: F401
     LoadBalancingDistributedSampler,
     LoadBalancingDistributedBatchSampler,
 )
+from .elastic_sampler import ElasticDistributedSampler  # noqa: F401
 from .fuse.optimizer import fuse_optimizer, fuse_step, is_fused_optimizer  # noqa: F401
 from .sync_batchnorm import SyncBatchNorm  # noqa: F401
 from . import utils  # noqa: F401
