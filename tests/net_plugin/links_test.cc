@@ -20,6 +20,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -197,6 +198,38 @@ TEST_F(Links, PerFlowCaps) {
   EXPECT_GE(socket, floorOrZero(0.125 * 0.5)) << "one flow got far less than its cap";
   EXPECT_GT(bagua, 0.0);
   EXPECT_GE(bagua, floor);
+}
+
+// bagua-net-bench --ring (4 processes in a ring over loopback, the GPU step's CPU-only part): every
+// case completes and reports a rate and CPU per GB. Loopback only: runs without namespaces.
+TEST(BenchRing, FourRanksCompleteEveryCase) {
+  if (env("BAGUA_NET_BENCH").empty()) {
+    GTEST_SKIP() << "run under meson test (BAGUA_NET_BENCH unset)";
+  }
+  std::string json = "/tmp/bagua-ring-test-" + std::to_string(getpid()) + ".json";
+  std::string out;
+  int rc = run(env("BAGUA_NET_BENCH") + " --ring 4 --channels 2 --sizes 256K,1M" +
+                   " --cases socket,bagua:4,rr:2 --bytes 8M --json " + json,
+               &out);
+  std::printf("%s", out.c_str());
+  ASSERT_EQ(rc, 0) << out;
+  std::ifstream f(json);
+  int rows = 0;
+  std::string line;
+  while (std::getline(f, line)) {
+    double gbps = 0;
+    double cpu = 0;
+    const char* p = std::strstr(line.c_str(), "\"GBps\": ");
+    const char* q = std::strstr(line.c_str(), "\"cpu_s_per_GB\": ");
+    if (p != nullptr && q != nullptr && std::sscanf(p + 8, "%lf", &gbps) == 1 &&
+        std::sscanf(q + 16, "%lf", &cpu) == 1) {
+      EXPECT_GT(gbps, 0.0) << line;
+      EXPECT_GT(cpu, 0.0) << line;
+      ++rows;
+    }
+  }
+  std::remove(json.c_str());
+  EXPECT_EQ(rows, 6) << "2 sizes x 3 cases";
 }
 
 // The plugin's device spanning both links (BAGUA_NET_DEVICES=fused over bn0 and bn1).

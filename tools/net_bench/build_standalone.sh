@@ -41,7 +41,7 @@ wait
 ln -sf libnccl-net.so "$B/net_plugin/libnccl-net-bagua.so"
 base_objs=("$B"/obj/base_*.o)
 engine_objs=("$B"/obj/net_plugin_*.o)
-"$CXX" "${FLAGS[@]}" "$ROOT"/tools/net_bench/{links,main}.cc "${engine_objs[@]}" "${base_objs[@]}" -ldl \
+"$CXX" "${FLAGS[@]}" "$ROOT"/tools/net_bench/{links,main,ring}.cc "${engine_objs[@]}" "${base_objs[@]}" -ldl \
   -o "$B/tools/net_bench/bagua-net-bench"
 if [ -n "$NCCL_HOME_DIR" ] && [ -f "$ROOT/tools/nccl_bench/main.cc" ]; then
   CUDA="${CUDA_HOME:-/usr/local/cuda}"

@@ -4,17 +4,25 @@
 // formatting. Single-threaded set-up; the pump functions run one sender and one receiver thread.
 #pragma once
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/net/socket_io.h"
 #include "nccl_net_abi.h"
 
 namespace bagua::netbench {
@@ -71,6 +79,77 @@ inline std::vector<uint64_t> parseSizeList(const std::string& text) {
     out.push_back(*v);
   }
   return out;
+}
+
+// ---- the bench's own processes ----------------------------------------------------------------
+
+// CPU seconds (user + system) of this process, all threads.
+inline double cpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
+
+// CPU seconds of this process's threads named bagua-net-* (the plugin's helper threads, alive
+// now), from /proc/self/task/*/stat: what the transport costs, without the bench's own polling.
+inline double pluginThreadCpuSeconds() {
+  double ticks = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) {
+    return 0;
+  }
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') {
+      continue;
+    }
+    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    size_t open = stat.find('(');
+    size_t close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos ||
+        stat.compare(open + 1, 9, "bagua-net") != 0) {
+      continue;
+    }
+    // Fields after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt
+    // cmajflt utime stime (utime is the 12th after the closing parenthesis).
+    std::istringstream rest(stat.substr(close + 2));
+    std::string skip;
+    for (int i = 0; i < 11; ++i) {
+      rest >> skip;
+    }
+    double utime = 0;
+    double stime = 0;
+    rest >> utime >> stime;
+    ticks += utime + stime;
+  }
+  closedir(d);
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The control channel between the bench's processes (a socketpair made before fork).
+inline void ctlSend(int fd, const void* p, size_t n) {
+  if (!bagua::net::sendAll(fd, p, n).isOk()) {
+    die("peer process went away (control channel closed)");
+  }
+}
+
+inline void ctlRecv(int fd, void* p, size_t n) {
+  if (!bagua::net::recvAll(fd, p, n).isOk()) {
+    die("peer process went away (control channel closed)");
+  }
+}
+
+// True once the process at the other end of `ctl` has exited, so that a set-up loop stops at once
+// instead of waiting for its deadline.
+inline bool peerGone(int ctl) {
+  pollfd pfd{ctl, POLLIN, 0};
+  if (::poll(&pfd, 1, 0) <= 0) {
+    return false;
+  }
+  char c = 0;
+  return ::recv(ctl, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 // The plugin, loaded like NCCL loads it. The stream count and schedule go through the plugin's

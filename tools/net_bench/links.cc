@@ -204,13 +204,6 @@ void enterNetns(const std::string& ns) {
   ::close(fd);
 }
 
-double cpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
-  return sec(ru.ru_utime) + sec(ru.ru_stime);
-}
-
 // Received bytes per interface of this process's network namespace (lo left out).
 std::map<std::string, uint64_t> rxBytes() {
   std::map<std::string, uint64_t> out;
@@ -239,29 +232,6 @@ std::map<std::string, uint64_t> rxBytes() {
 int warmMessages(uint64_t size, int window) {
   return static_cast<int>(std::clamp<uint64_t>((64u << 20) / std::max<uint64_t>(size, 1), 2,
                                                static_cast<uint64_t>(2 * window)));
-}
-
-void ctlSend(int fd, const void* p, size_t n) {
-  if (!bagua::net::sendAll(fd, p, n).isOk()) {
-    die("peer process went away (control channel closed)");
-  }
-}
-
-void ctlRecv(int fd, void* p, size_t n) {
-  if (!bagua::net::recvAll(fd, p, n).isOk()) {
-    die("peer process went away (control channel closed)");
-  }
-}
-
-// True once the other endpoint process has exited (its end of the control channel closed), so
-// that a set-up loop stops at once instead of waiting for its deadline.
-bool peerGone(int ctl) {
-  pollfd pfd{ctl, POLLIN, 0};
-  if (::poll(&pfd, 1, 0) <= 0) {
-    return false;
-  }
-  char c = 0;
-  return ::recv(ctl, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 // The address of the first interface NCCL_SOCKET_IFNAME selects in this namespace.

@@ -13,6 +13,8 @@
 //   bagua-net-bench --demo          a ~20 s tour with a readable table
 //   bagua-net-bench --netns RECV_NS,SEND_NS ...   across shaped links between two network
 //                                   namespaces (links.cc; tools/net_bench/shaped_links.sh)
+//   bagua-net-bench --ring N ...    N processes in a ring over loopback, NCCL's ring pattern
+//                                   (ring.cc): throughput and CPU per GB
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -35,6 +37,7 @@
 #include "bagua/net/socket_io.h"
 #include "driver.h"
 #include "links.h"
+#include "ring.h"
 
 namespace {
 
@@ -278,7 +281,8 @@ void usage() {
       "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n"
       "--slow-stream RATE (bytes/s, K/M/G suffixes) paces data stream 0 of every plugin\n"
       "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n"
-      "--netns RECV_NS,SEND_NS switches to the shaped-link mode (--netns --help tells).\n");
+      "--netns RECV_NS,SEND_NS switches to the shaped-link mode (--netns --help tells).\n"
+      "--ring N switches to N processes in a ring over loopback (--ring --help tells).\n");
 }
 
 Options parseArgs(int argc, char** argv) {
@@ -343,6 +347,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--netns") {
       return bagua::netbench::linksMain(argc, argv, defaultPluginPath());
+    }
+    if (std::string(argv[i]) == "--ring") {
+      return bagua::netbench::ringMain(argc, argv, defaultPluginPath());
     }
   }
   Options o = parseArgs(argc, argv);

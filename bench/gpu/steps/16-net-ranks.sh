@@ -7,8 +7,14 @@
 #   fastsocket   Google's nccl-fastsocket (v6 plugin), when third_party_fetch/fastsocket/
 #                libnccl-net-fastsocket.so was built on the CPU machine with
 #                /work/shared/tools/build_fastsocket.sh and carried here
-#   bagua        Bagua-Net, defaults; at 4 ranks also bagua-s4 / bagua-s2 (4 and 2 streams per
-#                connection: fewer helper threads per rank) to show what the thread count costs
+#   bagua        Bagua-Net, defaults; at 4 ranks also, to tell the suspected causes of the loss at 4
+#                ranks apart: bagua-s4 / bagua-s2 (4 and 2 streams per connection: fewer helper
+#                threads per rank), bagua-c256k (BAGUA_NET_MIN_CHUNKSIZE=256K: ring slices of
+#                128-512 KiB cut into fewer, larger chunks, fewer thread hops per message),
+#                bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0: NCCL's own channel count)
+# then the CPU-only ring of bagua-net-bench (4 processes x 4 connections each way over loopback,
+# the same streams and chunk variants): transport throughput and CPU s/GB on this host's cores,
+# the plugin's helper threads apart.
 # plus the CPU time of all ranks (user + system, bash `times` of the finished run) per GB the
 # ranks sent (2(n-1) x size per all-reduce, warm-up included). Targets (issue 21): 4 ranks,
 # Bagua-Net >= Socket at every size and >= 2.5x at 256 MiB; >= 1.3x fastsocket from 64 MiB.
@@ -72,12 +78,14 @@ for n in 4 2; do
   if [ "$n" = 4 ]; then
     run "$n" bagua-s4 "${PLUG[@]}" BAGUA_NET_NSTREAMS=4
     run "$n" bagua-s2 "${PLUG[@]}" BAGUA_NET_NSTREAMS=2
+    run "$n" bagua-c256k "${PLUG[@]}" BAGUA_NET_MIN_CHUNKSIZE=256K
+    run "$n" bagua-nocap "${PLUG[@]}" BAGUA_NET_TUNER_CHANNEL_BYTES=0
   fi
 done
 
 for n in 4 2; do
   labels=()
-  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2; do
+  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2 bagua-c256k bagua-nocap; do
     [ -f "$OUT/ranks$n-$l.json" ] && labels+=("ranks$n-$l")
   done
   echo "--- $n ranks on one GPU (busbw GB/s, ratios against Socket)"
@@ -97,3 +105,16 @@ for line in open(table):
     gb = sum((10 + 3) * 2 * (n - 1) * r["bytes"] for r in rows) / 1e9
     print(f"  ranks {n} {label:11s} {cpu:7.1f} s CPU for {gb:6.1f} GB: {cpu / gb:.3f} s/GB")
 PY
+
+echo "--- CPU-only ring: 4 processes x 4 connections each way, loopback (bagua-net-bench --ring)"
+RING="$BUILD/tools/net_bench/bagua-net-bench"
+for mc in "" 256K; do
+  echo "  BAGUA_NET_MIN_CHUNKSIZE=${mc:-default}"
+  env ${mc:+BAGUA_NET_MIN_CHUNKSIZE=$mc} timeout 120 "$RING" --plugin "$PLUGIN_DIR/libnccl-net.so" \
+    --ring 4 --channels 4 --sizes 128K,512K,2M --cases socket,bagua:8,bagua:4,bagua:2 \
+    --bytes 256M --json "$OUT/16-ring${mc:+-$mc}.json" >> "$LOG" 2>&1 || echo "  ring rc=$?"
+  python3 -c 'import json,sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    print("    %7d %-8s %6.2f GB/s %6.3f CPU s/GB (plugin threads %6.3f)" % (r["size"], r["case"], r["GBps"], r["cpu_s_per_GB"], r["plugin_cpu_s_per_GB"]))' \
+    "$OUT/16-ring${mc:+-$mc}.json" 2>/dev/null
+done
