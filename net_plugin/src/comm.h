@@ -21,7 +21,7 @@
 // the slot; a send data thread only claims chunks of a message whose active count exceeds its
 // stream index (claims stay in message order, so a stream beyond the count waits until the
 // cursor reaches a message it may serve). Each send data thread parks on its own Park, so isend
-// wakes only the streams [0, active) of the new message.
+// wakes only parked streams among [0, active), and no more of them than the message has chunks.
 // isend wakes the send data threads only for messages with chunks, and the control thread only
 // when the caller could not write the control record itself (small messages go out from the
 // caller's thread and, on the receiver, are read by test(): no helper-thread hop).
@@ -237,7 +237,8 @@ struct SendComm::Impl : public CommCore {
   bool claim(int stream, Slot** slot, uint64_t* offset, uint32_t* length);
   // Unlocked hint for a parked data thread: the cursor's message has a chunk `stream` may claim.
   bool claimable(int stream) const;
-  void wakeData(int streams);
+  // Wakes up to `chunks` parked data threads among streams [0, streams).
+  void wakeData(int streams, uint64_t chunks);
 
   // Sends what it can of the pending control records; requires ctrlMu_. Non-blocking unless
   // `blocking`.
