@@ -11,7 +11,9 @@
 #                ranks apart: bagua-s4 / bagua-s2 (4 and 2 streams per connection: fewer helper
 #                threads per rank), bagua-c256k (BAGUA_NET_MIN_CHUNKSIZE=256K: ring slices of
 #                128-512 KiB cut into fewer, larger chunks, fewer thread hops per message),
-#                bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0: NCCL's own channel count)
+#                bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0: NCCL's own channel count),
+#                bagua-cb8m (BAGUA_NET_TUNER_CHANNEL_BYTES=8M: fewer channels, so larger ring
+#                slices, up to 32 MiB)
 # then the CPU-only ring of bagua-net-bench (4 processes x 4 connections each way over loopback,
 # the same streams and chunk variants): transport throughput and CPU s/GB on this host's cores,
 # the plugin's helper threads apart.
@@ -80,12 +82,13 @@ for n in 4 2; do
     run "$n" bagua-s2 "${PLUG[@]}" BAGUA_NET_NSTREAMS=2
     run "$n" bagua-c256k "${PLUG[@]}" BAGUA_NET_MIN_CHUNKSIZE=256K
     run "$n" bagua-nocap "${PLUG[@]}" BAGUA_NET_TUNER_CHANNEL_BYTES=0
+    run "$n" bagua-cb8m "${PLUG[@]}" BAGUA_NET_TUNER_CHANNEL_BYTES=8M
   fi
 done
 
 for n in 4 2; do
   labels=()
-  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2 bagua-c256k bagua-nocap; do
+  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2 bagua-c256k bagua-nocap bagua-cb8m; do
     [ -f "$OUT/ranks$n-$l.json" ] && labels+=("ranks$n-$l")
   done
   echo "--- $n ranks on one GPU (busbw GB/s, ratios against Socket)"
