@@ -28,18 +28,9 @@ import random
 import torch
 
 from .._ext import ext
+from .load_balancing_data_loader import _world  # the samplers' world and rank
 
 __all__ = ["ElasticDistributedSampler"]
-
-
-def _world():
-    from .. import communication as comm
-
-    if comm.is_initialized():
-        return comm.get_world_size(), comm.get_rank()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    raise RuntimeError("bagua: pass num_replicas and rank, or initialise a process group first")
 
 
 class ElasticDistributedSampler(torch.utils.data.Sampler):
