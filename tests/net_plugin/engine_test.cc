@@ -326,8 +326,11 @@ TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
   }
   EXPECT_LT(dyn[0], total / 5) << "dynamic scheduling should give the slow stream less than its "
                                << "equal share; it sent " << dyn[0] << " of " << total << " bytes";
-  // The equal split must push 4 MiB through 2 MiB/s (>= 2 s); dynamic far less.
-  EXPECT_GE(tRr, 1.9);
+  // The equal split must push 4 MiB through the paced stream: about 2 s at 2 MiB/s, less the
+  // initial window the kernel sends before pacing bites (10 segments of up to 64 KiB on loopback,
+  // 0.6 MiB, so >= 1.7 s; CI measured 1.86 s). 1.5 s still proves the stream was slow; dynamic
+  // must be far faster.
+  EXPECT_GE(tRr, 1.5);
   EXPECT_LT(tDyn, 0.8 * tRr) << "dynamic " << tDyn << " s, equal split " << tRr << " s";
   std::printf("slow stream: dynamic %.3f s (stream 0 sent %.1f%%), equal split %.3f s\n", tDyn,
               100.0 * static_cast<double>(dyn[0]) / static_cast<double>(total), tRr);
