@@ -34,6 +34,17 @@ class GradientAllReduceImpl final : public core::AlgorithmImpl {
     return Status::ok();
   }
 
+  // The flat all-reduce without the SUM + divide fallback is one collective: the reducer starts
+  // the next bucket without waiting for it (core::AlgorithmImpl::launchBucket).
+  Result<core::WorkPtr> launchBucket(core::Bucket& b, core::ProcessGroup& g) override {
+    const bool flat = !hierarchical_ || g.intraNode() == nullptr || g.numNodes() == 1;
+    if (!flat || (average_ && sumThenDivide_)) {
+      return core::WorkPtr();
+    }
+    return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype,
+                                average_ ? core::ReduceOp::kAvg : core::ReduceOp::kSum);
+  }
+
   Status runBucket(core::Bucket& b, core::ProcessGroup& g) override {
     const auto timeout = g.options().collectiveTimeout;
     const bool divide = average_ && sumThenDivide_;

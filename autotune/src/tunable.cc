@@ -82,6 +82,9 @@ class TunableImpl final : public core::AlgorithmImpl {
   Status runBucket(core::Bucket& bucket, core::ProcessGroup& group) override {
     return inner_->runBucket(bucket, group);
   }
+  Result<core::WorkPtr> launchBucket(core::Bucket& bucket, core::ProcessGroup& group) override {
+    return inner_->launchBucket(bucket, group);
+  }
   Status onForwardPre(core::DistributedDataParallel& ddp) override {
     owner_->iterStart_ = Clock::now();
     owner_->readyCur_.assign(ddp.tensors().size(), -1);

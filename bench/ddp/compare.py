@@ -45,6 +45,9 @@ import netlink  # noqa: E402
 
 ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
        "decentralized", "low_precision_decentralized"]
+# Also accepted: gradient_allreduce_sync (each bucket's collective finished before the next one
+# starts, the reducer's behaviour before issue 18).
+EXTRA = ["gradient_allreduce_sync"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
 
@@ -92,8 +95,8 @@ def parse():
         if m not in ("transformer", "resnet50"):
             ap.error("--models: {!r} is not one of transformer, resnet50".format(m))
     for c in a.contestants.split(","):
-        if c not in ALL:
-            ap.error("--contestants: {!r} is not one of {}".format(c, ", ".join(ALL)))
+        if c not in ALL + EXTRA:
+            ap.error("--contestants: {!r} is not one of {}".format(c, ", ".join(ALL + EXTRA)))
     if a.link != "none":
         try:
             netlink.parse_rate(a.link)
@@ -231,7 +234,7 @@ def table(args, res, link_desc):
             r["weight_spread"]))
     for r in rows:
         t = r.get("trace_ms_per_step")
-        if t:
+        if t and t["buckets"] > 0:  # the decentralized algorithms run no gradient buckets
             print("  {} per step (ms, rank 0): hooks {:.2f}, finish waiting {:.2f}, copy-back "
                   "{:.2f}; bucket thread ({:.1f} buckets): queued {:.2f}, waiting for copies "
                   "{:.2f}, communicating {:.2f}".format(

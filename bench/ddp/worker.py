@@ -26,7 +26,7 @@ import models  # noqa: E402
 
 DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
-               "low_precision_decentralized")
+               "low_precision_decentralized", "gradient_allreduce_sync")
 
 
 def parse(argv=None):
@@ -90,10 +90,17 @@ class Contestant:
             algo = QAdamAlgorithm(self.opt, hierarchical=False)
         else:
             self.opt = torch.optim.Adam(params, lr=args.lr)
-            algo = Algorithm.init(name, hierarchical=False)
+            algo = Algorithm.init(name.replace("_sync", ""), hierarchical=False)
         if args.bucket_mb > 0:  # read at the wrap
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
-        self.wrapped = self.module.with_bagua([self.opt], algo)
+        from bagua.torch_api.data_parallel import bagua_distributed as engine
+
+        # gradient_allreduce_sync: each bucket's collective finished before the next starts.
+        engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
+        try:
+            self.wrapped = self.module.with_bagua([self.opt], algo)
+        finally:
+            engine.LAUNCH_WITHOUT_WAITING = True
 
     def reducer(self):
         """bagua's C++ reducer (for its time accounting), None for DDP."""

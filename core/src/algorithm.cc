@@ -67,6 +67,13 @@ class GradientAllReduceImpl final : public AlgorithmImpl {
   Status runBucket(Bucket& b, ProcessGroup& g) override {
     return allReduceBucket(b, g, hierarchical_, average_);
   }
+  Result<WorkPtr> launchBucket(Bucket& b, ProcessGroup& g) override {
+    if (hierarchical_ && g.intraNode() != nullptr && g.numNodes() > 1) {
+      return WorkPtr();  // three dependent collectives: runBucket
+    }
+    return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype,
+                                average_ ? ReduceOp::kAvg : ReduceOp::kSum);
+  }
 
  private:
   bool hierarchical_;

@@ -433,54 +433,103 @@ Status DistributedDataParallel::launchReadyBuckets() {
   return Status::ok();
 }
 
+void DistributedDataParallel::finishBucket(int bi, Status s, Clock::time_point queuedAt,
+                                           Clock::time_point started, Clock::time_point ready) {
+  if (!s.isOk()) {
+    s.withContext(strPrintf("bucket %d (%zu x %s)", bi, buckets_[bi].numel,
+                            dataTypeName(buckets_[bi].dtype)));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.isOk() && commError_.isOk()) {
+      commError_ = s;
+    }
+    ++completed_;
+    ++stats_.buckets;
+    stats_.bucketQueueNs +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(started - queuedAt).count();
+    stats_.bucketWaitNs +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(ready - started).count();
+    stats_.bucketRunNs += nsSince(ready);
+  }
+  doneCv_.notify_all();
+}
+
 void DistributedDataParallel::commLoop(std::stop_token stop) {
   setThreadName("bagua-bucket");
+  // Buckets whose collective was started with launchBucket and has not finished, oldest first
+  // (they finish in that order).
+  struct InFlight {
+    int bucket;
+    WorkPtr work;
+    Clock::time_point queuedAt, started, ready;
+  };
+  std::deque<InFlight> inflight;
   while (true) {
     int bi = -1;
     Clock::time_point queuedAt;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, stop, std::chrono::milliseconds(200), [&] { return !queue_.empty(); });
-      if (queue_.empty()) {
-        if (stop.stop_requested()) {
-          return;
-        }
-        continue;
+      // With collectives in flight, look at the oldest every 100 us (device) or 200 us (host)
+      // unless a new bucket comes first: new buckets start at once, completions are polled.
+      const auto poll = inflight.empty() ? std::chrono::microseconds(200000)
+                        : buckets_[inflight.front().bucket].device.type == DeviceType::kCpu
+                            ? std::chrono::microseconds(200)
+                            : std::chrono::microseconds(100);
+      cv_.wait_for(lock, stop, poll, [&] { return !queue_.empty(); });
+      if (!queue_.empty()) {
+        std::tie(bi, queuedAt) = queue_.front();
+        queue_.pop_front();
+      } else if (inflight.empty() && stop.stop_requested()) {
+        return;
       }
-      std::tie(bi, queuedAt) = queue_.front();
-      queue_.pop_front();
+    }
+    // Finished collectives, oldest first; one past its deadline fails the iteration (it keeps
+    // running: the communicator's own timeout or abort ends it).
+    while (!inflight.empty()) {
+      InFlight& f = inflight.front();
+      Status done;
+      if (f.work->test()) {
+        done = f.work->status();
+      } else if (Clock::now() - f.started > timeout_) {
+        done = BAGUA_ERROR(kDeadlineExceeded, "the collective did not finish within %lld ms",
+                           static_cast<long long>(timeout_.count()));
+      } else if (stop.stop_requested() && bi < 0) {
+        // Shutting down with work in flight (an abandoned iteration): wait, bounded.
+        done = f.work->wait(timeout_);
+      } else {
+        break;
+      }
+      finishBucket(f.bucket, done, f.queuedAt, f.started, f.ready);
+      inflight.pop_front();
+    }
+    if (bi < 0) {
+      continue;
     }
     Status s;
-    const Clock::time_point t0 = Clock::now();
-    Clock::time_point t1 = t0;
+    const Clock::time_point started = Clock::now();
+    Clock::time_point ready = started;
     {
       std::lock_guard<std::mutex> lock(mu_);
       s = commError_;
     }
     if (s.isOk()) {
       s = stager_->waitReady(buckets_[bi], Clock::now() + timeout_);
-      t1 = Clock::now();
+      ready = Clock::now();
     }
     if (s.isOk()) {
-      s = impl_->runBucket(buckets_[bi], group_);
-      if (!s.isOk()) {
-        s.withContext(strPrintf("bucket %d (%zu x %s)", bi, buckets_[bi].numel,
-                                dataTypeName(buckets_[bi].dtype)));
+      Result<WorkPtr> w = options_.launchWithoutWaiting ? impl_->launchBucket(buckets_[bi], group_)
+                                                        : Result<WorkPtr>(WorkPtr());
+      if (!w.isOk()) {
+        s = w.status();
+      } else if (*w) {
+        inflight.push_back({bi, *w, queuedAt, started, ready});
+        continue;  // finished later, in order
+      } else {
+        s = impl_->runBucket(buckets_[bi], group_);
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!s.isOk() && commError_.isOk()) {
-        commError_ = s;
-      }
-      ++completed_;
-      ++stats_.buckets;
-      stats_.bucketQueueNs +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - queuedAt).count();
-      stats_.bucketWaitNs += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-      stats_.bucketRunNs += nsSince(t1);
-    }
-    doneCv_.notify_all();
+    finishBucket(bi, s, queuedAt, started, ready);
   }
 }
 

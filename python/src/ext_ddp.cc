@@ -230,7 +230,7 @@ class PyReducer {
             const std::vector<ParamSpec>& buffers, PyAlgorithm& algorithm, PyQAdam* qadam,
             double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
             const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream,
-            int autotuneRequest, const std::string& autotuneModel)
+            int autotuneRequest, const std::string& autotuneModel, bool launchWithoutWaiting)
       : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
     core::ProcessGroup& pg = groupOf(group_);
     core::DdpOptions o;
@@ -244,6 +244,7 @@ class PyReducer {
     o.rebuildBuckets = rebuildBuckets;
     o.paramsToIgnore = ignore;
     o.cudaStream = reinterpret_cast<CUstream_st*>(cudaStream);
+    o.launchWithoutWaiting = launchWithoutWaiting;
     std::vector<core::Optimizer*> opts;
     if (qadam != nullptr) {
       stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());
@@ -394,16 +395,17 @@ void bindDdp(pyb::module_& m) {
   m.def("algorithm_names", [] { return algo::algorithmNames(); });
 
   pyb::class_<PyReducer>(m, "Reducer")
-      .def(
-          pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
-                    PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
-                    const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&>(),
-          pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
-          pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
-          pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
-          pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
-          pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "", pyb::keep_alive<1, 5>(),
-          pyb::keep_alive<1, 6>())
+      .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
+                     PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
+                     const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&,
+                     bool>(),
+           pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
+           pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
+           pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
+           pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
+           pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "",
+           pyb::arg("launch_without_waiting") = true, pyb::keep_alive<1, 5>(),
+           pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
       .def("set_grads", &PyReducer::setGrads)
       .def("mark_ready", &PyReducer::markReady)

@@ -5,8 +5,10 @@
 // that dies makes the others fail instead of hang.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -306,6 +308,158 @@ TEST_P(DdpEquivalence, SmallBucketsAreRebuiltInReadyOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, DdpEquivalence, ::testing::Bool());
+
+// ---- Buckets started without waiting (AlgorithmImpl::launchBucket) --------------------------
+
+// A Work the test finishes by hand.
+class HeldWork final : public Work {
+ public:
+  bool test() override { return done_.load(); }
+  Status wait(std::chrono::milliseconds timeout) override {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!done_.load()) {
+      if (std::chrono::steady_clock::now() >= until) {
+        return BAGUA_ERROR(kDeadlineExceeded, "held");
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return Status::ok();
+  }
+  Status status() override { return done_.load() ? Status::ok() : BAGUA_ERROR(kInternal, "held"); }
+  void finish() { done_.store(true); }
+
+ private:
+  std::atomic<bool> done_{false};
+};
+
+// Every bucket's "collective" is a HeldWork; the test sees which were started.
+class HeldAlgorithm final : public Algorithm {
+ public:
+  std::string name() const override { return "held"; }
+  Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& /*group*/) override {
+    return std::unique_ptr<AlgorithmImpl>(new Impl(this));
+  }
+  std::vector<std::shared_ptr<HeldWork>> started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return works_;
+  }
+
+ private:
+  class Impl final : public AlgorithmImpl {
+   public:
+    explicit Impl(HeldAlgorithm* owner) : owner_(owner) {}
+    Status runBucket(Bucket& /*b*/, ProcessGroup& /*g*/) override {
+      return BAGUA_ERROR(kInternal, "runBucket called for a launchable bucket");
+    }
+    Result<WorkPtr> launchBucket(Bucket& /*b*/, ProcessGroup& /*g*/) override {
+      auto w = std::make_shared<HeldWork>();
+      std::lock_guard<std::mutex> lock(owner_->mu_);
+      owner_->works_.push_back(w);
+      return WorkPtr(w);
+    }
+
+   private:
+    HeldAlgorithm* owner_;
+  };
+  std::mutex mu_;
+  std::vector<std::shared_ptr<HeldWork>> works_;
+};
+
+struct HeldModel {
+  std::vector<std::vector<float>> mem;
+  std::vector<Parameter> params;
+  std::vector<Parameter> buffers;
+  explicit HeldModel(int n) : mem(static_cast<size_t>(n), std::vector<float>(2048, 1.0f)) {
+    for (int i = 0; i < n; ++i) {
+      Parameter p;
+      p.name = "p" + std::to_string(i);
+      p.numel = 1024;
+      p.data = mem[static_cast<size_t>(i)].data();
+      p.grad = mem[static_cast<size_t>(i)].data() + 1024;
+      params.push_back(p);
+    }
+  }
+};
+
+TEST(Ddp, LaunchableBucketsStartWithoutWaitingForEarlierOnes) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
+  ASSERT_TRUE(pg.isOk());
+  HeldModel m(4);
+  auto algo = std::make_shared<HeldAlgorithm>();
+  DdpOptions o;
+  o.firstBucketBytes = 4096;  // one 4 KiB parameter per bucket
+  o.bucketCapMb = 4096.0 / (1 << 20);
+  o.rebuildBuckets = false;
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  ASSERT_EQ((*ddp)->buckets().size(), 4u);
+  ASSERT_TRUE((*ddp)->prepareForward().isOk());
+  for (int i = 3; i >= 0; --i) {
+    ASSERT_TRUE((*ddp)->markGradReady(i).isOk());
+  }
+  // All four are started although none has finished.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (algo->started().size() < 4 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  auto works = algo->started();
+  ASSERT_EQ(works.size(), 4u) << "a bucket waited for an earlier bucket's collective";
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(20ms);
+    for (auto& w : works) {
+      w->finish();
+    }
+  });
+  EXPECT_TRUE((*ddp)->finishBackward().isOk());
+  finisher.join();
+  const DdpStats st = (*ddp)->stats();
+  EXPECT_EQ(st.buckets, 4);
+  EXPECT_EQ(st.iterations, 1);
+}
+
+TEST(Ddp, LaunchWithoutWaitingOffRunsEveryBucketThroughRunBucket) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
+  ASSERT_TRUE(pg.isOk());
+  HeldModel m(2);
+  auto algo = std::make_shared<HeldAlgorithm>();
+  DdpOptions o;
+  o.rebuildBuckets = false;
+  o.launchWithoutWaiting = false;
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  ASSERT_TRUE((*ddp)->prepareForward().isOk());
+  ASSERT_TRUE((*ddp)->markGradReady(1).isOk());
+  ASSERT_TRUE((*ddp)->markGradReady(0).isOk());
+  Status s = (*ddp)->finishBackward();
+  EXPECT_NE(s.toString().find("runBucket called"), std::string::npos) << s.toString();
+  EXPECT_TRUE(algo->started().empty());
+}
+
+TEST(Ddp, ALaunchedBucketThatNeverFinishesFailsFinishBackwardInTime) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
+  ASSERT_TRUE(pg.isOk());
+  HeldModel m(2);
+  auto algo = std::make_shared<HeldAlgorithm>();
+  DdpOptions o;
+  o.rebuildBuckets = false;
+  o.timeout = 300ms;
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  ASSERT_TRUE((*ddp)->prepareForward().isOk());
+  ASSERT_TRUE((*ddp)->markGradReady(1).isOk());
+  ASSERT_TRUE((*ddp)->markGradReady(0).isOk());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = (*ddp)->finishBackward();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.toString();
+  EXPECT_LT(waited, 10s);
+  for (auto& w : algo->started()) {
+    w->finish();  // let the reducer's destructor find nothing in flight
+  }
+}
 
 TEST(Ddp, InitialBucketsAreReverseRegistrationWithSmallFirstBucketLast) {
   auto store = std::make_shared<InMemoryStore>();

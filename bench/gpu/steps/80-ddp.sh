@@ -52,7 +52,7 @@ run() {  # label, seconds, compare.py arguments...
 SECONDS=0
 for net in socket bagua-net; do
   run "default-$net" 130 --net "$net" --models transformer,resnet50 \
-    --contestants ddp,gradient_allreduce --rounds 6 --round-steps 5
+    --contestants ddp,gradient_allreduce,gradient_allreduce_sync --rounds 6 --round-steps 5
 done
 run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
   --rounds 4 --round-steps 4
@@ -76,7 +76,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
                           r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
                           r["weight_spread"], extra))
             t = r.get("trace_ms_per_step")
-            if t:
+            if t and t["buckets"] > 0:
                 print("    per step ms: hooks {:.2f} finish-wait {:.2f} copy-back {:.2f} | bucket "
                       "thread: {:.1f} buckets, queued {:.2f} copies-wait {:.2f} comm {:.2f}".format(
                           t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],

@@ -3,7 +3,8 @@
 // The Impl decides which tensors are communicated, how they are bucketed, what each bucket's
 // communication does, and hooks around forward, backward and the optimizer step.
 //
-// Thread model: runBucket() runs on the reducer's single background thread ("bagua-bucket"),
+// Thread model: runBucket() and launchBucket() run on the reducer's single background thread
+// ("bagua-bucket"),
 // one bucket at a time, buckets in the same order on every rank. Every other hook runs on the
 // trainer's thread. A hook's error fails the training step that called it.
 #pragma once
@@ -53,6 +54,15 @@ class AlgorithmImpl {
   virtual Status initOperations(Bucket& /*bucket*/) { return Status::ok(); }
   // The bucket's communication, run when all its tensors are ready (background thread).
   virtual Status runBucket(Bucket& bucket, ProcessGroup& group) = 0;
+  // Optional, instead of runBucket: start the bucket's whole communication as one collective and
+  // return its Work without waiting. The reducer then starts the next ready bucket at once and
+  // waits for the Works in the order they were started (torch DDP's way: on NCCL the collectives
+  // queue on the communicator's stream with no host round trip between buckets). Only for
+  // communication that completes on its own, in issue order with the collectives after it, and
+  // needs no host work after it. A null Work (the default): the reducer calls runBucket.
+  virtual Result<WorkPtr> launchBucket(Bucket& /*bucket*/, ProcessGroup& /*group*/) {
+    return WorkPtr();
+  }
 
   virtual Status onForwardPre(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
   virtual Status onBackwardReady(DistributedDataParallel& /*ddp*/, int /*tensor*/) {

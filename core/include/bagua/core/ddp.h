@@ -12,7 +12,9 @@
 //
 // Buckets are launched strictly in bucket order (a ready bucket waits for earlier ones, as in
 // DDP's next_bucket_ and Bagua's ordered buckets) on one background thread, so every rank runs
-// the same communication sequence, overlapped with the rest of the backward pass.
+// the same communication sequence, overlapped with the rest of the backward pass. An algorithm
+// whose bucket is one collective (AlgorithmImpl::launchBucket: flat gradient all-reduce) has
+// it started without waiting for the previous bucket's; the thread polls the started ones.
 //
 // Device tensors: parameters on a CUDA device are reduced in device buckets (cudaMalloc'd, one
 // per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
@@ -68,6 +70,10 @@ struct DdpOptions {
   // Device tensors: the cudaStream_t the trainer produces gradients on and reads them from
   // (nullptr: the legacy default stream). Gradient copies in and out are enqueued on it.
   CUstream_st* cudaStream = nullptr;
+  // Start a bucket whose algorithm can launch it as one collective (AlgorithmImpl::launchBucket)
+  // without waiting for the previous bucket's to finish. false: every bucket through runBucket,
+  // one after the other (the behaviour before issue 18; kept for comparison).
+  bool launchWithoutWaiting = true;
 };
 
 // Where a reducer's time went since creation (or resetStats()), for "where does the step go"
@@ -79,7 +85,7 @@ struct DdpStats {
   int64_t copyOutNs = 0;      // trainer: finishBackward's copy-back
   int64_t buckets = 0;        // buckets run by the bucket thread
   int64_t bucketWaitNs = 0;   // bucket thread: waiting for a bucket's copies (device)
-  int64_t bucketRunNs = 0;    // bucket thread: inside the algorithm's runBucket
+  int64_t bucketRunNs = 0;    // bucket thread: runBucket, or launchBucket to seen finished
   int64_t bucketQueueNs = 0;  // bucket thread: from a bucket's queueing to its run starting
 };
 
@@ -144,6 +150,11 @@ class DistributedDataParallel {
   Status launchReadyBuckets();
   Status markGradReadyImpl(int paramIndex);
   void commLoop(std::stop_token stop);
+  // Bucket thread: one bucket's communication is over (its status, and when it was queued, its
+  // run started and its copies were ready, for stats_).
+  void finishBucket(int bucket, Status s, std::chrono::steady_clock::time_point queuedAt,
+                    std::chrono::steady_clock::time_point started,
+                    std::chrono::steady_clock::time_point ready);
   Status waitForBuckets();
 
   std::vector<Parameter>& params_;

@@ -45,6 +45,9 @@ CUDA_REDUCER = "core"
 #: (tests). Only gradient_allreduce and bytegrad are tuned.
 AUTOTUNE = -1
 _reducers_made = 0  # names each reducer's tuner (store keys), equal across ranks
+#: False: the C++ reducer runs each bucket's collective to completion before starting the next
+#: (the behaviour before issue 18; bench/ddp's gradient_allreduce_sync compares it).
+LAUNCH_WITHOUT_WAITING = True
 
 import contextlib
 import weakref
@@ -438,7 +441,8 @@ class _NativeEngine:
                 float(ddp._bucket_cap_mb), bool(ddp.find_unused_parameters),
                 bool(ddp._broadcast_buffers), True, ignore, int(ddp._first_bucket_bytes),
                 int(stream), autotune=AUTOTUNE,
-                autotune_model="with_bagua{}".format(_reducers_made))
+                autotune_model="with_bagua{}".format(_reducers_made),
+                launch_without_waiting=LAUNCH_WITHOUT_WAITING)
         self._communicated = set(self._reducer.communicated())
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._synced = True  # a new reducer communicates
