@@ -307,6 +307,20 @@ TEST_P(DdpEquivalence, SmallBucketsAreRebuiltInReadyOrder) {
   }
 }
 
+// The same small buckets with every bucket's collective finished before the next starts
+// (DdpOptions::launchWithoutWaiting = false, each bucket through runBucket): the same reference.
+TEST_P(DdpEquivalence, SmallBucketsRunOneAtATimeMatchTheReferenceToo) {
+  RunSpec spec;
+  spec.ddp.gradientAsBucketView = GetParam();
+  spec.ddp.firstBucketBytes = 512;
+  spec.ddp.bucketCapMb = 4096.0 / (1024 * 1024);
+  spec.ddp.launchWithoutWaiting = false;
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+  EXPECT_EQ(got[0].layout.size(), 3u);
+}
+
 INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, DdpEquivalence, ::testing::Bool());
 
 // ---- Buckets started without waiting (AlgorithmImpl::launchBucket) --------------------------
