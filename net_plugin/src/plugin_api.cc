@@ -16,6 +16,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/net/engine.h"
+#include "bagua_config.h"  // BAGUA_VERSION
 #include "tuner.h"
 
 namespace bagua::net::plugin {
@@ -152,6 +153,8 @@ Result<Device> fuse(const Global& g, const std::vector<int>& devs) {
 }
 
 Status discover(Global& g) {
+  // The first line a user's NCCL_DEBUG=INFO log shows of us: which build NCCL loaded.
+  BAGUA_LOG_INFO(kLogInit, "Bagua-Net %s", BAGUA_VERSION);
   NetParams& p = netParams();
   BAGUA_RETURN_IF_ERROR(p.loadAll());
   BAGUA_ASSIGN_OR_RETURN(g.options, EngineOptions::fromParams());

@@ -31,6 +31,7 @@
 
 #include "bagua/base/params.h"
 #include "bagua/net/live_abi.h"
+#include "bagua_config.h"  // BAGUA_VERSION: the init line names the build
 #include "nccl_net_abi.h"
 #include "net_test_util.h"
 
@@ -564,6 +565,7 @@ TEST_P(Plugin, InitPropertiesAndTransfers) {
   EXPECT_EQ(name, "lo");
   EXPECT_NE(api->props(5, &ptr, &maxRecvs, &speed, &name), ncclSuccess) << "bad device";
   EXPECT_TRUE(logContains("NET/Bagua")) << "no log line through NCCL's logger";
+  EXPECT_TRUE(logContains("Bagua-Net " BAGUA_VERSION)) << "init does not log the version";
   EXPECT_TRUE(logContains("BAGUA_NET_NSTREAMS=4(environment)"));
   // The init line lists the tuner's catalogue too.
   EXPECT_TRUE(logContains("BAGUA_NET_TUNER_MIN_CHANNELS=3(environment)"));

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "bagua_config.h"  // BAGUA_VERSION
+
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
@@ -111,13 +113,14 @@ int markdown(const char* library) {
 
 void usage() {
   std::printf(
-      "usage: bagua-params [--json] [--check] | --markdown [LIBRARY]\n"
+      "usage: bagua-params [--json] [--check] | --markdown [LIBRARY] | --version\n"
       "Lists every bagua parameter: environment key, type, current value, where the value\n"
       "came from (default, environment, api), default, accepted values and description.\n"
       "  --json               machine-readable output\n"
       "  --check              exit with status 1 if any environment value is invalid\n"
       "  --markdown [LIBRARY] the README tables (key, type, default, accepted, description) of\n"
-      "                       one library or of all; libraries: %s\n",
+      "                       one library or of all; libraries: %s\n"
+      "  --version            print bagua's version and exit\n",
       libraryNames().c_str());
 }
 
@@ -140,6 +143,9 @@ int main(int argc, char** argv) {
       }
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       usage();
+      return 0;
+    } else if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("bagua-params %s\n", BAGUA_VERSION);  // meson.build's project version
       return 0;
     } else {
       std::fprintf(stderr, "bagua-params: unknown argument '%s'\n", argv[i]);
