@@ -14,7 +14,8 @@
 // DDP's next_bucket_ and Bagua's ordered buckets) on one background thread, so every rank runs
 // the same communication sequence, overlapped with the rest of the backward pass. An algorithm
 // whose bucket is one collective (AlgorithmImpl::launchBucket: flat gradient all-reduce) has
-// it started without waiting for the previous bucket's; the thread polls the started ones.
+// it started without waiting for the previous bucket's; the thread polls the started ones
+// (device) or sleeps on the oldest (host: its worker runs one collective at a time anyway).
 //
 // Device tensors: parameters on a CUDA device are reduced in device buckets (cudaMalloc'd, one
 // per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
