@@ -16,12 +16,16 @@
 # Alone (needs no build-gpu): OUT=/some/dir bash bench/gpu/steps/85-install.sh
 # Through run.sh: BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=85 bench/gpu/run.sh (builds build-gpu
 # first). Last line: 'install: PASS|FAIL (why)'. Detail: $OUT/install/.
+# Environment: INSTALL_PYTHON (default /opt/torch/.venv/bin/python), INSTALL_MESON_ARGS (extra
+# -Dname=value for the wheel's build, e.g. -Dgpu_arch=90 for a quicker one), INSTALL_BUILD_DIR
+# (a build folder build_wheel.py keeps and reuses; default a fresh one).
 # step-timeout: 560
 set -uo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}"
 OUT="${OUT:-$ROOT/gpu-out}"
 D="$OUT/install"
 mkdir -p "$D"
+cd "$D"  # never the source tree: its torch/ folder would pass for the torch package
 PY="${INSTALL_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 verdict() { echo "install: $*"; [[ "$*" == PASS* ]]; exit $?; }
@@ -32,6 +36,8 @@ echo "install: $("$PY" -c 'import sys, torch; print("python", sys.version.split(
 # One Meson option at most: pip before 23.1 keeps only the last of repeated --config-settings.
 args=()
 [ -n "$NCCL_HOME_DIR" ] && args+=("-Dnccl_home=$NCCL_HOME_DIR")
+read -r -a extra_args <<< "${INSTALL_MESON_ARGS:-}"
+args+=("${extra_args[@]}")
 
 rm -rf "$D/dist"
 if "$PY" -c 'import mesonpy' 2>/dev/null; then
@@ -42,7 +48,8 @@ if "$PY" -c 'import mesonpy' 2>/dev/null; then
      "${cs[@]}" . > "$D/wheel.log" 2>&1)
 else
   how="python/build_wheel.py (no meson-python for $PY)"
-  "$PY" "$ROOT/python/build_wheel.py" -o "$D/dist" --log "$D/wheel.log" "${args[@]}" > /dev/null
+  "$PY" "$ROOT/python/build_wheel.py" -o "$D/dist" --log "$D/wheel.log" \
+    ${INSTALL_BUILD_DIR:+--builddir "$INSTALL_BUILD_DIR"} "${args[@]}" > /dev/null
 fi
 rc=$?
 WHEEL=$(ls "$D"/dist/bagua-*.whl 2>/dev/null | head -1)
@@ -88,7 +95,12 @@ with open(record, "w") as f:
     f.write("\n".join(written) + "\n")
 print("unpacked {} files into {} and {}".format(len(written), paths["platlib"], paths["scripts"]))
 PYEOF
-  cleanup() { xargs -d '\n' rm -f < "$D/installed-files.txt"; }
+  # The files it wrote, then the package folders whole (imports leave __pycache__ in them).
+  cleanup() {
+    xargs -d '\n' rm -f < "$D/installed-files.txt"
+    rm -rf "$PLATLIB/bagua" "$PLATLIB"/bagua-*.dist-info
+  }
+  PLATLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 fi
 trap cleanup EXIT
 
@@ -96,7 +108,7 @@ mkdir -p "$D/outside" && cd "$D/outside"
 unset PYTHONPATH
 PLUGIN=$("$PY" -c 'import bagua; print(bagua.net_plugin_path())') || verdict "FAIL (bagua.net_plugin_path())"
 VERSION=$("$PY" -c 'import bagua; print(bagua.__version__)')
-echo "installed: bagua $VERSION, plugin $PLUGIN, HAVE_NCCL=$("$PY" -c 'import _bagua_ext; print(_bagua_ext.HAVE_NCCL)')"
+echo "installed: bagua $VERSION, plugin $PLUGIN, HAVE_NCCL=$("$PY" -c 'import torch, _bagua_ext; print(_bagua_ext.HAVE_NCCL)' 2>&1 | tail -1)"
 "$PY" -m bagua.net --check | tail -1
 
 cat > ddp.py <<'EOF'
