@@ -7,7 +7,7 @@ through the agent's store (no second port). Bagua's flags become environment var
 workers inherit:
 
     --default_bucket_size B      BAGUA_DEFAULT_BUCKET_SIZE (with_bagua's bucket size, bytes)
-    --enable_bagua_net           NCCL_NET_PLUGIN = our Bagua-Net plugin (libnccl-net-bagua.so)
+    --enable_bagua_net           NCCL_NET_PLUGIN = our Bagua-Net plugin (bagua.net_plugin_path())
     --autotune_level L           BAGUA_AUTOTUNE (read by the C++ autotune library; the Python
     --autotune_max_samples ...   front end does not autotune: python/README.md)
     --bagua_service_port P       BAGUA_SERVICE_PORT (accepted; no autotune service here)
@@ -40,19 +40,13 @@ def add_bagua_flags(parser, service_port_default=29501):
 
 
 def bagua_net_plugin():
-    """Path of the Bagua-Net NCCL plugin of this build (next to the extension's build folder:
-    <build>/net_plugin/libnccl-net-bagua.so), or None."""
+    """Path of the Bagua-Net NCCL plugin of this installation (bagua.net_plugin_path(): inside
+    the installed package, or build/python/bagua in a build tree), or None."""
+    import bagua
     try:
-        import _bagua_ext
-    except ImportError:
+        return bagua.net_plugin_path()
+    except FileNotFoundError:
         return None
-    build = os.path.dirname(os.path.dirname(os.path.abspath(_bagua_ext.__file__)))
-    for name in ("libnccl-net-bagua.so", "libnccl-net.so"):
-        for d in (os.path.join(build, "net_plugin"), os.path.dirname(_bagua_ext.__file__)):
-            p = os.path.join(d, name)
-            if os.path.isfile(p):
-                return p
-    return None
 
 
 def bagua_env(args):
@@ -71,9 +65,9 @@ def bagua_env(args):
     if args.enable_bagua_net:
         plugin = bagua_net_plugin()
         if plugin is None:
-            raise SystemExit("bagua: --enable_bagua_net: the Bagua-Net plugin "
-                             "(libnccl-net-bagua.so) was not found next to this build; build "
-                             "net_plugin/ or set NCCL_NET_PLUGIN yourself")
+            raise SystemExit("bagua: --enable_bagua_net: the Bagua-Net plugin (libnccl-net.so) "
+                             "is not in the bagua package (python -m bagua.net says where it "
+                             "looked); build net_plugin/ or set NCCL_NET_PLUGIN yourself")
         e["NCCL_NET_PLUGIN"] = plugin
     if args.host_list or args.ssh_port:
         warnings.warn("bagua: --host_list / --ssh_port are not used by this launcher (run it "
