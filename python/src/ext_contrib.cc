@@ -1,4 +1,5 @@
-// contrib: the load-balancing samplers (loader/) and the dataset cache (dataset_cache/).
+// contrib: the load-balancing samplers and the elastic batch plan (loader/), the dataset cache
+// (dataset_cache/).
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,6 +13,7 @@
 
 #include "bagua/dataset_cache/cache.h"
 #include "bagua/loader/batch_sampler.h"
+#include "bagua/loader/elastic_plan.h"
 #include "bagua/loader/sampler.h"
 #include "ext.h"
 
@@ -61,6 +63,23 @@ class PyBatchSampler {
   pyb::function fn_;
   std::unique_ptr<loader::LoadBalancingDistributedBatchSampler> b_;
 };
+
+// The elastic batch plan (issue 20) behind contrib.ElasticDistributedSampler.
+std::unique_ptr<loader::ElasticBatchPlan> makeElasticPlan(size_t datasetSize, size_t batchSize,
+                                                          int numReplicas, int rank, bool shuffle,
+                                                          uint64_t seed,
+                                                          std::vector<int64_t> complexities,
+                                                          double randomLevel) {
+  loader::ElasticPlanOptions o;
+  o.numReplicas = numReplicas;
+  o.rank = rank;
+  o.batchSize = batchSize;
+  o.shuffle = shuffle;
+  o.seed = seed;
+  o.complexities = std::move(complexities);
+  o.randomLevel = randomLevel;
+  return take(loader::ElasticBatchPlan::create(datasetSize, std::move(o)));
+}
 
 // One cache loader (a dataset name) over a shared backend; values are opaque bytes (Python
 // pickles the samples).
@@ -129,6 +148,40 @@ void bindContrib(pyb::module_& m) {
       .def("set_epoch", [](PyBatchSampler& b, uint64_t e) { check(b.get().setEpoch(e)); })
       .def("batches", [](PyBatchSampler& b) { return b.get().batches(); })
       .def_property_readonly("num_batches", [](PyBatchSampler& b) { return b.get().numBatches(); });
+
+  // position(k) -> (epoch, remaining samples); resume(...) takes the same fields back.
+  pyb::class_<loader::ElasticBatchPlan>(m, "ElasticPlan")
+      .def(pyb::init(&makeElasticPlan), pyb::arg("dataset_size"), pyb::arg("batch_size"),
+           pyb::arg("num_replicas"), pyb::arg("rank"), pyb::arg("shuffle"), pyb::arg("seed"),
+           pyb::arg("complexities"), pyb::arg("random_level"))
+      .def("batches_for_epoch", [](loader::ElasticBatchPlan& p,
+                                   uint64_t epoch) { return take(p.batchesForEpoch(epoch)); })
+      .def("position",
+           [](const loader::ElasticBatchPlan& p, size_t batchesConsumed) {
+             loader::ElasticPosition pos = take(p.position(batchesConsumed));
+             return pyb::make_tuple(
+                 pos.epoch, std::vector<int64_t>(pos.remaining.begin(), pos.remaining.end()));
+           })
+      .def(
+          "resume",
+          [](loader::ElasticBatchPlan& p, uint64_t epoch, const std::vector<int64_t>& remaining,
+             uint64_t datasetSize, uint64_t seed) {
+            loader::ElasticPosition pos;
+            pos.epoch = epoch;
+            pos.datasetSize = datasetSize;
+            pos.seed = seed;
+            pos.numReplicas = static_cast<uint32_t>(p.options().numReplicas);
+            for (int64_t i : remaining) {
+              if (i < 0) {
+                throw pyb::value_error("bagua: the data position names sample " +
+                                       std::to_string(i));
+              }
+              pos.remaining.push_back(static_cast<uint64_t>(i));
+            }
+            check(p.resume(pos));
+          },
+          pyb::arg("epoch"), pyb::arg("remaining"), pyb::arg("dataset_size"), pyb::arg("seed"))
+      .def_property_readonly("num_steps", &loader::ElasticBatchPlan::numSteps);
 
   // The backend as a key-value store (Bagua's contrib.utils.store API); values are bytes.
   // Every call releases the GIL (Redis calls block on the network).

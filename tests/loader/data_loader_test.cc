@@ -2,16 +2,19 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <unordered_map>
 
 #include <gtest/gtest.h>
 
+#include "bagua/loader/elastic_plan.h"
 #include "bagua/loader/params.h"
 #include "bagua_config.h"
 #include "loader_test_util.h"
@@ -326,6 +329,62 @@ TEST(DataLoader, RestartingAnEpochMidwayGivesTheNewEpochExactly) {
     EXPECT_EQ(got[k].epoch, 1u);
     expectBatchMatches(got[k], want[k]);
   }
+}
+
+// Issue 20 with the loader in the loop: 3 ranks each take 4 batches (the loader has prefetched
+// more), save the plan's position at the loader's count, and 2 ranks resume the epoch from it
+// through new loaders. Every sample of the epoch arrives exactly once, with its own bytes.
+TEST(DataLoader, AnElasticPlanResumesOnAnotherWorldSizeThroughTheLoader) {
+  VectorDataset ds(patternSamples(211));
+  auto makeRank = [&](int world, int rank) {
+    ElasticPlanOptions o;
+    o.numReplicas = world;
+    o.rank = rank;
+    o.batchSize = 5;
+    o.seed = 3;
+    return ElasticBatchPlan::create(ds.size(), o).value();
+  };
+  std::vector<size_t> seen;
+  std::vector<uint8_t> saved;
+  for (int r = 0; r < 3; ++r) {
+    auto plan = makeRank(3, r);
+    auto l = DataLoader::create(ds, *plan, concatCollate(), opts(2, 6));
+    ASSERT_TRUE(l.isOk());
+    ASSERT_TRUE((*l)->startEpoch(2).isOk());
+    for (int k = 0; k < 4; ++k) {
+      auto b = (*l)->next();
+      ASSERT_TRUE(b.isOk() && b->has_value());
+      expectBatchMatches(**b, plan->batchOf(r, k));
+      seen.insert(seen.end(), (*b)->indices.begin(), (*b)->indices.end());
+    }
+    auto pos = plan->position((*l)->position().batchesConsumed);
+    ASSERT_TRUE(pos.isOk());
+    if (r == 0) {
+      saved = pos->serialize();
+    }
+    EXPECT_EQ(pos->serialize(), saved) << "rank " << r << " saved another position";
+  }
+  auto pos = ElasticPosition::parse(saved);
+  ASSERT_TRUE(pos.isOk());
+  EXPECT_EQ(pos->remaining.size(), 211u - 3 * 4 * 5);
+  for (int r = 0; r < 2; ++r) {
+    auto plan = makeRank(2, r);
+    ASSERT_TRUE(plan->resume(*pos).isOk());
+    auto l = DataLoader::create(ds, *plan, concatCollate(), opts(3, 2));
+    ASSERT_TRUE(l.isOk());
+    ASSERT_TRUE((*l)->startEpoch(2).isOk());
+    std::vector<Batch> got = drain(**l);
+    ASSERT_EQ(got.size(), plan->numSteps());
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].epoch, 2u);
+      expectBatchMatches(got[k], plan->batchOf(r, k));
+      seen.insert(seen.end(), got[k].indices.begin(), got[k].indices.end());
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<size_t> all(ds.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  EXPECT_EQ(seen, all);
 }
 
 TEST(DataLoader, DestroyingWithAFullPrefetchWindowIsPrompt) {
