@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -68,6 +69,49 @@ inline std::vector<std::string> splitList(const std::string& text) {
   }
   return out;
 }
+
+// Walks a command line: `for (ArgReader args(argc, argv); args.next();)`, then flag() is the
+// argument at hand and value()/intValue()/doubleValue() take the one after it, dying with the
+// flag's name when it is missing or not a number (so `--window x` is an error, not 0).
+class ArgReader {
+ public:
+  ArgReader(int argc, char** argv) : argc_(argc), argv_(argv) {}
+  bool next() { return ++i_ < argc_; }
+  const std::string& flag() {
+    flag_ = argv_[i_];
+    return flag_;
+  }
+  std::string value() {
+    if (i_ + 1 >= argc_) {
+      die("missing value after " + flag_);
+    }
+    return argv_[++i_];
+  }
+  int intValue() {
+    std::string v = value();
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < INT32_MIN || n > INT32_MAX) {
+      die(flag_ + " takes an integer, not '" + v + "'");
+    }
+    return static_cast<int>(n);
+  }
+  double doubleValue() {
+    std::string v = value();
+    char* end = nullptr;
+    double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0') {
+      die(flag_ + " takes a number, not '" + v + "'");
+    }
+    return d;
+  }
+
+ private:
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string flag_;
+};
 
 inline std::vector<uint64_t> parseSizeList(const std::string& text) {
   std::vector<uint64_t> out;

@@ -133,37 +133,31 @@ LinkOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
   LinkOptions o;
   o.plugin = defaultPlugin;
   std::string cases = "socket,bagua:8";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        die("missing value after " + a);
-      }
-      return argv[++i];
-    };
+  for (ArgReader args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
     if (a == "--netns") {
-      std::vector<std::string> ns = splitList(next());
+      std::vector<std::string> ns = splitList(args.value());
       if (ns.size() != 2) {
         die("--netns takes RECV_NS,SEND_NS");
       }
       o.recvNs = ns[0];
       o.sendNs = ns[1];
     } else if (a == "--plugin") {
-      o.plugin = next();
+      o.plugin = args.value();
     } else if (a == "--sizes") {
-      o.sizes = parseSizeList(next());
+      o.sizes = parseSizeList(args.value());
     } else if (a == "--cases") {
-      cases = next();
+      cases = args.value();
     } else if (a == "--window") {
-      o.window = std::atoi(next().c_str());
+      o.window = args.intValue();
     } else if (a == "--seconds") {
-      o.seconds = std::atof(next().c_str());
+      o.seconds = args.doubleValue();
     } else if (a == "--trials") {
-      o.trials = std::atoi(next().c_str());
+      o.trials = args.intValue();
     } else if (a == "--line-rate") {
-      o.lineRateBits = parseRateBits(next());
+      o.lineRateBits = parseRateBits(args.value());
     } else if (a == "--json") {
-      o.json = next();
+      o.json = args.value();
     } else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -234,6 +228,42 @@ int warmMessages(uint64_t size, int window) {
                                                static_cast<uint64_t>(2 * window)));
 }
 
+// One trial's receiving side, whatever carries the bytes: `receive(n)` takes n messages of
+// `size`. Warm-up, then a count sized to --seconds from the warm-up's rate (sent to the sender
+// over `ctl`), then the timed phase with CPU time and per-link byte counters.
+template <typename Receive>
+void measureReceive(const LinkOptions& o, uint64_t size, int ctl, Trial* t, Receive&& receive) {
+  const int warm = warmMessages(size, o.window);
+  auto w0 = Clock::now();
+  receive(warm);
+  int count =
+      messagesFor(size, o.seconds, static_cast<double>(size) * warm / secondsSince(w0) / 1e9);
+  auto links0 = rxBytes();
+  double cpu0 = cpuSeconds();
+  auto t0 = Clock::now();
+  ctlSend(ctl, &count, sizeof(count));
+  receive(count);
+  t->seconds = secondsSince(t0);
+  t->recvCpu = cpuSeconds() - cpu0;
+  t->bytes = size * static_cast<uint64_t>(count);
+  for (auto& [name, bytes] : rxBytes()) {
+    t->linkBytes[name] = bytes - links0[name];
+  }
+}
+
+// The sending side of measureReceive: warm-up, the count from the receiver, the timed phase;
+// its CPU time goes back over `ctl`.
+template <typename Send>
+void measureSend(const LinkOptions& o, uint64_t size, int ctl, Send&& send) {
+  send(warmMessages(size, o.window));
+  int count = 0;
+  ctlRecv(ctl, &count, sizeof(count));
+  double cpu0 = cpuSeconds();
+  send(count);
+  double cpu = cpuSeconds() - cpu0;
+  ctlSend(ctl, &cpu, sizeof(cpu));
+}
+
 // The address of the first interface NCCL_SOCKET_IFNAME selects in this namespace.
 bagua::net::SocketAddress firstInterface() {
   std::string spec = bagua::processEnv("NCCL_SOCKET_IFNAME").value_or("");
@@ -265,31 +295,13 @@ void socketReceiver(const LinkOptions& o, uint64_t size, int ctl, Trial* t) {
     die(std::string("socket case: accept: ") + std::strerror(errno));
   }
   std::vector<uint8_t> buf(size);
-  auto recvOne = [&] {
-    if (!bagua::net::recvAll(fd, buf.data(), size).isOk()) {
-      die("socket case: recv failed");
+  measureReceive(o, size, ctl, t, [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      if (!bagua::net::recvAll(fd, buf.data(), size).isOk()) {
+        die("socket case: recv failed");
+      }
     }
-  };
-  const int warm = warmMessages(size, o.window);
-  auto w0 = Clock::now();
-  for (int i = 0; i < warm; ++i) {
-    recvOne();
-  }
-  int count =
-      messagesFor(size, o.seconds, static_cast<double>(size) * warm / secondsSince(w0) / 1e9);
-  auto links0 = rxBytes();
-  double cpu0 = cpuSeconds();
-  auto t0 = Clock::now();
-  ctlSend(ctl, &count, sizeof(count));
-  for (int i = 0; i < count; ++i) {
-    recvOne();
-  }
-  t->seconds = secondsSince(t0);
-  t->recvCpu = cpuSeconds() - cpu0;
-  t->bytes = size * static_cast<uint64_t>(count);
-  for (auto& [name, bytes] : rxBytes()) {
-    t->linkBytes[name] = bytes - links0[name];
-  }
+  });
   ::close(fd);
 }
 
@@ -305,22 +317,13 @@ void socketSender(const LinkOptions& o, uint64_t size, int ctl) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   std::vector<uint8_t> buf(size, 0x5a);
-  auto sendOne = [&] {
-    if (!bagua::net::sendAll(fd, buf.data(), size).isOk()) {
-      die("socket case: send failed");
+  measureSend(o, size, ctl, [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      if (!bagua::net::sendAll(fd, buf.data(), size).isOk()) {
+        die("socket case: send failed");
+      }
     }
-  };
-  for (int i = 0; i < warmMessages(size, o.window); ++i) {
-    sendOne();
-  }
-  int count = 0;
-  ctlRecv(ctl, &count, sizeof(count));
-  double cpu0 = cpuSeconds();
-  for (int i = 0; i < count; ++i) {
-    sendOne();
-  }
-  double cpu = cpuSeconds() - cpu0;
-  ctlSend(ctl, &cpu, sizeof(cpu));
+  });
   ::close(fd);
 }
 
@@ -341,22 +344,7 @@ void pluginReceiver(const LinkOptions& o, const Case& c, uint64_t size, int ctl,
   }
   Plugin::check(p.net()->closeListen(listenComm), "closeListen");
   std::vector<uint8_t> buf(size);
-  const int warm = warmMessages(size, o.window);
-  auto w0 = Clock::now();
-  recvMessages(p.net(), recv, buf, warm, o.window);
-  int count =
-      messagesFor(size, o.seconds, static_cast<double>(size) * warm / secondsSince(w0) / 1e9);
-  auto links0 = rxBytes();
-  double cpu0 = cpuSeconds();
-  auto t0 = Clock::now();
-  ctlSend(ctl, &count, sizeof(count));
-  recvMessages(p.net(), recv, buf, count, o.window);
-  t->seconds = secondsSince(t0);
-  t->recvCpu = cpuSeconds() - cpu0;
-  t->bytes = size * static_cast<uint64_t>(count);
-  for (auto& [name, bytes] : rxBytes()) {
-    t->linkBytes[name] = bytes - links0[name];
-  }
+  measureReceive(o, size, ctl, t, [&](int n) { recvMessages(p.net(), recv, buf, n, o.window); });
   Plugin::check(p.net()->closeRecv(recv), "closeRecv");
 }
 
@@ -373,13 +361,7 @@ void pluginSender(const LinkOptions& o, const Case& c, uint64_t size, int ctl) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::vector<uint8_t> buf(size, 0x5a);
-  sendMessages(p.net(), send, buf, warmMessages(size, o.window), o.window);
-  int count = 0;
-  ctlRecv(ctl, &count, sizeof(count));
-  double cpu0 = cpuSeconds();
-  sendMessages(p.net(), send, buf, count, o.window);
-  double cpu = cpuSeconds() - cpu0;
-  ctlSend(ctl, &cpu, sizeof(cpu));
+  measureSend(o, size, ctl, [&](int n) { sendMessages(p.net(), send, buf, n, o.window); });
   // Wait for the receiver to finish before closing (closing first would cut the last bytes).
   char bye = 0;
   ctlRecv(ctl, &bye, 1);

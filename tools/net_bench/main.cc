@@ -288,34 +288,28 @@ void usage() {
 Options parseArgs(int argc, char** argv) {
   Options o;
   o.plugin = defaultPluginPath();
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        die("missing value after " + a);
-      }
-      return argv[++i];
-    };
+  for (ArgReader args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
     if (a == "--plugin") {
-      o.plugin = next();
+      o.plugin = args.value();
     } else if (a == "--sizes") {
-      o.sizes = parseSizeList(next());
+      o.sizes = parseSizeList(args.value());
     } else if (a == "--streams") {
-      o.streams = parseSizeList(next());
+      o.streams = parseSizeList(args.value());
     } else if (a == "--latency-sizes") {
-      o.latencySizes = parseSizeList(next());
+      o.latencySizes = parseSizeList(args.value());
     } else if (a == "--window") {
-      o.window = std::atoi(next().c_str());
+      o.window = args.intValue();
     } else if (a == "--conns") {
-      o.conns = std::atoi(next().c_str());
+      o.conns = args.intValue();
     } else if (a == "--seconds") {
-      o.seconds = std::atof(next().c_str());
+      o.seconds = args.doubleValue();
     } else if (a == "--json") {
-      o.json = next();
+      o.json = args.value();
     } else if (a == "--demo") {
       o.demo = true;
     } else if (a == "--slow-stream") {
-      o.slowStream = next();
+      o.slowStream = args.value();
     } else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);

@@ -64,31 +64,25 @@ void usage() {
 RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
   RingOptions o;
   o.plugin = defaultPlugin;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        die("missing value after " + a);
-      }
-      return argv[++i];
-    };
+  for (ArgReader args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
     if (a == "--ring") {
-      o.ranks = std::atoi(next().c_str());
+      o.ranks = args.intValue();
     } else if (a == "--channels") {
-      o.channels = std::atoi(next().c_str());
+      o.channels = args.intValue();
     } else if (a == "--sizes") {
-      o.sizes = parseSizeList(next());
+      o.sizes = parseSizeList(args.value());
     } else if (a == "--cases") {
-      o.cases = splitList(next());
+      o.cases = splitList(args.value());
     } else if (a == "--window") {
-      o.window = std::atoi(next().c_str());
+      o.window = args.intValue();
     } else if (a == "--bytes") {
-      std::vector<uint64_t> b = parseSizeList(next());
+      std::vector<uint64_t> b = parseSizeList(args.value());
       o.bytesPerConn = b.empty() ? 0 : b[0];
     } else if (a == "--plugin") {
-      o.plugin = next();
+      o.plugin = args.value();
     } else if (a == "--json") {
-      o.json = next();
+      o.json = args.value();
     } else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
