@@ -66,6 +66,25 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
     return Status::ok();
   }
 
+  // Exact resume: the exchange counter (shift_one's peer follows it). Saved between steps, when
+  // no exchange is in flight.
+  Result<std::vector<uint8_t>> saveState(core::DistributedDataParallel& /*ddp*/) override {
+    std::vector<uint8_t> out(sizeof(commStep_));
+    std::memcpy(out.data(), &commStep_, sizeof(commStep_));
+    return out;
+  }
+  Status restoreState(core::DistributedDataParallel& /*ddp*/,
+                      std::span<const uint8_t> state) override {
+    if (state.size() != sizeof(commStep_)) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "decentralized: %zu bytes of algorithm state; expected %zu (was the "
+                         "checkpoint saved with another algorithm?)",
+                         state.size(), sizeof(commStep_));
+    }
+    std::memcpy(&commStep_, state.data(), sizeof(commStep_));
+    return Status::ok();
+  }
+
   Status onPostBackward(core::DistributedDataParallel& ddp) override {
     if (!launched_) {
       return Status::ok();

@@ -73,7 +73,48 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
       BAGUA_RETURN_IF_ERROR(detail::sync(x, ddp.group().options().collectiveTimeout));
       buckets_.push_back(std::move(s));
     }
+    if (!restored_.empty()) {
+      BAGUA_RETURN_IF_ERROR(applyRestored(ddp.group().options().collectiveTimeout));
+    }
     built_ = true;
+    return Status::ok();
+  }
+
+  // Exact resume: every bucket's replicas (mine, my left and right neighbours'), which the ring
+  // keeps bitwise equal across ranks; fresh copies of the weights would break that invariant.
+  // Layout: u64 bucket count, then per bucket u64 numel and the w, l, r floats. Before the
+  // first forward: nothing, or the restored bytes not yet applied.
+  Result<std::vector<uint8_t>> saveState(core::DistributedDataParallel& /*ddp*/) override {
+    std::vector<uint8_t> out;
+    std::lock_guard<std::mutex> lock(owner_->mu_);
+    if (!built_) {
+      return restored_;  // restored but not built yet (a reducer rebuilt before its forward)
+    }
+    auto put64 = [&out](uint64_t v) {
+      const auto* p = reinterpret_cast<const uint8_t*>(&v);
+      out.insert(out.end(), p, p + sizeof(v));
+    };
+    put64(buckets_.size());
+    for (State& s : buckets_) {
+      put64(s.numel);
+      for (detail::Buffer* b : {&s.w, &s.l, &s.r}) {
+        const size_t at = out.size();
+        out.resize(at + s.numel * sizeof(float));
+        BAGUA_RETURN_IF_ERROR(
+            readBack(s.view.exec, reinterpret_cast<float*>(out.data() + at), b->f32(), s.numel));
+      }
+    }
+    return out;
+  }
+
+  Status restoreState(core::DistributedDataParallel& /*ddp*/,
+                      std::span<const uint8_t> state) override {
+    if (built_) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "low_precision_decentralized: restore the replicas before the first "
+                         "forward");
+    }
+    restored_.assign(state.begin(), state.end());  // checked against the buckets when built
     return Status::ok();
   }
 
@@ -146,6 +187,52 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
   // Device replicas to the host for replicas() (tests, debugging).
   static Status readBack(const detail::Exec& x, float* out, const float* src, size_t n);
 
+  // Fills the replicas from restored_ (saveState's layout), refusing a layout that does not
+  // match this model's buckets. Caller holds owner_->mu_.
+  Status applyRestored(std::chrono::milliseconds timeout) {
+    const uint8_t* p = restored_.data();
+    size_t left = restored_.size();
+    auto get64 = [&](uint64_t* v) {
+      if (left < sizeof(*v)) {
+        return false;
+      }
+      std::memcpy(v, p, sizeof(*v));
+      p += sizeof(*v);
+      left -= sizeof(*v);
+      return true;
+    };
+    uint64_t count = 0;
+    if (!get64(&count) || count != buckets_.size()) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "low_precision_decentralized: the checkpoint's replicas are for %llu "
+                         "buckets, this model has %zu (another model or bucket size?)",
+                         static_cast<unsigned long long>(count), buckets_.size());
+    }
+    for (State& s : buckets_) {
+      uint64_t numel = 0;
+      const size_t fb = s.numel * sizeof(float);
+      if (!get64(&numel) || numel != s.numel || left < 3 * fb) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "low_precision_decentralized: the checkpoint's replicas do not match "
+                           "this model's bucket of %zu elements (saved: %llu, or truncated)",
+                           s.numel, static_cast<unsigned long long>(numel));
+      }
+      for (detail::Buffer* b : {&s.w, &s.l, &s.r}) {
+        BAGUA_RETURN_IF_ERROR(detail::copyFromHost(s.view.exec, b->f32(), p, fb));
+        p += fb;
+        left -= fb;
+      }
+      BAGUA_RETURN_IF_ERROR(detail::sync(s.view.exec, timeout));
+    }
+    if (left != 0) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "low_precision_decentralized: %zu bytes after the checkpoint's replicas",
+                         left);
+    }
+    restored_.clear();
+    return Status::ok();
+  }
+
   static Status update(State& s, core::Communicator& comm, std::chrono::milliseconds timeout) {
     const detail::Exec& x = s.view.exec;
     const size_t n = s.numel;
@@ -187,7 +274,8 @@ class LowPrecisionDecentralizedImpl final : public core::AlgorithmImpl {
   bool hierarchical_;
   int64_t interval_;
   bool built_ = false;
-  std::vector<State> buckets_;  // guarded by owner_->mu_
+  std::vector<State> buckets_;     // guarded by owner_->mu_
+  std::vector<uint8_t> restored_;  // restoreState()'s bytes until the build applies them
 };
 
 Status LowPrecisionDecentralizedImpl::readBack(const detail::Exec& x, float* out, const float* src,

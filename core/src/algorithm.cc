@@ -6,6 +6,17 @@
 
 namespace bagua::core {
 
+Status AlgorithmImpl::restoreState(DistributedDataParallel& /*ddp*/,
+                                   std::span<const uint8_t> state) {
+  if (!state.empty()) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "the checkpoint holds %zu bytes of algorithm state, but this algorithm "
+                       "keeps none: was it saved with another algorithm?",
+                       state.size());
+  }
+  return Status::ok();
+}
+
 std::vector<TensorRef> AlgorithmImpl::initTensors(DistributedDataParallel& ddp) {
   std::vector<TensorRef> out;
   const auto& params = ddp.parameters();

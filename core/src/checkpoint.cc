@@ -3,6 +3,8 @@
 //   u32 name length, name, u64 payload length, payload, u32 CRC-32 of the payload.
 // A tensors payload: u32 count, then per tensor: u32 name length, name, u8 dtype, u64 numel, the
 // bytes. An RNG payload: std::mt19937_64's text state (the standard fixes its format).
+// A reducer's schedule (DistributedDataParallel::saveSchedule): "BGSC", u32 version (1), i64 step
+// counter, u64 length, the algorithm's state bytes.
 #include "bagua/core/checkpoint.h"
 
 #include <fcntl.h>
@@ -15,6 +17,8 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+
+#include "bagua/core/ddp.h"
 
 namespace bagua::core {
 
@@ -368,6 +372,61 @@ Status CheckpointReader::restoreTensors(const std::string& section,
       std::memcpy(t.data, s.data, t.bytes());
     }
   }
+  return Status::ok();
+}
+
+// --- the reducer's schedule ---------------------------------------------------------------------
+
+namespace {
+constexpr uint32_t kScheduleMagic = 0x43534742;  // "BGSC"
+constexpr uint32_t kScheduleVersion = 1;
+}  // namespace
+
+Result<Bytes> DistributedDataParallel::saveSchedule() {
+  if (inBackward_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "saveSchedule() during a backward pass: save between steps");
+  }
+  BAGUA_ASSIGN_OR_RETURN(Bytes algo, impl_->saveState(*this));
+  Bytes out;
+  put<uint32_t>(out, kScheduleMagic);
+  put<uint32_t>(out, kScheduleVersion);
+  put<int64_t>(out, trainStep_);
+  put<uint64_t>(out, algo.size());
+  out.insert(out.end(), algo.begin(), algo.end());
+  return out;
+}
+
+Status DistributedDataParallel::restoreSchedule(std::span<const uint8_t> bytes, bool counterOnly) {
+  if (trainStep_ != 0) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "restoreSchedule() after %lld forwards: restore before the first one",
+                       static_cast<long long>(trainStep_));
+  }
+  Cursor c(bytes.data(), bytes.size());
+  uint32_t magic = 0;
+  uint32_t version = 0;
+  int64_t step = 0;
+  uint64_t len = 0;
+  const uint8_t* algo = nullptr;
+  if (!c.get(&magic) || magic != kScheduleMagic || !c.get(&version)) {
+    return BAGUA_ERROR(kInvalidArgument, "not a reducer schedule (%zu bytes, bad magic)",
+                       bytes.size());
+  }
+  if (version != kScheduleVersion) {
+    return BAGUA_ERROR(kInvalidArgument, "reducer schedule of version %u; this build reads %u",
+                       version, kScheduleVersion);
+  }
+  if (!c.get(&step) || step < 0 || !c.get(&len) || !c.take(len, &algo) || c.left() != 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "the reducer schedule is damaged (%zu bytes: truncated, a negative step "
+                       "or trailing bytes)",
+                       bytes.size());
+  }
+  if (!counterOnly) {
+    BAGUA_RETURN_IF_ERROR(impl_->restoreState(*this, std::span<const uint8_t>(algo, len)));
+  }
+  trainStep_ = step;
   return Status::ok();
 }
 

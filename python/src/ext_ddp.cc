@@ -16,7 +16,9 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -417,6 +419,21 @@ void bindDdp(pyb::module_& m) {
       .def("communicated", &PyReducer::communicated)
       .def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
       .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
+      // Exact resume (issue 20): the step counter and the algorithm's state, as bytes.
+      .def("save_schedule",
+           [](PyReducer& r) {
+             std::vector<uint8_t> b = take(r.ddp().saveSchedule());
+             return pyb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+           })
+      .def(
+          "restore_schedule",
+          [](PyReducer& r, const pyb::bytes& state, bool counterOnly) {
+            std::string_view v = state;
+            check(r.ddp().restoreSchedule(
+                std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size()),
+                counterOnly));
+          },
+          pyb::arg("state"), pyb::arg("counter_only") = false)
       .def_property_readonly("buckets_rebuilt",
                              [](PyReducer& r) { return r.ddp().bucketsRebuilt(); })
       .def_property_readonly("autotune_state", &PyReducer::autotuneState)

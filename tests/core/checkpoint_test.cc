@@ -1,7 +1,9 @@
 // The core checkpoint (bagua/core/checkpoint.h): sections round-trip, commits are atomic, damage
 // and mismatches are errors that name what is wrong and leave the model untouched, and a 2-rank
 // data-parallel run killed mid-run and resumed from its checkpoints (a new group, a model
-// initialised differently) ends bit for bit where the uninterrupted run ends; the prefetching
+// initialised differently) ends bit for bit where the uninterrupted run ends, with gradient
+// all-reduce and with low-precision decentralized exchanging every 3rd step (the reducer's
+// schedule in the checkpoint: its step counter and the replicas); the prefetching
 // loader (loader/) resumes at the position saved in a checkpoint, reading each remaining batch
 // of the epoch once.
 #include "bagua/core/checkpoint.h"
@@ -16,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "bagua/algorithms/algorithms.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
 #include "bagua/loader/batch_sampler.h"
@@ -183,6 +186,7 @@ struct Trainer {
   Sgd opt;
   std::mt19937_64 rng;  // draws this rank's batches: its state is part of the checkpoint
   int step = 0;
+  std::string resumeFrom;  // a checkpoint to restore after the wrap (a resumed trainer)
   Trainer(uint64_t initSeed, uint64_t dataSeed)
       : model(MlpConfig{{16, 32, 32, 4}, false, initSeed}),
         opt(model.parameters(), 0.05f, 0.9f),
@@ -202,8 +206,11 @@ void drawBatch(std::mt19937_64& rng, std::vector<float>* x, std::vector<int32_t>
 
 // Runs steps [t.step, until) on a fresh group of kWorld ranks; returns per-rank errors.
 // `save` writes rank r's checkpoint after the step `saveAt` (if >= 0).
+using AlgorithmFactory = std::function<std::shared_ptr<Algorithm>()>;
+
 std::string train(std::vector<std::unique_ptr<Trainer>>& ts, int until, int saveAt,
-                  const std::function<std::string(int)>& ckptPath) {
+                  const std::function<std::string(int)>& ckptPath,
+                  const AlgorithmFactory& algorithm) {
   auto store = std::make_shared<InMemoryStore>();
   auto res = bagua::testing::runRanks(
       kWorld,
@@ -218,10 +225,33 @@ std::string train(std::vector<std::unique_ptr<Trainer>>& ts, int until, int save
           return pg.status().toString();
         }
         Trainer& t = *ts[r];
-        auto ddp = withBagua(t.model.parameters(), t.model.buffers(), {&t.opt},
-                             std::make_shared<GradientAllReduce>(false), **pg, {});
+        auto ddp =
+            withBagua(t.model.parameters(), t.model.buffers(), {&t.opt}, algorithm(), **pg, {});
         if (!ddp.isOk()) {
           return ddp.status().toString();
+        }
+        if (!t.resumeFrom.empty()) {
+          // After the wrap, which broadcasts rank 0's state: each rank's own model, optimizer,
+          // RNG and the reducer's schedule (per-rank with a decentralized algorithm).
+          auto reader = CheckpointReader::open(t.resumeFrom);
+          if (!reader.isOk()) {
+            return reader.status().toString();
+          }
+          Status s = reader->restoreTensors("model", t.model.parameters());
+          s = s.isOk() ? reader->restoreTensors("buffers", t.model.buffers()) : s;
+          s = s.isOk() ? reader->restoreTensors("optimizer", t.opt.stateTensors()) : s;
+          s = s.isOk() ? reader->restoreRng("rng", &t.rng) : s;
+          auto step = reader->integer("step");
+          auto schedule = reader->bytes("schedule");
+          if (!s.isOk() || !step.isOk() || !schedule.isOk()) {
+            return s.isOk() ? "step or schedule section missing" : s.toString();
+          }
+          t.step = static_cast<int>(*step);
+          s = (*ddp)->restoreSchedule(*schedule);
+          if (!s.isOk()) {
+            return s.toString();
+          }
+          t.resumeFrom.clear();
         }
         std::vector<float> x;
         std::vector<int32_t> y;
@@ -251,6 +281,11 @@ std::string train(std::vector<std::unique_ptr<Trainer>>& ts, int until, int save
             s = s.isOk() ? w.addTensors("optimizer", t.opt.stateTensors()) : s;
             w.addRng("rng", t.rng);
             w.addInt("step", t.step + 1);
+            auto schedule = (*ddp)->saveSchedule();
+            if (!schedule.isOk()) {
+              return schedule.status().toString();
+            }
+            w.addBytes("schedule", *schedule);
             s = s.isOk() ? w.commit(ckptPath(r)) : s;
             if (!s.isOk()) {
               return s.toString();
@@ -272,37 +307,41 @@ std::vector<float> weights(Mlp& m) {
   return out;
 }
 
-TEST_F(CheckpointTest, KilledAndResumedRunEndsBitForBitWhereTheUninterruptedOneEnds) {
+class ResumeTest : public CheckpointTest, public ::testing::WithParamInterface<std::string> {};
+
+AlgorithmFactory factoryFor(const std::string& name) {
+  if (name == "low_precision_decentralized") {
+    return [] { return std::make_shared<algo::LowPrecisionDecentralized>(false, 3); };
+  }
+  return [] { return std::make_shared<GradientAllReduce>(false); };
+}
+
+TEST_P(ResumeTest, KilledAndResumedRunEndsBitForBitWhereTheUninterruptedOneEnds) {
+  const AlgorithmFactory algorithm = factoryFor(GetParam());
   auto ckpt = [&](int r) { return path("rank" + std::to_string(r) + ".bgck"); };
   std::vector<std::unique_ptr<Trainer>> straight;
   for (int r = 0; r < kWorld; ++r) {
     straight.push_back(std::make_unique<Trainer>(7, 100 + r));
   }
-  ASSERT_EQ(train(straight, kSteps, -1, ckpt), "");
+  ASSERT_EQ(train(straight, kSteps, -1, ckpt, algorithm), "");
 
   // Run 2: dies after step kKillAfter + 2 (the checkpoint is from kKillAfter: two steps lost).
   std::vector<std::unique_ptr<Trainer>> first;
   for (int r = 0; r < kWorld; ++r) {
     first.push_back(std::make_unique<Trainer>(7, 100 + r));
   }
-  ASSERT_EQ(train(first, kKillAfter + 2, kKillAfter, ckpt), "");
+  ASSERT_EQ(train(first, kKillAfter + 2, kKillAfter, ckpt, algorithm), "");
   first.clear();
 
-  // Restart: new trainers (other initial weights, other data seed), restored from the files.
+  // Restart: new trainers (other initial weights, other data seed), restored from the files
+  // after the wrap.
   std::vector<std::unique_ptr<Trainer>> resumed;
   for (int r = 0; r < kWorld; ++r) {
     resumed.push_back(std::make_unique<Trainer>(99, 5));
-    Trainer& t = *resumed.back();
-    auto reader = CheckpointReader::open(ckpt(r));
-    ASSERT_TRUE(reader.isOk()) << reader.status().toString();
-    ASSERT_TRUE(reader->restoreTensors("model", t.model.parameters()).isOk());
-    ASSERT_TRUE(reader->restoreTensors("buffers", t.model.buffers()).isOk());
-    ASSERT_TRUE(reader->restoreTensors("optimizer", t.opt.stateTensors()).isOk());
-    ASSERT_TRUE(reader->restoreRng("rng", &t.rng).isOk());
-    t.step = static_cast<int>(*reader->integer("step"));
-    ASSERT_EQ(t.step, kKillAfter);
+    resumed.back()->resumeFrom = ckpt(r);
   }
-  ASSERT_EQ(train(resumed, kSteps, -1, ckpt), "");
+  ASSERT_EQ(train(resumed, kSteps, -1, ckpt, algorithm), "");
+  EXPECT_EQ(resumed[0]->step, kSteps);
   for (int r = 0; r < kWorld; ++r) {
     std::vector<float> want = weights(straight[r]->model);
     std::vector<float> got = weights(resumed[r]->model);
@@ -313,6 +352,50 @@ TEST_F(CheckpointTest, KilledAndResumedRunEndsBitForBitWhereTheUninterruptedOneE
   // And the run did train: the weights moved from their initial values.
   Trainer fresh(7, 100);
   EXPECT_NE(weights(fresh.model), weights(straight[0]->model));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, ResumeTest,
+                         ::testing::Values("gradient_allreduce", "low_precision_decentralized"));
+
+// restoreSchedule refuses what it cannot honour: damaged bytes, another algorithm's state, a
+// reducer that has already run; counterOnly takes the step counter alone.
+TEST_F(CheckpointTest, ARestoredScheduleIsCheckedAndOnlyBeforeTheFirstForward) {
+  auto store = std::make_shared<InMemoryStore>();
+  ProcessGroupOptions po;
+  po.rendezvousTimeout = 20000ms;
+  auto pg = ProcessGroup::create(store, po);
+  ASSERT_TRUE(pg.isOk()) << pg.status().toString();
+  Trainer t(7, 1);
+  auto lpd = withBagua(t.model.parameters(), t.model.buffers(), {&t.opt},
+                       std::make_shared<algo::LowPrecisionDecentralized>(false, 3), **pg, {});
+  ASSERT_TRUE(lpd.isOk()) << lpd.status().toString();
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  ASSERT_TRUE((*lpd)->prepareForward().isOk());
+  drawBatch(t.rng, &x, &y);
+  t.model.forward(x.data(), y.data(), kBatch);
+  t.model.backward([&](int p) { ASSERT_TRUE((*lpd)->markGradReady(p).isOk()); });
+  ASSERT_TRUE((*lpd)->finishBackward().isOk());
+  ASSERT_TRUE((*lpd)->step().isOk());
+  auto saved = (*lpd)->saveSchedule();
+  ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+  EXPECT_GT(saved->size(), 24u) << "the replicas are part of the schedule";
+  EXPECT_EQ((*lpd)->restoreSchedule(*saved).code(), StatusCode::kFailedPrecondition);
+  lpd->reset();
+
+  auto gar = withBagua(t.model.parameters(), t.model.buffers(), {&t.opt},
+                       std::make_shared<GradientAllReduce>(false), **pg, {});
+  ASSERT_TRUE(gar.isOk()) << gar.status().toString();
+  Status other = (*gar)->restoreSchedule(*saved);
+  EXPECT_EQ(other.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other.toString().find("another algorithm"), std::string::npos) << other.toString();
+  std::vector<uint8_t> cut(saved->begin(), saved->end() - 1);
+  EXPECT_NE((*gar)->restoreSchedule(cut).toString().find("damaged"), std::string::npos);
+  std::vector<uint8_t> junk(30, 7);
+  EXPECT_NE((*gar)->restoreSchedule(junk).toString().find("not a reducer schedule"),
+            std::string::npos);
+  ASSERT_TRUE((*gar)->restoreSchedule(*saved, /*counterOnly=*/true).isOk());
+  EXPECT_EQ((*gar)->trainStep(), 1);
 }
 
 // ---- The prefetching loader's data position ---------------------------------------------------

@@ -1,7 +1,8 @@
 """Exact resume (issue 20): the elastic sampler's exactly-once plans across world-size changes
 (in-process, every rank's sampler side by side), and a 2-rank run killed mid-epoch (every rank
 SIGKILLed) and restarted from its checkpoint ending bit for bit where the uninterrupted run
-ends, step for step (baguarun, loopback).
+ends, step for step (baguarun, loopback), with gradient all-reduce and with the decentralized
+algorithms (their schedule and replicas in the checkpoint).
 
 Run by the 'python_elastic' meson test (pytest on this file).
 """
@@ -149,9 +150,16 @@ def step_records(logdir):
     return {k: v[1] for k, v in out.items()}
 
 
-def test_killed_and_resumed_run_ends_bit_for_bit_like_the_uninterrupted_one():
+# Gradient all-reduce, and the decentralized algorithms exchanging every 3rd step: their resume
+# must restore the reducer's step counter (else the exchange steps shift) and low-precision
+# decentralized's replicas (else they restart as copies of the weights); either fault makes the
+# weights differ at the end.
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "decentralized",
+                                       "low_precision_decentralized"])
+def test_killed_and_resumed_run_ends_bit_for_bit_like_the_uninterrupted_one(algorithm):
     with tempfile.TemporaryDirectory(prefix="bagua_resume_") as d:
-        common = ["--epochs", "2", "--samples", "96", "--batch", "4"]  # 12 steps an epoch
+        common = ["--epochs", "2", "--samples", "96", "--batch", "4",  # 12 steps an epoch
+                  "--algorithm", algorithm]
         rc, out = launch(2, common + ["--ckpt", d + "/a", "--logs", d + "/alog",
                                       "--out", d + "/a.pt"])
         assert rc == 0, out[-5000:]
@@ -172,11 +180,12 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_the_uninterrupted_one():
         for key in sorted(ra):
             assert ra[key]["ids"] == rb[key]["ids"], key
             assert ra[key]["loss"] == rb[key]["loss"], key
-        # It trained: the whole dataset's loss at the end of epoch 1 is below half epoch 0's.
+        # It trained: the whole dataset's loss at the end of epoch 1 is well below epoch 0's.
         evals = {}
         for path in glob.glob(os.path.join(d, "alog", "log_*.txt")):
             for line in open(path):
                 if line.startswith("eval "):
                     rec = json.loads(line[5:])
                     evals[rec["epoch"]] = rec["loss"]
-        assert evals[1] < evals[0] / 2, evals
+        # (Decentralized averaging with a peer every 3rd step converges more slowly.)
+        assert evals[1] < evals[0] * (0.5 if algorithm == "gradient_allreduce" else 0.8), evals

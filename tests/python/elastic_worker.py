@@ -2,9 +2,11 @@
 
     python elastic_worker.py --ckpt DIR --logs DIR --out FILE [--epochs E] [--samples N]
         [--batch B] [--kill-at-step K] [--step-sleep S] [--balanced]
+        [--algorithm gradient_allreduce|decentralized|low_precision_decentralized]
 
 A small regression model with dropout (RNG on the training path), Adam (optimizer state),
-gradient all-reduce, the ElasticDistributedSampler over a TensorDataset that returns each
+gradient all-reduce (or a decentralized algorithm exchanging every 3rd step, whose schedule and
+replicas a resume must restore), the ElasticDistributedSampler over a TensorDataset that returns each
 sample's index, a DataLoader with two prefetching workers and its own generator. Resumes from
 the newest checkpoint in --ckpt and checkpoints after every step. Each process appends to its
 own log in --logs: a header line "start <json>" (resume step, world, rank, time) and per step
@@ -26,7 +28,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 
 import bagua.torch_api as bagua
-from bagua.torch_api.algorithms import gradient_allreduce
+from bagua.torch_api.algorithms import decentralized, gradient_allreduce
 from bagua.torch_api.checkpoint import load_training_state, save_training_state
 from bagua.torch_api.contrib import ElasticDistributedSampler
 
@@ -50,6 +52,8 @@ def main():
     p.add_argument("--kill-at-step", type=int, default=-1)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--balanced", action="store_true")
+    p.add_argument("--algorithm", default="gradient_allreduce",
+                   choices=["gradient_allreduce", "decentralized", "low_precision_decentralized"])
     p.add_argument("--seed", type=int, default=0, help="data order and dropout seed")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--pace-file", default="",
@@ -62,7 +66,15 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                 torch.nn.Linear(32, 1))
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    model = model.with_bagua([opt], gradient_allreduce.GradientAllReduceAlgorithm())
+    if a.algorithm == "decentralized":
+        algorithm = decentralized.DecentralizedAlgorithm(
+            hierarchical=False, peer_selection_mode="shift_one", communication_interval=3)
+    elif a.algorithm == "low_precision_decentralized":
+        algorithm = decentralized.LowPrecisionDecentralizedAlgorithm(
+            hierarchical=False, communication_interval=3)
+    else:
+        algorithm = gradient_allreduce.GradientAllReduceAlgorithm()
+    model = model.with_bagua([opt], algorithm)
     ds = dataset(a.samples)
     complexities = [int(i * 37 % 11) for i in range(a.samples)] if a.balanced else None
     sampler = ElasticDistributedSampler(a.samples, a.batch, seed=3 + a.seed,

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,6 +72,16 @@ class AlgorithmImpl {
   }
   virtual Status onPostBackward(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
   virtual Status onPostOptimizerStep(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
+
+  // Exact resume (issue 20): what decides the algorithm's next steps besides the model, the
+  // optimizer and the step counter (a peer-selection counter, weight replicas), as opaque
+  // bytes. saveState() runs between steps; restoreState() gets them back before the first
+  // forward of a new reducer with the same parameters. Default: nothing to save, and bytes
+  // from another algorithm are refused.
+  virtual Result<std::vector<uint8_t>> saveState(DistributedDataParallel& /*ddp*/) {
+    return std::vector<uint8_t>{};
+  }
+  virtual Status restoreState(DistributedDataParallel& ddp, std::span<const uint8_t> state);
 };
 
 class Algorithm {

@@ -38,6 +38,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +131,14 @@ class DistributedDataParallel {
   bool isIgnored(const std::string& name) const;
   ProcessGroup& group() { return group_; }
   int64_t trainStep() const { return trainStep_; }
+  // Exact resume (issue 20): the step counter and the algorithm's state
+  // (AlgorithmImpl::saveState) as bytes for a checkpoint, taken between steps (not inside a
+  // backward). restoreSchedule() takes them back before this reducer's first forward; with
+  // counterOnly (a resume on another world size, where per-rank replicas no longer apply) only
+  // the step counter. InvalidArgument for damaged bytes or another algorithm's state;
+  // FailedPrecondition after the first forward. Defined in checkpoint.cc.
+  Result<std::vector<uint8_t>> saveSchedule();
+  Status restoreSchedule(std::span<const uint8_t> bytes, bool counterOnly = false);
   bool bucketsRebuilt() const { return rebuilt_; }
   const DdpOptions& options() const { return options_; }
   std::vector<Optimizer*>& optimizers() { return optimizers_; }

@@ -9,7 +9,9 @@
             save_training_state(ckpt_dir, model, optimizer, sampler=sampler, epoch=epoch)
 
 Layout: ``<dir>/step_<n>/rank_<r>.pt`` (every rank: model, optimizer(s), LR scheduler(s), the
-algorithm's state where it has one, RNG states of torch (CPU and CUDA), ``random`` and numpy),
+algorithm's state where it has one, the reducer's schedule (its step counter and the built-in
+algorithm's state: decentralized's exchange counter, low-precision decentralized's replicas),
+RNG states of torch (CPU and CUDA), ``random`` and numpy),
 ``<dir>/step_<n>/meta.pt`` (rank 0: world size, step, epoch, the sampler's data position,
 ``extra``) and ``<dir>/latest`` naming the newest complete step. A checkpoint counts only
 once ``latest`` names it: every rank writes its file, a barrier, then rank 0 renames a new
@@ -97,6 +99,19 @@ def _algorithm_state(model):
     return fn() if callable(fn) else None
 
 
+def _bagua_ddp(model):
+    """The bagua data-parallel wrapper behind ``model`` (with_bagua's module, or
+    DistributedDataParallel_V1_9_0), or None for a plain module."""
+    inner = getattr(model, "inner", None)
+    for m in (model, inner):
+        if m is None:
+            continue
+        d = m.__dict__.get("bagua_ddp", m)
+        if callable(getattr(d, "_bagua_save_schedule", None)):
+            return d
+    return None
+
+
 def _write_atomic(obj, path):
     tmp = "{}.tmp.{}".format(path, os.getpid())
     torch.save(obj, tmp)
@@ -141,6 +156,9 @@ def save_training_state(path, model, optimizer=None, lr_scheduler=None, sampler=
         "algorithm": _algorithm_state(model),
         "rng": _rng_state(),
     }
+    ddp = _bagua_ddp(model)
+    if ddp is not None:
+        state["schedule"] = ddp._bagua_save_schedule()
     _write_atomic(state, os.path.join(d, "rank_{}.pt".format(rank)))
     if rank == 0:
         meta = {"world_size": world, "step": step, "epoch": epoch, "extra": extra,
@@ -194,6 +212,11 @@ def load_training_state(path, model, optimizer=None, lr_scheduler=None, sampler=
     impl = getattr(model, "bagua_algorithm", None)
     if state.get("algorithm") is not None and callable(getattr(impl, "load_state_dict", None)):
         impl.load_state_dict(state["algorithm"])
+    ddp = _bagua_ddp(model)
+    if ddp is not None and state.get("schedule") is not None:
+        # The step counter, and on the same world the algorithm's per-rank state (on another
+        # world rank 0's model replaces every rank's, so its replicas start afresh).
+        ddp._bagua_restore_schedule(state["schedule"], counter_only=not same)
     if same:
         _set_rng_state(state["rng"])
     else:

@@ -50,6 +50,7 @@ _reducers_made = 0  # names each reducer's tuner (store keys), equal across rank
 LAUNCH_WITHOUT_WAITING = True
 
 import contextlib
+import struct
 import weakref
 
 import torch
@@ -204,6 +205,16 @@ class BaguaDistributedDataParallel:
     @property
     def bagua_train_step_counter(self):
         return self._engine.train_step()
+
+    def _bagua_save_schedule(self):
+        """The step counter and the algorithm's state (decentralized exchange counter,
+        low-precision replicas) as bytes, for ``save_training_state`` (issue 20)."""
+        return self._engine.save_schedule()
+
+    def _bagua_restore_schedule(self, state, counter_only=False):
+        """Takes ``_bagua_save_schedule()``'s bytes back, before the first forward; with
+        ``counter_only`` (another world size) only the step counter."""
+        self._engine.restore_schedule(state, counter_only)
 
     @property
     def _bagua_backend(self):
@@ -370,6 +381,27 @@ def _flatten_grads(params):
                 off += n
 
 
+def _schedule_bytes(step):
+    """The core's reducer-schedule layout (core/src/checkpoint.cc) for an engine whose only
+    schedule is its step counter: "BGSC", version 1, the step, no algorithm state."""
+    return struct.pack("<IIqQ", _SCHEDULE_MAGIC, 1, step, 0)
+
+
+def _schedule_step(state, counter_only):
+    if len(state) < 24:
+        raise ValueError("bagua: not a reducer schedule ({} bytes)".format(len(state)))
+    magic, version, step, n = struct.unpack_from("<IIqQ", state)
+    if magic != _SCHEDULE_MAGIC or version != 1 or step < 0 or len(state) != 24 + n:
+        raise ValueError("bagua: the reducer schedule is damaged or of another version")
+    if n and not counter_only:
+        raise ValueError("bagua: the checkpoint holds {} bytes of algorithm state, but this "
+                         "algorithm keeps none: was it saved with another algorithm?".format(n))
+    return step
+
+
+_SCHEDULE_MAGIC = 0x43534742  # "BGSC"
+
+
 class _NativeEngine:
     """The built-in algorithms on the C++ reducer (see the module docstring)."""
 
@@ -482,11 +514,15 @@ class _NativeEngine:
 
     def _rebuild(self):
         old = self._reducer
+        # The step counter and the algorithm's state go on in the new reducer (Bagua's counter
+        # survives its resets; a decentralized schedule or replicas must not restart).
+        schedule = old.save_schedule()
         self._reducer = None
         if hasattr(old, "close"):
             old.close()
         del old
         self._build()
+        self._reducer.restore_schedule(schedule)
         self.ddp._register_grad_hooks()
 
     def _grad_ptr(self, p):
@@ -555,6 +591,12 @@ class _NativeEngine:
 
     def train_step(self):
         return self._reducer.train_step
+
+    def save_schedule(self):
+        return self._reducer.save_schedule()
+
+    def restore_schedule(self, state, counter_only=False):
+        self._reducer.restore_schedule(state, counter_only)
 
     def bucket_layout(self):
         return self._reducer.bucket_layout()
@@ -685,6 +727,14 @@ class _PythonEngine:
 
     def train_step(self):
         return self.step
+
+    def save_schedule(self):
+        return _schedule_bytes(self.step)
+
+    def restore_schedule(self, state, counter_only=False):
+        if self.step != 0:
+            raise RuntimeError("bagua: restore the schedule before the first forward")
+        self.step = _schedule_step(state, counter_only)
 
     def buckets(self):
         return self._buckets

@@ -102,6 +102,18 @@ class DeviceReducer:
     def set_no_sync(self, on):
         self.no_sync = on
 
+    def save_schedule(self):
+        from .bagua_distributed import _schedule_bytes
+
+        return _schedule_bytes(self.train_step)
+
+    def restore_schedule(self, state, counter_only=False):
+        from .bagua_distributed import _schedule_step
+
+        if self.train_step != 0:
+            raise RuntimeError("bagua: restore the schedule before the first forward")
+        self.train_step = _schedule_step(state, counter_only)
+
     def prepare_forward(self):
         if self._error is not None:
             raise self._error
