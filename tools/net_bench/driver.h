@@ -125,6 +125,35 @@ inline std::vector<uint64_t> parseSizeList(const std::string& text) {
   return out;
 }
 
+// One contestant of the ring and shaped-link modes: "socket" (plain TCP), "bagua:S" (the plugin
+// with S streams, dynamic schedule) or "rr:S" (round-robin), S in 1..64. Dies on anything else.
+struct Case {
+  std::string label;  // as given: "socket", "bagua:8", "rr:8"
+  bool plugin = false;
+  int streams = 1;
+  const char* schedule = "dynamic";
+};
+
+inline Case parseCase(const std::string& text) {
+  Case c;
+  c.label = text;
+  if (text == "socket") {
+    return c;
+  }
+  size_t colon = text.find(':');
+  std::string kind = text.substr(0, colon);
+  if ((kind != "bagua" && kind != "rr") || colon == std::string::npos) {
+    die("bad case '" + text + "' (accepted: socket, bagua:N, rr:N with N in 1..64)");
+  }
+  c.plugin = true;
+  c.schedule = kind == "bagua" ? "dynamic" : "roundrobin";
+  c.streams = std::atoi(text.c_str() + colon + 1);
+  if (c.streams < 1 || c.streams > 64) {
+    die("bad case '" + text + "': streams must be 1..64");
+  }
+  return c;
+}
+
 // ---- the bench's own processes ----------------------------------------------------------------
 
 // CPU seconds (user + system) of this process, all threads.

@@ -40,13 +40,6 @@ namespace bagua::netbench {
 
 namespace {
 
-struct Case {
-  std::string label;  // "socket", "bagua:8", "rr:8"
-  bool plugin = false;
-  int streams = 1;
-  const char* schedule = "dynamic";
-};
-
 struct LinkOptions {
   std::string plugin;
   std::string recvNs, sendNs;
@@ -107,26 +100,6 @@ uint64_t parseRateBits(const std::string& text) {
     return n * 1000ULL;
   }
   die("bad --line-rate unit in '" + text + "' (accepted: gbit, mbit, kbit)");
-}
-
-Case parseCase(const std::string& text) {
-  Case c;
-  c.label = text;
-  if (text == "socket") {
-    return c;
-  }
-  size_t colon = text.find(':');
-  std::string kind = text.substr(0, colon);
-  if ((kind != "bagua" && kind != "rr") || colon == std::string::npos) {
-    die("bad case '" + text + "' (accepted: socket, bagua:N, rr:N with N in 1..64)");
-  }
-  c.plugin = true;
-  c.schedule = kind == "bagua" ? "dynamic" : "roundrobin";
-  c.streams = std::atoi(text.c_str() + colon + 1);
-  if (c.streams < 1 || c.streams > 64) {
-    die("bad case '" + text + "': streams must be 1..64");
-  }
-  return c;
 }
 
 LinkOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {

@@ -36,7 +36,7 @@ struct RingOptions {
   int ranks = 4;
   int channels = 4;
   std::vector<uint64_t> sizes = {512 << 10, 2 << 20};
-  std::vector<std::string> cases = {"socket", "bagua:8", "bagua:2"};
+  std::vector<Case> cases = {parseCase("socket"), parseCase("bagua:8"), parseCase("bagua:2")};
   int window = 8;
   uint64_t bytesPerConn = 256 << 20;
   std::string json;
@@ -73,7 +73,10 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
     } else if (a == "--sizes") {
       o.sizes = parseSizeList(args.value());
     } else if (a == "--cases") {
-      o.cases = splitList(args.value());
+      o.cases.clear();
+      for (const std::string& c : splitList(args.value())) {
+        o.cases.push_back(parseCase(c));
+      }
     } else if (a == "--window") {
       o.window = args.intValue();
     } else if (a == "--bytes") {
@@ -94,16 +97,6 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
   if (o.ranks < 2 || o.ranks > 16 || o.channels < 1 || o.channels > 16 || o.window < 1 ||
       o.window > 32 || o.bytesPerConn == 0 || o.sizes.empty() || o.cases.empty()) {
     die("--ring 2..16, --channels 1..16, --window 1..32, --bytes > 0, sizes and cases given");
-  }
-  for (const std::string& c : o.cases) {
-    bool ok = c == "socket";
-    if (!ok && (c.rfind("bagua:", 0) == 0 || c.rfind("rr:", 0) == 0)) {
-      int s = std::atoi(c.c_str() + c.find(':') + 1);
-      ok = s >= 1 && s <= 64;
-    }
-    if (!ok) {
-      die("bad case '" + c + "' (accepted: socket, bagua:S, rr:S with S in 1..64)");
-    }
   }
   return o;
 }
@@ -251,10 +244,9 @@ void progressLoop(ncclNet_v11_t* net, const std::vector<void*>& sends,
   }
 }
 
-void pluginRank(const RingOptions& o, const std::string& kase, uint64_t size, int toPrev,
-                int toNext, RankResult* out) {
-  int streams = std::atoi(kase.c_str() + kase.find(':') + 1);
-  Plugin p(o.plugin, streams, kase.rfind("rr:", 0) == 0 ? "roundrobin" : "dynamic");
+void pluginRank(const RingOptions& o, const Case& kase, uint64_t size, int toPrev, int toNext,
+                RankResult* out) {
+  Plugin p(o.plugin, kase.streams, kase.schedule);
   ncclNet_v11_t* net = p.net();
   const size_t n = static_cast<size_t>(o.channels);
   std::vector<void*> listens(n);
@@ -320,7 +312,7 @@ struct Aggregate {
   double pluginCpuPerGb = 0;
 };
 
-Aggregate runCase(const RingOptions& o, const std::string& kase, uint64_t size) {
+Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
   const int n = o.ranks;
   // links[k]: between rank k (end 0, its "next" side) and rank k+1 (end 1, its "prev" side).
   std::vector<std::array<int, 2>> links(static_cast<size_t>(n));
@@ -343,7 +335,7 @@ Aggregate runCase(const RingOptions& o, const std::string& kase, uint64_t size) 
       int toNext = links[static_cast<size_t>(r)][0];
       int toPrev = links[static_cast<size_t>((r + n - 1) % n)][1];
       RankResult res;
-      if (kase == "socket") {
+      if (!kase.plugin) {
         socketRank(o, size, toPrev, toNext, &res);
       } else {
         pluginRank(o, kase, size, toPrev, toNext, &res);
@@ -394,7 +386,7 @@ Aggregate runCase(const RingOptions& o, const std::string& kase, uint64_t size) 
     ::close(results[static_cast<size_t>(k)][0]);
   }
   if (!ok || slowest <= 0) {
-    die("ring case " + kase + " " + fmtBytes(size) + " failed (see the messages above)");
+    die("ring case " + kase.label + " " + fmtBytes(size) + " failed (see the messages above)");
   }
   double gb = static_cast<double>(sent) / 1e9;
   agg.gbps = gb / slowest;
@@ -432,17 +424,17 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
   }
   bool first = true;
   for (uint64_t size : o.sizes) {
-    for (const std::string& kase : o.cases) {
+    for (const Case& kase : o.cases) {
       Aggregate a = runCase(o, kase, size);
-      std::printf("%8s %10s %10.3f %12.3f %14.3f\n", fmtBytes(size).c_str(), kase.c_str(), a.gbps,
-                  a.cpuPerGb, a.pluginCpuPerGb);
+      std::printf("%8s %10s %10.3f %12.3f %14.3f\n", fmtBytes(size).c_str(), kase.label.c_str(),
+                  a.gbps, a.cpuPerGb, a.pluginCpuPerGb);
       std::fflush(stdout);
       if (js != nullptr) {
         std::fprintf(js,
                      "%s\n  {\"case\": \"%s\", \"size\": %llu, \"GBps\": %.4f, "
                      "\"cpu_s_per_GB\": %.4f, \"plugin_cpu_s_per_GB\": %.4f}",
-                     first ? "" : ",", kase.c_str(), static_cast<unsigned long long>(size), a.gbps,
-                     a.cpuPerGb, a.pluginCpuPerGb);
+                     first ? "" : ",", kase.label.c_str(), static_cast<unsigned long long>(size),
+                     a.gbps, a.cpuPerGb, a.pluginCpuPerGb);
         first = false;
       }
     }
