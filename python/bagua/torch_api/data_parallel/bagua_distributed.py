@@ -387,7 +387,11 @@ def _schedule_bytes(step):
     return struct.pack("<IIqQ", _SCHEDULE_MAGIC, 1, step, 0)
 
 
-def _schedule_step(state, counter_only):
+def _schedule_step(state, counter_only, current_step):
+    """The step counter in ``state`` for an engine at ``current_step`` (which must be 0: a
+    schedule is restored before the first forward)."""
+    if current_step != 0:
+        raise RuntimeError("bagua: restore the schedule before the first forward")
     if len(state) < 24:
         raise ValueError("bagua: not a reducer schedule ({} bytes)".format(len(state)))
     magic, version, step, n = struct.unpack_from("<IIqQ", state)
@@ -732,9 +736,7 @@ class _PythonEngine:
         return _schedule_bytes(self.step)
 
     def restore_schedule(self, state, counter_only=False):
-        if self.step != 0:
-            raise RuntimeError("bagua: restore the schedule before the first forward")
-        self.step = _schedule_step(state, counter_only)
+        self.step = _schedule_step(state, counter_only, self.step)
 
     def buckets(self):
         return self._buckets

@@ -110,9 +110,7 @@ class DeviceReducer:
     def restore_schedule(self, state, counter_only=False):
         from .bagua_distributed import _schedule_step
 
-        if self.train_step != 0:
-            raise RuntimeError("bagua: restore the schedule before the first forward")
-        self.train_step = _schedule_step(state, counter_only)
+        self.train_step = _schedule_step(state, counter_only, self.train_step)
 
     def prepare_forward(self):
         if self._error is not None:
