@@ -11,6 +11,11 @@
 #   6. the per-capability steps in bench/gpu/steps/.
 # BAGUA_GPU_PHASES (default "net steps tests") picks what runs after the build, so that a long
 # session can be split over several device calls on the same warm machine.
+# Shorter calls: BAGUA_GPU_MESON_ARGS (extra setup options, e.g. -Dgpu_arch=90: one architecture
+# instead of all), BAGUA_GPU_TARGETS (an extended regex over Meson's target names: build only
+# those, e.g. '^(_bagua_ext.*|nccl-net|baguarun)$'), BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
+# for steps that build what they need, like 85-install), BAGUA_GPU_DEADLINE (seconds from the
+# start: every step's limit is cut so that the last one ends by then; a device call has 600 s).
 # Output goes to $OUT (the device tool's folder) or ./gpu-out.
 #
 # usage: bench/gpu/run.sh [--quick] [--skip-tests]
@@ -47,11 +52,14 @@ ls "$NCCL_HOME_DIR"/lib "$NCCL_HOME_DIR"/include 2>/dev/null | head
 
 log "configure + build ($BUILD)"
 STANDALONE=0
-if [ ! -f "$BUILD/build.ninja" ]; then
+read -r -a MESON_EXTRA <<< "${BAGUA_GPU_MESON_ARGS:-}"
+if [ "${BAGUA_GPU_NO_BUILD:-0}" = 1 ]; then
+  log "no build (BAGUA_GPU_NO_BUILD=1)"
+elif [ ! -f "$BUILD/build.ninja" ]; then
   VENV_PY=/opt/torch/.venv/bin/python  # the Python front end is built for torch's interpreter
   [ -x "$VENV_PY" ] || VENV_PY=""
   if ! meson setup "$BUILD" "$ROOT" -Dbuildtype=release ${NCCL_HOME_DIR:+-Dnccl_home=$NCCL_HOME_DIR} \
-      ${VENV_PY:+-Dpython=$VENV_PY} \
+      ${VENV_PY:+-Dpython=$VENV_PY} "${MESON_EXTRA[@]}" \
       > "$OUT/configure.log" 2>&1; then
     grep -E 'ERROR|Dependency|not found' "$OUT/configure.log" | tail -15
     echo "full configure failed: building the plugin and the benches alone"
@@ -62,16 +70,32 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   fi
   tail -22 "$OUT/configure.log"
 fi
-if [ "$STANDALONE" = 0 ]; then
+if [ "$STANDALONE" = 0 ] && [ "${BAGUA_GPU_NO_BUILD:-0}" != 1 ]; then
+  targets=()
+  if [ -n "${BAGUA_GPU_TARGETS:-}" ]; then
+    mapfile -t targets < <(meson introspect "$BUILD" --targets | python3 -c '
+import json, re, sys
+want = re.compile(sys.argv[1])
+for t in json.load(sys.stdin):
+    if want.search(t["name"]):
+        for f in t["filename"]:
+            print(f)' "$BAGUA_GPU_TARGETS" | sed "s|^$BUILD/||")
+    echo "building ${#targets[@]} files of the targets matching $BAGUA_GPU_TARGETS"
+    [ "${#targets[@]}" -gt 0 ] || { echo "BAGUA_GPU_TARGETS=$BAGUA_GPU_TARGETS matches no target"; exit 1; }
+  fi
   # -k 0: one broken target must not stop the benches and the rest of the suite.
-  ninja -C "$BUILD" -k 0 > "$OUT/build.log" 2>&1 || { grep -B2 -A12 'FAILED' "$OUT/build.log" | head -60; echo "BUILD FAILED (continuing with what was built)"; }
+  t_build=$SECONDS
+  ninja -C "$BUILD" -k 0 "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -B2 -A12 'FAILED' "$OUT/build.log" | head -60; echo "BUILD FAILED (continuing with what was built)"; }
   tail -2 "$OUT/build.log"
+  echo "build: $((SECONDS - t_build)) s"
 fi
 
 BENCH="$BUILD/tools/nccl_bench/bagua-nccl-bench"
 PLUGIN_DIR="$BUILD/net_plugin"
-[ -x "$BENCH" ] || { echo "bagua-nccl-bench was not built (NCCL or CUDA missing?)"; exit 1; }
-[ -f "$PLUGIN_DIR/libnccl-net.so" ] || { echo "the plugin was not built"; exit 1; }
+if want net; then
+  [ -x "$BENCH" ] || { echo "bagua-nccl-bench was not built (NCCL or CUDA missing?)"; exit 1; }
+  [ -f "$PLUGIN_DIR/libnccl-net.so" ] || { echo "the plugin was not built"; exit 1; }
+fi
 
 MAX=1G; ITERS=20
 if [ "$QUICK" = 1 ]; then MAX=256M; ITERS=10; fi
@@ -140,6 +164,13 @@ if [ "$STANDALONE" = 0 ] && want steps; then
     limit=${BAGUA_GPU_STEP_TIMEOUT:-240}
     asked=$(grep -m1 -oE '^# step-timeout: [0-9]+' "$step" | grep -oE '[0-9]+$')
     [ -n "$asked" ] && [ "$asked" -gt "$limit" ] && limit=$asked
+    if [ -n "${BAGUA_GPU_DEADLINE:-}" ]; then
+      left=$((BAGUA_GPU_DEADLINE - SECONDS - 10))
+      [ "$left" -lt 10 ] && { echo "step $(basename "$step"): not run (BAGUA_GPU_DEADLINE)"; continue; }
+      [ "$left" -lt "$limit" ] && limit=$left
+    fi
+    echo "(limit ${limit} s)"
+    export BAGUA_STEP_DEADLINE=$(( $(date +%s) + limit ))  # epoch seconds: steps may share their time out by it
     timeout "$limit" bash "$step" 2>&1 | tail -40
     echo "step $(basename "$step") rc=${PIPESTATUS[0]}"
   done
@@ -173,6 +204,7 @@ fi
 
 # The device tool brings back only a few files: fold every log and JSON into one archive and keep
 # the summaries beside it.
-( cd "$OUT" && ls | grep -v -E '^(summary.*\.md|gpu-logs\.tgz)$' > .fold-list && \
-  tar czf gpu-logs.tgz -T .fold-list && xargs rm -f < .fold-list && rm -f .fold-list ) || true
+# A wheel that a step left at the top (85-install) stays apart, so that a later call can carry it.
+( cd "$OUT" && ls | grep -v -E '^(summary.*\.md|gpu-logs\.tgz|.*\.whl)$' > .fold-list && \
+  tar czf gpu-logs.tgz -T .fold-list && xargs -d '\n' rm -rf < .fold-list && rm -f .fold-list ) || true
 ls "$OUT"

@@ -22,9 +22,19 @@ PY="${DROPIN_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 UP="$ROOT/third_party_fetch/dropin17"
 [ -d "$UP/bagua-tests/tests" ] || { echo "dropin: $UP missing (carry third_party_fetch/dropin17)"; exit 0; }
-PYTHONPATH="$ROOT/python:$BUILD/python" "$PY" -c 'import _bagua_ext' 2>/dev/null \
-  || { echo "dropin: _bagua_ext not importable by $PY (run step 50 first)"; exit 1; }
-export PYTHONPATH="$ROOT/python:$BUILD/python"
+if [ "${DROPIN_USE_INSTALLED:-0}" = 1 ]; then
+  # The package as a user has it: installed by 85-install (INSTALL_KEEP=1), no source tree on the path.
+  unset PYTHONPATH
+  (cd "$D" && "$PY" -c 'import bagua, _bagua_ext; print("dropin: installed bagua", bagua.__version__, "at", bagua.__file__)') \
+    || { echo "dropin: no installed bagua for $PY (run 85-install with INSTALL_KEEP=1 first)"; exit 1; }
+else
+  PYTHONPATH="$ROOT/python:$BUILD/python" "$PY" -c 'import _bagua_ext' 2>/dev/null \
+    || { echo "dropin: _bagua_ext not importable by $PY (run step 50 first)"; exit 1; }
+  export PYTHONPATH="$ROOT/python:$BUILD/python"
+fi
+# Seconds left before run.sh's limit for this step (BAGUA_STEP_DEADLINE, epoch seconds), less
+# DROPIN_RESERVE kept for the parts after "upstream".
+time_left() { echo $(( ${BAGUA_STEP_DEADLINE:-$(( $(date +%s) + 100000 ))} - $(date +%s) - ${DROPIN_RESERVE:-0} )); }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 NPROC="${DROPIN_NPROC:-$(( NGPU < 8 ? NGPU : 8 ))}"
@@ -43,11 +53,12 @@ if want upstream; then
   tp=0; tf=0; ts=0; te=0
   t_start=$SECONDS
   for f in $(cd "$UP/bagua-tests" && find tests -name 'test_*.py' -not -path 'tests/service/*' | sort); do
-    if [ $((SECONDS - t_start)) -ge "${DROPIN_UPSTREAM_TIMEOUT:-520}" ]; then
-      echo "  $f: not run (DROPIN_UPSTREAM_TIMEOUT reached)"; continue
+    if [ $((SECONDS - t_start)) -ge "${DROPIN_UPSTREAM_TIMEOUT:-520}" ] || [ "$(time_left)" -lt 20 ]; then
+      echo "  $f: not run (DROPIN_UPSTREAM_TIMEOUT or the step's limit reached)"; continue
     fi
     t0=$SECONDS
-    (cd "$UP/bagua-tests" && timeout "${DROPIN_FILE_TIMEOUT:-150}" "$PY" -m pytest -v \
+    ft=${DROPIN_FILE_TIMEOUT:-150}; [ "$(time_left)" -lt "$ft" ] && ft=$(time_left)
+    (cd "$UP/bagua-tests" && timeout "$ft" "$PY" -m pytest -v \
         -p no:cacheprovider -rfEs "$f" > "$D/upstream-file.log" 2>&1)
     rc=$?
     cat "$D/upstream-file.log" >> "$D/upstream.log"
@@ -86,22 +97,29 @@ launch_one() {  # launcher nnodes node_rank nproc master_port script args...
   fi
 }
 
+run_nodes() {  # log launcher nodes master_port script args...: one rank per node, all on cuda:0
+  local log="$1" launcher="$2" nn="$3" mp="$4"; shift 4
+  local pids=() i rc=0 r
+  for ((i = nn - 1; i >= 0; i--)); do
+    NCCL_HOSTID=dropin-node$i NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
+      timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
+      _ "$launcher" "$nn" "$i" 1 "$mp" "$@" > "$log.node$i" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; r=$?; [ "$rc" = 0 ] && rc=$r; done
+  for ((i = 0; i < nn; i++)); do cat "$log.node$i" >> "$log"; rm -f "$log.node$i"; done
+  return "$rc"
+}
+
 run_launch() {  # label launcher nproc script args...
   local label="$1" launcher="$2" n="$3"; shift 3
   local log="$D/$label.log" t0=$SECONDS rc mp
   mp=$(port)
-  if [ "$SHARE" = 1 ] && [ "$n" = 2 ]; then
-    NCCL_HOSTID=dropin-node1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
-      timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
-      _ "$launcher" 2 1 1 "$mp" "$@" > "$log.node1" 2>&1 &
-    local other=$!
-    NCCL_HOSTID=dropin-node0 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo \
-      timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
-      _ "$launcher" 2 0 1 "$mp" "$@" > "$log" 2>&1
+  : > "$log"
+  if { [ "$SHARE" = 1 ] && [ "$n" = 2 ]; } || [ "$n" -gt "$NGPU" ]; then
+    # More ranks than GPUs: n "nodes" of one rank each on cuda:0 (MPS, NCCL_HOSTID per node).
+    run_nodes "$log" "$launcher" "$n" "$mp" "$@"
     rc=$?
-    wait "$other"; local rc1=$?
-    [ "$rc" = 0 ] && rc=$rc1
-    cat "$log.node1" >> "$log"; rm -f "$log.node1"
   else
     timeout "${DROPIN_CASE_TIMEOUT:-150}" bash -c "$(declare -f launch_one); PY='$PY' launch_one \"\$@\"" \
       _ "$launcher" 1 0 "$n" "$mp" "$@" > "$log" 2>&1
@@ -132,10 +150,17 @@ if want bench; then
 fi
 
 if want prims; then
+  # main.py's alltoall_v case hard-codes 8 ranks (torch's all_to_all_single with 8 splits), so it
+  # runs with 8 ranks whatever the GPU count: with fewer GPUs, 8 nodes of one rank on cuda:0.
+  PNPROC=${DROPIN_PRIMS_NPROC:-8}
+  if [ "$PNPROC" -gt "$NGPU" ] && [ "$SHARE" = 0 ]; then
+    nvidia-cuda-mps-control -d 2>/dev/null && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    echo "prims: $PNPROC ranks on $NGPU GPU(s): $PNPROC nodes x 1 rank on cuda:0 (MPS, NCCL_HOSTID per node, network path)"
+  fi
   for launcher in launch run; do
-    run_launch "prims-$launcher" "$launcher" "$NPROC" "$UP/examples/communication_primitives/main.py"
+    run_launch "prims-$launcher" "$launcher" "$PNPROC" "$UP/examples/communication_primitives/main.py"
+    grep -E "Traceback|Error" "$D/prims-$launcher.log" | sort | uniq -c | head -4
   done
-  [ "$NPROC" = 8 ] || echo "prims: main.py's alltoall_v case hard-codes 8 ranks; with $NPROC it fails in torch's all_to_all_single before Bagua's call"
 fi
 
 if want lightning; then
@@ -143,7 +168,7 @@ if want lightning; then
       || "$PY" -c 'import lightning_utilities; import pytorch_lightning' 2>/dev/null; then
     # lightning-Bagua's tests, the standalone (multi-GPU) ones one process tree each, as its
     # run_standalone_tests.sh does.
-    (cd "$UP/lightning-Bagua" && export PYTHONPATH="$UP/lightning-Bagua/src:$PYTHONPATH" \
+    (cd "$UP/lightning-Bagua" && export PYTHONPATH="$UP/lightning-Bagua/src${PYTHONPATH:+:$PYTHONPATH}" \
       PL_RUN_STANDALONE_TESTS=1 && \
       ids=$("$PY" -m pytest -q --collect-only -p no:cacheprovider tests 2>/dev/null | grep '::') ; \
       pass=0; fail=0; for id in $ids; do

@@ -18,7 +18,10 @@
 # first). Last line: 'install: PASS|FAIL (why)'. Detail: $OUT/install/.
 # Environment: INSTALL_PYTHON (default /opt/torch/.venv/bin/python), INSTALL_MESON_ARGS (extra
 # -Dname=value for the wheel's build, e.g. -Dgpu_arch=90 for a quicker one), INSTALL_BUILD_DIR
-# (a build folder build_wheel.py keeps and reuses; default a fresh one).
+# (a build folder build_wheel.py keeps and reuses; default a fresh one), INSTALL_WHEEL (a wheel
+# built earlier, e.g. carried from a former call: installed instead of building one),
+# INSTALL_KEEP=1 (leave bagua installed for the steps after this one, and copy the wheel to the
+# top of $OUT, where run.sh leaves it out of the log archive so that it comes back).
 # step-timeout: 560
 set -uo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}"
@@ -40,7 +43,11 @@ read -r -a extra_args <<< "${INSTALL_MESON_ARGS:-}"
 args+=("${extra_args[@]}")
 
 rm -rf "$D/dist"
-if "$PY" -c 'import mesonpy' 2>/dev/null; then
+if [ -n "${INSTALL_WHEEL:-}" ]; then
+  how="given wheel"
+  mkdir -p "$D/dist" && cp "$INSTALL_WHEEL" "$D/dist/"
+  : > "$D/wheel.log"
+elif "$PY" -c 'import mesonpy' 2>/dev/null; then
   how="meson-python $("$PY" -c 'import mesonpy; print(getattr(mesonpy, "__version__", "?"))')"
   cs=(--config-settings=compile-args=-j"$(nproc)")
   for a in "${args[@]}"; do cs+=("--config-settings=setup-args=$a"); done
@@ -102,7 +109,11 @@ PYEOF
   }
   PLATLIB=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 fi
-trap cleanup EXIT
+if [ "${INSTALL_KEEP:-0}" = 1 ]; then
+  [ -n "${INSTALL_WHEEL:-}" ] || cp "$WHEEL" "$OUT/"
+else
+  trap cleanup EXIT
+fi
 
 mkdir -p "$D/outside" && cd "$D/outside"
 unset PYTHONPATH
