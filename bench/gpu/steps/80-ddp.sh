@@ -43,8 +43,19 @@ trap stop_mps EXIT
 
 export CUDA_VISIBLE_DEVICES=0
 CMP=("$PY" "$ROOT/bench/ddp/compare.py" --device cuda --nproc 2 --share-gpu --build "$BUILD")
-run() {  # label, seconds, compare.py arguments...
+# No plugin in the build (BAGUA_GPU_NO_BUILD, bagua installed by 85-install): the installed one.
+if [ ! -f "$BUILD/net_plugin/libnccl-net.so" ]; then
+  BAGUA_NET_PLUGIN_PATH=$(cd /tmp && "$PY" -c 'import bagua; print(bagua.net_plugin_path())' 2>> "$LOG")
+  export BAGUA_NET_PLUGIN_PATH
+  echo "80-ddp: Bagua-Net from $BAGUA_NET_PLUGIN_PATH"
+fi
+run() {  # label, seconds, compare.py arguments... (cut to what is left of run.sh's limit)
   local label="$1" limit="$2"; shift 2
+  if [ -n "${BAGUA_STEP_DEADLINE:-}" ]; then
+    local left=$(( BAGUA_STEP_DEADLINE - $(date +%s) - 5 ))
+    [ "$left" -lt 60 ] && { echo "80-ddp $label: not run (step limit)"; return; }
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "===== $label: $*" >> "$LOG"
   timeout "$limit" "${CMP[@]}" --timeout $((limit - 10)) --json "$OUT/80-ddp-$label.json" "$@" \
     >> "$LOG" 2>&1
