@@ -172,7 +172,9 @@ if want lightning; then
     # run_standalone_tests.sh does.
     (cd "$UP/lightning-Bagua" && export PYTHONPATH="$UP/lightning-Bagua/src${PYTHONPATH:+:$PYTHONPATH}" \
       PL_RUN_STANDALONE_TESTS=1 && \
-      ids=$("$PY" -m pytest -q --collect-only -p no:cacheprovider tests 2>/dev/null | grep '::') ; \
+      "$PY" -m pytest -q --collect-only -p no:cacheprovider tests > "$D/lightning-collect.log" 2>&1; \
+      ids=$(grep '::' "$D/lightning-collect.log"); \
+      [ -n "$ids" ] || { echo "lightning: no test collected:"; grep -E "Error|error" "$D/lightning-collect.log" | head -5; }; \
       pass=0; fail=0; for id in $ids; do
         if timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$id" >> "$D/lightning.log" 2>&1; then
           pass=$((pass + 1)); else fail=$((fail + 1)); echo "lightning FAILED $id"; fi
