@@ -239,10 +239,12 @@ void bindComm(pyb::module_& m) {
       .def(
           "new_group",
           [](PyGroup& g, const std::vector<int>& ranks, const std::string& name,
-             const std::string& backend, bool hierarchical,
-             int cudaDevice) -> std::shared_ptr<PyGroup> {
+             const std::string& backend, bool hierarchical, int cudaDevice, int localRank,
+             int localWorldSize) -> std::shared_ptr<PyGroup> {
             // A group over `ranks` (in that order) on the same store. Collective over the
-            // parent: every rank calls it; non-members get None.
+            // parent: every rank calls it; non-members get None. local_world_size /
+            // local_rank: the members' node layout (-1: the parent's for the whole group, else
+            // one node).
             ProcessGroup& parent = g.live();
             int myIndex = -1;
             for (size_t i = 0; i < ranks.size(); ++i) {
@@ -257,8 +259,9 @@ void bindComm(pyb::module_& m) {
             o.rank = myIndex;
             o.worldSize = static_cast<int>(ranks.size());
             const bool whole = ranks.size() == static_cast<size_t>(parent.size());
-            o.localWorldSize = whole ? parent.localSize() : -1;
-            o.localRank = whole ? parent.localRank() : -1;
+            o.localWorldSize =
+                localWorldSize > 0 ? localWorldSize : (whole ? parent.localSize() : -1);
+            o.localRank = localWorldSize > 0 ? localRank : (whole ? parent.localRank() : -1);
             o.backend = backendOf(backend);
             o.hierarchical = hierarchical;
             o.name = name;
@@ -273,7 +276,8 @@ void bindComm(pyb::module_& m) {
             return std::make_shared<PyGroup>(take(std::move(r)));
           },
           pyb::arg("ranks"), pyb::arg("name"), pyb::arg("backend") = "host",
-          pyb::arg("hierarchical") = false, pyb::arg("cuda_device") = -1);
+          pyb::arg("hierarchical") = false, pyb::arg("cuda_device") = -1,
+          pyb::arg("local_rank") = -1, pyb::arg("local_world_size") = -1);
 
   m.def(
       "init_from_env",

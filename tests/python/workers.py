@@ -236,9 +236,17 @@ def train(a):
     init = None
     lr = a.get("lr", 0.05)
     algo, opt = make_algorithm(a["algorithm"], a.get("kwargs", {}), model, lr)
+    group = None  # the default group
+    if a.get("group") == "new_group":
+        group = bagua.communication.new_group(ranks=list(range(n)))
+    elif a.get("group") == "torch":
+        import torch.distributed as dist
+
+        group = bagua.communication.from_torch_group(dist.new_group(list(range(n))))
     if a.get("wrapper") == "ddp":
         wrapped = DistributedDataParallel(model, optimizers=[opt], algorithm=algo,
-                                          find_unused_parameters=a.get("find_unused", False))
+                                          find_unused_parameters=a.get("find_unused", False),
+                                          process_group=group)
         ctx = wrapped.no_sync
     else:
         from bagua.torch_api.data_parallel import bagua_distributed
@@ -246,7 +254,8 @@ def train(a):
         tuned = bagua_distributed.AUTOTUNE
         bagua_distributed.AUTOTUNE = 1 if a.get("autotune") else tuned
         try:
-            wrapped = model.with_bagua([opt], algo, do_flatten=a.get("do_flatten", True))
+            wrapped = model.with_bagua([opt], algo, process_group=group,
+                                       do_flatten=a.get("do_flatten", True))
         finally:
             bagua_distributed.AUTOTUNE = tuned
         ctx = wrapped.no_sync

@@ -315,6 +315,21 @@ def destroy_process_group():
             _owns_torch_pg = False
 
 
+def _node_layout(ranks, rank):
+    """(local rank, local size) of ``rank`` in a group over the sorted global ``ranks`` when
+    every node (``LOCAL_WORLD_SIZE`` consecutive ranks) holds the same number of members, else
+    None: such a group has no hierarchical sub-groups (the core's layout is node by node, the
+    same count on each)."""
+    local = get_local_size()
+    nodes = {}
+    for r in ranks:
+        nodes.setdefault(r // local, []).append(r)
+    if len({len(m) for m in nodes.values()}) != 1:
+        return None
+    mine = nodes[rank // local]
+    return mine.index(rank), len(mine)
+
+
 def new_group(ranks=None, stream=None):
     """A group over ``ranks`` (global ranks; None: all). Every rank of the default group calls
     it, in the same order; members rendezvous with each other, a rank outside ``ranks`` gets a
@@ -338,12 +353,20 @@ def new_group(ranks=None, stream=None):
         name = "group{}".format(_group_count)
         comm = None
         if pg.rank in ranks:
-            host = pg._host.new_group(ranks, name, backend="host", hierarchical=False)
+            # Hierarchical sub-groups (intra-node, inter-node) whenever the members are spread
+            # evenly over their nodes, as Bagua's groups always have them: algorithms'
+            # hierarchical=True defaults then work on any such group (one node: a leaders'
+            # ring of one).
+            layout = _node_layout(ranks, pg.rank)
+            hier = dict(hierarchical=layout is not None,
+                        local_rank=layout[0] if layout else -1,
+                        local_world_size=layout[1] if layout else -1)
+            host = pg._host.new_group(ranks, name, backend="host", **hier)
             nccl = None
             if pg._nccl is not None:
                 nccl = pg._host.new_group(
-                    ranks, name + "_nccl", backend="nccl", hierarchical=False,
-                    cuda_device=torch.cuda.current_device(),
+                    ranks, name + "_nccl", backend="nccl",
+                    cuda_device=torch.cuda.current_device(), **hier
                 )
             comm = BaguaCommunicator(host, nccl, stream)
         g = BaguaProcessGroup(ranks, stream, name, comm)
