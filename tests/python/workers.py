@@ -722,6 +722,96 @@ def store_init(a):
     return out
 
 
+# Bagua's tests/contrib/test_fused_optimizer.py: its model, groups, data and optimizer list.
+FUSE_OPTIMIZERS = [
+    ("SGD", dict(lr=0.2, momentum=1, dampening=0, weight_decay=1, nesterov=True)),
+    ("SGD", dict(lr=0.2, momentum=1, dampening=0.5, weight_decay=1, nesterov=False)),
+    ("Adam", dict(weight_decay=1.0, amsgrad=True)),
+    ("Adam", dict(weight_decay=1.0, amsgrad=False)),
+    ("Adam", dict(weight_decay=0.0, amsgrad=True)),
+    ("Adam", dict(weight_decay=0.0, amsgrad=False)),
+    ("AdamW", dict(weight_decay=1.0, amsgrad=True)),
+    ("AdamW", dict(weight_decay=1.0, amsgrad=False)),
+    ("AdamW", dict(weight_decay=0.0, amsgrad=True)),
+    ("AdamW", dict(weight_decay=0.0, amsgrad=False)),
+    ("RMSprop", dict(weight_decay=1, momentum=1, centered=True)),
+    ("RMSprop", dict(weight_decay=1, momentum=0, centered=True)),
+    ("RMSprop", dict(weight_decay=1, momentum=1, centered=False)),
+    ("RMSprop", dict(weight_decay=0, momentum=1, centered=False)),
+    ("Rprop", dict(lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50))),
+    ("ASGD", dict(weight_decay=0)),
+    ("ASGD", dict(weight_decay=1)),
+    ("Adamax", dict(weight_decay=0)),
+    ("Adamax", dict(weight_decay=1)),
+    ("Adadelta", dict(weight_decay=0)),
+    ("Adadelta", dict(weight_decay=1)),
+]
+
+
+def _fuse_model(name, kw):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sigmoid(),
+                                torch.nn.Linear(3, 1), torch.nn.Sigmoid())
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[-0.2109, -0.4976], [-0.1413, -0.3420],
+                                            [-0.2524, 0.6976]]))
+        model[0].bias.copy_(torch.tensor([-0.1085, -0.2979, 0.6892]))
+        model[2].weight.copy_(torch.tensor([[-0.0508, -0.3941, -0.2843]]))
+        model[2].bias.copy_(torch.tensor([-0.0711]))
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if "bias" not in n], "weight_decay": 0.1},
+              {"params": [p for n, p in named if "bias" in n], "weight_decay": 0.0}]
+    return model, getattr(torch.optim, name)(groups, **kw)
+
+
+def _fuse_train(model, opt, epochs, fused, set_to_none):
+    x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
+    for epoch in range(epochs):
+        opt.zero_grad(set_to_none=set_to_none)
+        model(x).sum().backward()
+        if fused and epoch % 2 == 0:
+            opt.fuse_step()
+        else:
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@worker
+def fuse_bagua(a):
+    """Bagua's fused-optimizer cases with with_bagua: fuse_optimizer(do_flatten=F1), then
+    with_bagua(do_flatten=F2), training with fuse_step every other step; the final weights
+    against the unwrapped, unfused run and the fused count, for both zero_grad modes (torch 2's
+    default set_to_none=True drops the gradients every step)."""
+    from bagua.torch_api.contrib import fuse_optimizer
+
+    _init()
+    epochs = a["epochs"]
+    algos = {"gradient_allreduce": lambda: GradientAllReduceAlgorithm(),
+             "decentralized": lambda: DecentralizedAlgorithm(hierarchical=False),
+             "bytegrad": lambda: ByteGradAlgorithm()}
+    out = {}
+    for none in (False, True):
+        for k, (name, kw) in enumerate(FUSE_OPTIMIZERS):
+            ref = _fuse_train(*_fuse_model(name, kw), epochs, False, none)
+            for algo, make in algos.items():
+                if algo == "bytegrad":  # compressed: against an unfused bytegrad wrap
+                    m, o = _fuse_model(name, kw)
+                    m = m.with_bagua([o], make())
+                    ref_algo = _fuse_train(m, o, epochs, False, none)
+                    m.bagua_ddp.close()
+                for f1, f2 in ((True, False), (True, True), (False, True)):
+                    if algo == "bytegrad" and (f1, f2) != (True, False):
+                        continue  # Bagua checks only this one
+                    m, o = _fuse_model(name, kw)
+                    o = fuse_optimizer(o, do_flatten=f1)
+                    m = m.with_bagua([o], make(), do_flatten=f2)
+                    got = _fuse_train(m, o, epochs, True, none)
+                    want = ref_algo if algo == "bytegrad" else ref
+                    out[(none, k, algo, f1, f2)] = (
+                        all(torch.equal(x, y) for x, y in zip(got, want)), o._bagua_fused_count)
+                    m.bagua_ddp.close()
+    return out
+
+
 def reference(init, world, steps, lr, algorithm):
     """Single process on the concatenated batch (the mean of the per-rank mean losses)."""
     model = Net()

@@ -29,14 +29,18 @@ reducer on the new memory (a collective: every rank does the same replacement, s
 rebuilds at the same step; rank 0's weights are broadcast again, as at the wrap). A parameter
 that changed shape is an error that names it.
 
-``do_flatten`` (``gradient_as_bucket_view``): True makes the gradients of the communicated
-parameters views of one buffer per (dtype, device), in bucket order (the reverse of
-registration order), at the wrap, as Bagua's flattened buckets make them; the weights are left
-alone. The C++ reducer still copies gradients into its own buckets (it runs in copy mode:
-Python owns every tensor), so results are the same either way; what the layout changes is what
-code that looks at the memory sees (``fuse_optimizer`` fuses only tensors adjacent in its own
-order, as in Bagua). Gradients re-created later (``zero_grad(set_to_none=True)``) are ordinary
-tensors again.
+``do_flatten`` (``gradient_as_bucket_view``) lays out at the wrap what Bagua's flattened
+buckets hold, in bucket order (the reverse of registration order), one buffer per (dtype,
+device): the gradients for the gradient algorithms (gradient_allreduce, bytegrad, qadam), the
+weights for those that communicate weights (decentralized, low_precision_decentralized, async).
+The C++ reducer still copies gradients into its own buckets (it runs in copy mode: Python owns
+every tensor), so results are the same either way; what the layout changes is what code that
+looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent in its own order in
+weights and gradients, as in Bagua). A laid-out gradient is remembered on its parameter
+(``_bagua_grad_view``, also set by ``fuse_optimizer(do_flatten=True)``, the latest layout
+wins); a gradient autograd allocates after ``zero_grad(set_to_none=True)`` (torch 2's default)
+is re-pointed at it when backward ends, as torch DDP's gradient_as_bucket_view does. Nothing is
+copied for that: the reducer holds its own copy and writes the reduced gradient there.
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
@@ -361,9 +365,31 @@ class BaguaDistributedDataParallel:
         self._engine.close()
 
 
+#: Built-ins whose buckets hold the weights (Bagua's init_tensors): do_flatten lays out those.
+_WEIGHT_ALGORITHMS = ("decentralized", "low_precision_decentralized", "async")
+
+
+def _flatten_weights(params):
+    """Makes the weights of ``params`` views of one buffer per (dtype, device), in the given
+    order (before the reducer binds them)."""
+    groups = {}
+    for p in params:
+        groups.setdefault((p.dtype, p.device), []).append(p)
+    with torch.no_grad():
+        for ps in groups.values():
+            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype,
+                               device=ps[0].device)
+            off = 0
+            for p in ps:
+                n = p.numel()
+                flat[off:off + n].copy_(p.data.reshape(-1))
+                p.data = flat[off:off + n].view_as(p)
+                off += n
+
+
 def _flatten_grads(params):
     """Makes the gradients of ``params`` views of one zero-initialised (or copied) buffer per
-    (dtype, device), in the given order."""
+    (dtype, device), in the given order, remembered as each parameter's ``_bagua_grad_view``."""
     groups = {}
     for p in params:
         groups.setdefault((p.dtype, p.device), []).append(p)
@@ -378,6 +404,7 @@ def _flatten_grads(params):
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
+                p._bagua_grad_view = view
                 off += n
 
 
@@ -421,7 +448,11 @@ class _NativeEngine:
         ignore = sorted(set(ddp.parameters_to_ignore))
         named = list(module.named_parameters())
         if first and ddp.gradient_as_bucket_view:
-            _flatten_grads([p for n, p in reversed(named) if p.requires_grad and n not in ignore])
+            mine = [p for n, p in reversed(named) if p.requires_grad and n not in ignore]
+            if impl._native_name in _WEIGHT_ALGORITHMS:
+                _flatten_weights(mine)
+            else:
+                _flatten_grads(mine)
         self._named_params = named
         self._params = [p for _, p in named]
         # Buffers go to the reducer only to be broadcast (at the wrap, at algorithm resets and
@@ -480,6 +511,12 @@ class _NativeEngine:
                 autotune_model="with_bagua{}".format(_reducers_made),
                 launch_without_waiting=LAUNCH_WITHOUT_WAITING)
         self._communicated = set(self._reducer.communicated())
+        # Laid-out gradients to re-point fresh ones at (see the module docstring): only where
+        # the reducer writes every reduced gradient back (communicated, the C++ reducer).
+        self._keep = [] if self._python_device else [
+            (p, v) for i, p in enumerate(self._params)
+            if i in self._communicated and (v := getattr(p, "_bagua_grad_view", None)) is not None
+            and v.shape == p.shape and v.dtype == p.dtype and v.device == p.device]
         self._index = {id(p): i for i, p in enumerate(self._params)}
         self._synced = True  # a new reducer communicates
 
@@ -576,9 +613,16 @@ class _NativeEngine:
             if p.grad is None:
                 # Unused this iteration: a zero gradient receives the others' average.
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        fresh = []  # alive until the reducer is done with them (it may still be copying)
+        for p, view in self._keep:
+            g = p.grad
+            if g.data_ptr() != view.data_ptr():
+                fresh.append(g)
+                p.grad = view  # finish_backward writes the reduced gradient here
         if not self._python_device:
             self._reducer.set_grads(self._grad_ptrs())
         self._reducer.finish_backward()
+        del fresh
         if self.impl._native_name == "decentralized":
             # Bagua's bucket exposes the averaged weights of the last communication step
             # (its tests read bagua_buckets[0]._peer_weight): here they are the weights the

@@ -9,6 +9,15 @@ and ``fuse_step()`` can alternate freely and give bitwise the same result for el
 optimizers). Runs that cannot be fused (gradients missing, state keys or scalar states that
 differ) are stepped per parameter.
 
+Which runs fuse (Bagua's counts, ``tests/contrib/test_fused_optimizer.py``, on torch 1.x and 2):
+the weights must be adjacent in the group's order, and the gradients either adjacent too or
+each in memory of its own (fresh from autograd after ``zero_grad(set_to_none=True)``: they are
+copied into the fused gradient). Gradients that share memory in another order were laid out by
+someone else, e.g. ``with_bagua(do_flatten=True)``'s buckets: such a run is not fused (Bagua:
+"both are flattened, should not fuse"), it is stepped per parameter. ``do_flatten=True`` also
+remembers each gradient's place (``_bagua_grad_view``) so that a ``with_bagua`` wrap re-points
+fresh gradients there, as it does with its own layout.
+
 This is pure torch on purpose: the C++ optimizer/ library owns its parameter memory and keeps
 its own state per rule, while Bagua's API fuses *the user's* torch optimizer and its state.
 """
@@ -28,6 +37,18 @@ def _adjacent(tensors):
         if b.data_ptr() != a.data_ptr() + a.numel() * a.element_size():
             return False
     return all(t.is_contiguous() for t in tensors)
+
+
+def _storage_ptr(t):
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
+def _laid_out_elsewhere(grads):
+    """Gradients that share memory but are not back to back in this order."""
+    if _adjacent(grads):
+        return False
+    ptrs = [_storage_ptr(g) for g in grads]
+    return len(set(ptrs)) < len(ptrs)
 
 
 def _span(tensors):
@@ -108,6 +129,7 @@ def _flatten(params):
             gflat[off:off + n].copy_(p.grad.reshape(-1))
         p.data = flat[off:off + n].view_as(p)
         p.grad = gflat[off:off + n].view_as(p)
+        p._bagua_grad_view = p.grad  # with_bagua re-points fresh gradients here
         off += n
 
 
@@ -159,6 +181,9 @@ def fuse_step(optimizer, closure=None):
                     if len(part) >= 2 and optimizer._bagua_check_flatten and info is not None:
                         warnings.warn("bagua fuse_step: parameters are no longer contiguous "
                                       "(were they re-allocated?); stepping them one by one")
+                    new_params.extend(part)
+                    continue
+                if _laid_out_elsewhere([p.grad for p in part]):
                     new_params.extend(part)
                     continue
                 elem, scalars = info
