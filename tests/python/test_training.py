@@ -368,15 +368,21 @@ def test_init_process_group_with_a_store():
 
 
 def test_wrap_broadcasts_model_and_optimizer_state(runs2):
-    # Our equivalent of Bagua's test_broadcast_state (which calls inspect.getargspec): after
-    # rank-local training, with_bagua leaves every rank with rank 0's weights and optimizer
-    # state (tensors and scalars), for SGD (momentum), SGD, Adam and Rprop.
+    # Our equivalent of Bagua's test_broadcast_state (torch_api/ and data_parallel/; their own
+    # code calls inspect.getargspec): after rank-local training, with_bagua and the DDP wrapper
+    # leave every rank with rank 0's weights and optimizer state (tensors and scalars), for
+    # Bagua's optimizers SGD, Adam, Rprop x its two hyper-parameter sets.
     outs = runs2["broadcast_state"]
+    assert len(outs[0]) == 12
     for case in outs[0]:
         a, b = outs[0][case], outs[1][case]
+        assert not torch.equal(a["before"], b["before"]), case  # the ranks differed
         assert [n for n, _ in a["model"]] == [n for n, _ in b["model"]]
         assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a["model"], b["model"])), case
-        assert len(a["optim"]) == len(b["optim"]) and (case == "SGD_1" or a["optim"]), case
+        # rank 0's own weights, everywhere
+        assert torch.equal(a["after"], a["before"]) and torch.equal(b["after"], a["before"])
+        plain_sgd = case.endswith("SGD_1")  # no momentum: no per-parameter tensors
+        assert len(a["optim"]) == len(b["optim"]) and (plain_sgd or a["optim"]), case
         for (p1, n1, v1), (p2, n2, v2) in zip(a["optim"], b["optim"]):
             assert (p1, n1) == (p2, n2)
             assert torch.equal(v1, v2) if torch.is_tensor(v1) else v1 == v2, (case, n1)

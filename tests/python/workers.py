@@ -665,33 +665,43 @@ def syncbn(a):
 
 @worker
 def broadcast_state(a):
-    """Bagua's test_broadcast_state (its own code calls inspect.getargspec, gone in Python 3.11):
-    each rank trains alone first, then with_bagua makes every rank take rank 0's model and
-    optimizer state."""
+    """Bagua's test_broadcast_state (both copies: with_bagua and the DDP wrapper), whose own
+    code calls inspect.getargspec (gone in Python 3.11): each rank trains alone first (5 x 10
+    steps from its own seed), then the wrap makes every rank take rank 0's model and optimizer
+    state. Bagua's optimizers and hyper-parameters, filtered by each optimizer's signature."""
+    import inspect
+
     _init()
     r = bagua.get_rank()
     out = {}
-    cases = [(torch.optim.SGD, dict(lr=0.2, momentum=0.9, weight_decay=0.1)),
-             (torch.optim.SGD, dict(lr=0.2)),
-             (torch.optim.Adam, dict(lr=0.2, weight_decay=0.1)),
-             (torch.optim.Rprop, dict(lr=0.2))]
-    for k, (cls, kw) in enumerate(cases):
-        torch.manual_seed(100 * k + r)
-        m = Net()
-        opt = cls(m.parameters(), **kw)
-        for step in range(10):
-            x, y = data(r, 50 + step)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
-            opt.step()
-        m = m.with_bagua([opt], GradientAllReduceAlgorithm(hierarchical=True))
-        sd = opt.state_dict()
-        state = [(pid, name, v.clone() if torch.is_tensor(v) else v)
-                 for pid, st in sorted(sd["state"].items()) for name, v in sorted(st.items())]
-        out["{}_{}".format(cls.__name__, k)] = {
-            "model": [(n, t.clone()) for n, t in sorted(m.state_dict().items())],
-            "optim": state}
-        m.bagua_ddp.close()
+    hypers = [dict(lr=0.2, momentum=0.9, weight_decay=0.1, centered=True), dict(lr=0.2)]
+    for wrapper in ("with_bagua", "ddp"):
+        for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.Rprop):
+            for k, hp in enumerate(hypers):
+                args = inspect.signature(cls.__init__).parameters
+                torch.manual_seed(r)
+                m = Net()
+                opt = cls(m.parameters(), **{n: v for n, v in hp.items() if n in args})
+                for step in range(50):
+                    x, y = data(r, 50 + step)
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(m(x), y).backward()
+                    opt.step()
+                before = flat(m)
+                algo = GradientAllReduceAlgorithm(hierarchical=True)
+                if wrapper == "with_bagua":
+                    w = m.with_bagua([opt], algo)
+                else:
+                    w = DistributedDataParallel(m, optimizers=[opt], algorithm=algo)
+                sd = opt.state_dict()
+                state = [(pid, name, v.clone() if torch.is_tensor(v) else v)
+                         for pid, st in sorted(sd["state"].items())
+                         for name, v in sorted(st.items())]
+                out["{}_{}_{}".format(wrapper, cls.__name__, k)] = {
+                    "before": before, "after": flat(m),
+                    "model": [(n, t.clone()) for n, t in sorted(w.state_dict().items())],
+                    "optim": state}
+                (w.bagua_ddp if wrapper == "with_bagua" else w).close()
     return out
 
 
