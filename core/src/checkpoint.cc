@@ -387,6 +387,7 @@ Result<Bytes> DistributedDataParallel::saveSchedule() {
     return BAGUA_ERROR(kFailedPrecondition,
                        "saveSchedule() during a backward pass: save between steps");
   }
+  BAGUA_RETURN_IF_ERROR(drainBuckets());  // the algorithm's state settles with its collectives
   BAGUA_ASSIGN_OR_RETURN(Bytes algo, impl_->saveState(*this));
   Bytes out;
   put<uint32_t>(out, kScheduleMagic);

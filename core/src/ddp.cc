@@ -326,9 +326,11 @@ Status DistributedDataParallel::prepareForward() {
   ++trainStep_;
   if (rebuildPending_) {
     rebuildPending_ = false;
+    BAGUA_RETURN_IF_ERROR(drainBuckets());  // the bucket thread still holds the old buckets
     BAGUA_RETURN_IF_ERROR(rebuildFromReadyOrder());
   }
   if (impl_->needReset(*this)) {
+    BAGUA_RETURN_IF_ERROR(drainBuckets());
     BAGUA_RETURN_IF_ERROR(broadcastState());
     BAGUA_RETURN_IF_ERROR(initAlgorithm());
   }
@@ -434,7 +436,8 @@ Status DistributedDataParallel::launchReadyBuckets() {
 }
 
 void DistributedDataParallel::finishBucket(int bi, Status s, Clock::time_point queuedAt,
-                                           Clock::time_point started, Clock::time_point ready) {
+                                           Clock::time_point started, Clock::time_point ready,
+                                           bool deviceOrdered) {
   if (!s.isOk()) {
     s.withContext(strPrintf("bucket %d (%zu x %s)", bi, buckets_[bi].numel,
                             dataTypeName(buckets_[bi].dtype)));
@@ -445,6 +448,9 @@ void DistributedDataParallel::finishBucket(int bi, Status s, Clock::time_point q
       commError_ = s;
     }
     ++completed_;
+    if (!deviceOrdered) {
+      ++enqueued_;  // a device-ordered bucket counted when its collective was enqueued
+    }
     ++stats_.buckets;
     stats_.bucketQueueNs +=
         std::chrono::duration_cast<std::chrono::nanoseconds>(started - queuedAt).count();
@@ -463,6 +469,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
     int bucket;
     WorkPtr work;
     Clock::time_point queuedAt, started, ready;
+    bool deviceOrdered;
   };
   std::deque<InFlight> inflight;
   while (true) {
@@ -510,7 +517,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
       } else {
         break;
       }
-      finishBucket(f.bucket, done, f.queuedAt, f.started, f.ready);
+      finishBucket(f.bucket, done, f.queuedAt, f.started, f.ready, f.deviceOrdered);
       inflight.pop_front();
     }
     if (bi < 0) {
@@ -523,27 +530,71 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
       std::lock_guard<std::mutex> lock(mu_);
       s = commError_;
     }
-    if (s.isOk()) {
-      s = stager_->waitReady(buckets_[bi], Clock::now() + timeout_);
+    // A device bucket that may be launched as one collective: its communicator's stream waits
+    // for the copies (device order, no host wait); a host wait only if the algorithm then runs
+    // it through runBucket after all (its device work is on another stream).
+    Bucket& bucket = buckets_[bi];
+    bool deviceOrdered = false;
+    if (s.isOk() && options_.launchWithoutWaiting && bucket.device.type != DeviceType::kCpu) {
+      s = stager_->orderCommAfterCopies(bucket, group_.global());
+      deviceOrdered = s.isOk();
+    }
+    if (s.isOk() && !deviceOrdered) {
+      s = stager_->waitReady(bucket, Clock::now() + timeout_);
       ready = Clock::now();
     }
     if (s.isOk()) {
-      Result<WorkPtr> w = options_.launchWithoutWaiting ? impl_->launchBucket(buckets_[bi], group_)
+      Result<WorkPtr> w = options_.launchWithoutWaiting ? impl_->launchBucket(bucket, group_)
                                                         : Result<WorkPtr>(WorkPtr());
       if (!w.isOk()) {
         s = w.status();
       } else if (*w) {
-        inflight.push_back({bi, *w, queuedAt, started, ready});
+        inflight.push_back({bi, *w, queuedAt, started, ready, deviceOrdered});
+        if (deviceOrdered) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            ++enqueued_;
+            ++deviceOrderedThisIteration_;
+          }
+          doneCv_.notify_all();
+        }
         continue;  // finished later, in order
       } else {
-        s = impl_->runBucket(buckets_[bi], group_);
+        if (deviceOrdered) {
+          s = stager_->waitReady(bucket, Clock::now() + timeout_);
+          ready = Clock::now();
+        }
+        if (s.isOk()) {
+          s = impl_->runBucket(bucket, group_);
+        }
       }
     }
-    finishBucket(bi, s, queuedAt, started, ready);
+    finishBucket(bi, s, queuedAt, started, ready, /*deviceOrdered=*/false);
   }
 }
 
 Status DistributedDataParallel::waitForBuckets() {
+  bool deviceOrder = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
+    if (!doneCv_.wait_until(lock, deadline, [&] { return enqueued_ == launched_; })) {
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: bucket communication did not finish within %lld ms (%zu of "
+                         "%zu buckets done)",
+                         group_.rank(), static_cast<long long>(timeout_.count()), enqueued_,
+                         launched_);
+    }
+    BAGUA_RETURN_IF_ERROR(commError_);
+    deviceOrder = !buckets_.empty() && deviceOrderedThisIteration_ == buckets_.size();
+    deviceOrderedThisIteration_ = 0;
+  }
+  // Every bucket's collective is enqueued in device order: the trainer's stream waits for the
+  // last one, nobody waits on the host. Otherwise wait here for all of them to finish.
+  return deviceOrder ? stager_->orderTrainerAfter(group_.global()) : drainBuckets();
+}
+
+Status DistributedDataParallel::drainBuckets() {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
   if (!doneCv_.wait_until(lock, deadline, [&] { return completed_ == launched_; })) {

@@ -105,6 +105,14 @@ class DeviceStager {
   // trainer's stream, so there is nothing left to order).
   Status releaseToTrainer();
 
+  // Device order instead of host waits (DdpOptions::launchWithoutWaiting): `comm`'s next
+  // collectives start after the bucket's copies (bucket thread), and the trainer's stream runs
+  // its later work after every collective `comm` has issued (trainer thread, finishBackward).
+  Status orderCommAfterCopies(const Bucket& bucket, Communicator& comm) {
+    return comm.afterEvent(current_.copied[static_cast<size_t>(bucket.index)]);
+  }
+  Status orderTrainerAfter(Communicator& comm) { return comm.orderStream(trainerStream_); }
+
   // ---- Bucket thread -------------------------------------------------------------------------
   // Waits (polling, until `deadline`) until the bucket's copies are done, and makes the calling
   // thread current on the bucket's device (the algorithm issues device work from it).

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -402,8 +403,12 @@ class AveragePlusOne final : public Algorithm {
 // device-wide synchronisation. Small buckets force several of them; the marking order differs
 // from the registration order, so the rebuild after the first iteration (rank 0's order
 // broadcast through device staging) changes the layout. Every element of every iteration is
-// checked against the average of every rank's pattern, plus one (AveragePlusOne).
-void reducerOnDeviceTensors(bool gradientAsBucketView) {
+// checked against the average of every rank's pattern, plus one (AveragePlusOne: runBucket, so
+// the bucket thread waits on the host for each bucket's copies), or plus zero with
+// GradientAllReduce (deviceOrder: launchBucket, every bucket ordered on the device, so the
+// bucket thread never waits for copies on the host and finishBackward does not wait for the
+// collectives: the trainer's stream does).
+void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false) {
   const int world = std::min(gpuCount(), 8);
   if (world == 0) {
     GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
@@ -455,7 +460,12 @@ void reducerOnDeviceTensors(bool gradientAsBucketView) {
         d.firstBucketBytes = 4096;
         d.gradientAsBucketView = gradientAsBucketView;
         d.cudaStream = trainer;  // a cudaStream_t as it is
-        auto ddp = withBagua(params, buffers, {}, std::make_shared<AveragePlusOne>(), **pg, d);
+        std::shared_ptr<Algorithm> algorithm = std::make_shared<AveragePlusOne>();
+        if (deviceOrder) {
+          algorithm = std::make_shared<GradientAllReduce>();
+        }
+        const double plus = deviceOrder ? 0.0 : 1.0;
+        auto ddp = withBagua(params, buffers, {}, algorithm, **pg, d);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -496,7 +506,7 @@ void reducerOnDeviceTensors(bool gradientAsBucketView) {
               for (int q = 0; q < world; ++q) {
                 want += pattern(q, iter, k, i);
               }
-              want = want / world + 1.0;
+              want = want / world + plus;
               if (std::abs(got[i] - want) > 1e-5 * std::max(1.0, std::abs(want))) {
                 out = strPrintf("iteration %d, %s element %zu: %g, expected %g", iter,
                                 params[k].name.c_str(), i, got[i], want);
@@ -504,6 +514,14 @@ void reducerOnDeviceTensors(bool gradientAsBucketView) {
               }
             }
           }
+        }
+        const DdpStats st = (*ddp)->stats();
+        if (out.empty() && deviceOrder && st.bucketWaitNs != 0) {
+          out = strPrintf("device order: the bucket thread waited %lld ns for copies on the host",
+                          static_cast<long long>(st.bucketWaitNs));
+        }
+        if (out.empty() && !deviceOrder && st.bucketWaitNs == 0) {
+          out = "runBucket path: no host wait for the copies was measured";
         }
         ddp->reset();
         cudaStreamDestroy(trainer);
@@ -519,6 +537,153 @@ TEST(Nccl, ReducerOnDeviceTensorsCopiesInAndOut) {
 
 TEST(Nccl, ReducerOnDeviceTensorsAsBucketViews) {
   reducerOnDeviceTensors(true);
+}
+
+TEST(Nccl, ReducerInDeviceOrderCopiesInAndOut) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true);
+}
+
+TEST(Nccl, ReducerInDeviceOrderAsBucketViews) {
+  reducerOnDeviceTensors(true, /*deviceOrder=*/true);
+}
+
+// A host callback holds the trainer's stream (as a long backward kernel would) while the
+// gradients are marked: in device order, markGradReady and finishBackward must return while it
+// still holds (nothing waits for the stream on the host), and once released, the gradients read
+// on the trainer's stream are the reduced ones. The old order (launchWithoutWaiting = false)
+// cannot return before the release: that is checked too, so the test tells the two apart.
+void holdCallback(void* arg) {
+  auto* held = static_cast<std::atomic<bool>*>(arg);
+  while (held->load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void finishWhileStreamHeld(bool launchWithoutWaiting) {
+  const int world = std::min(gpuCount(), 8);
+  if (world == 0) {
+    GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  const size_t n = 1 << 16;
+  auto res = bagua::testing::runRanks(
+      world,
+      [&](int r) -> std::string {
+        ProcessGroupOptions o;
+        o.rank = r;
+        o.worldSize = world;
+        o.backend = Backend::kNccl;
+        o.hierarchical = false;
+        o.rendezvousTimeout = 60000ms;
+        o.collectiveTimeout = 60000ms;
+        auto pg = ProcessGroup::create(store, o);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        cudaSetDevice(r);
+        cudaStream_t trainer = nullptr;
+        if (cudaStreamCreateWithFlags(&trainer, cudaStreamNonBlocking) != cudaSuccess) {
+          return std::string("cudaStreamCreate failed");
+        }
+        DeviceFloats data(2 * n), grad(2 * n);
+        if (data.p == nullptr || grad.p == nullptr) {
+          return std::string("cudaMalloc failed");
+        }
+        std::vector<Parameter> params(2);
+        for (size_t k = 0; k < 2; ++k) {
+          Parameter& p = params[k];
+          p.name = "layer" + std::to_string(k) + ".weight";
+          p.data = data.p + k * n;
+          p.grad = grad.p + k * n;
+          p.numel = n;
+          p.device = {DeviceType::kCuda, r};
+          p.setGrad = [&params, k](void* g) { params[k].grad = g; };
+        }
+        std::vector<Parameter> buffers;
+        DdpOptions d;
+        d.bucketCapMb = 0.25;  // one bucket per parameter
+        d.firstBucketBytes = 1024;
+        d.rebuildBuckets = false;
+        d.cudaStream = trainer;
+        d.launchWithoutWaiting = launchWithoutWaiting;
+        auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, d);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        // Pinned, so that the upload is asynchronous even behind the held stream.
+        float* host = nullptr;
+        if (cudaMallocHost(&host, 2 * n * sizeof(float)) != cudaSuccess) {
+          return std::string("cudaMallocHost failed");
+        }
+        std::unique_ptr<float, cudaError_t (*)(void*)> hostOwner(host, cudaFreeHost);
+        for (size_t i = 0; i < 2 * n; ++i) {
+          host[i] = static_cast<float>((i % 17) + r);
+        }
+        Status s = (*ddp)->prepareForward();
+        std::atomic<bool> held{true};
+        if (cudaLaunchHostFunc(trainer, holdCallback, &held) != cudaSuccess) {
+          return std::string("cudaLaunchHostFunc failed");
+        }
+        // Released by this thread after 3 s at the latest, so the old order ends too.
+        std::jthread releaser([&held](std::stop_token st) {
+          const auto until = std::chrono::steady_clock::now() + 3s;
+          while (!st.stop_requested() && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(5ms);
+          }
+          held.store(false, std::memory_order_release);
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        cudaMemcpyAsync(grad.p, host, 2 * n * sizeof(float), cudaMemcpyHostToDevice, trainer);
+        for (int k = 1; k >= 0 && s.isOk(); --k) {
+          s = (*ddp)->markGradReady(k);
+        }
+        if (s.isOk()) {
+          s = (*ddp)->finishBackward();
+        }
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const bool stillHeld = held.load(std::memory_order_acquire);
+        releaser.request_stop();
+        releaser.join();
+        if (!s.isOk()) {
+          return s.toString();
+        }
+        std::string out;
+        if (launchWithoutWaiting && (!stillHeld || secs > 1.0)) {
+          out = strPrintf("device order: finishBackward returned after %.2f s, stream %s", secs,
+                          stillHeld ? "still held" : "released");
+        }
+        if (!launchWithoutWaiting && stillHeld) {
+          out = "host order: finishBackward returned while the trainer's stream was held";
+        }
+        std::vector<float> got(2 * n);
+        cudaMemcpyAsync(got.data(), grad.p, got.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        trainer);
+        cudaStreamSynchronize(trainer);
+        for (size_t i = 0; i < got.size() && out.empty(); ++i) {
+          double want = 0;
+          for (int q = 0; q < world; ++q) {
+            want += static_cast<double>((i % 17) + q);
+          }
+          want /= world;
+          if (std::abs(got[i] - want) > 1e-5 * std::max(1.0, want)) {
+            out = strPrintf("element %zu: %g, expected %g", i, got[i], want);
+          }
+        }
+        ddp->reset();
+        cudaStreamDestroy(trainer);
+        return out;
+      },
+      120s);
+  EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+TEST(Nccl, DeviceOrderFinishesBackwardWhileTheTrainerStreamIsHeld) {
+  finishWhileStreamHeld(true);
+}
+
+TEST(Nccl, HostOrderWaitsForTheTrainerStream) {
+  finishWhileStreamHeld(false);
 }
 
 TEST(Nccl, ReportsMissingDeviceClearly) {

@@ -7,6 +7,7 @@ return value is written to <outdir>/rank<r>.pt (torch.save) and returned, rank b
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -43,6 +44,23 @@ def _run_baguarun(func, world, args, timeout, env):
 
 
 def free_port():
+    """A free port outside the kernel's ephemeral range (as baguarun --master_port 0 picks it):
+    a port from bind(0) lies in that range, where any connection opened before rank 0 binds it
+    (the suites run in parallel) can take it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    first, last = (10000, lo - 1) if lo - 10000 >= 65535 - hi else (hi + 1, 65535)
+    for _ in range(64):
+        port = random.randint(first, last)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,21 +202,58 @@ int parseArgs(int argc, char** argv, Options* o) {
   return 0;
 }
 
-int pickFreePort() {
+// A port no other process holds now and none is likely to take before rank 0's store binds it:
+// one outside the kernel's ephemeral range (net.ipv4.ip_local_port_range), where outgoing
+// connections never land, tried on every address as the store binds it. A port the kernel
+// hands out for bind(0) comes from that range, so any connection opened meanwhile (a parallel
+// test suite, a download) may take it: that clash was seen, as "Address already in use" in the
+// workers. Falls back to bind(0) when no port outside the range is free.
+int bindableAnyAddress(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    if (fd >= 0) {
-      ::close(fd);
-    }
+  if (fd < 0) {
     return -1;
   }
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  int got = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    got = ntohs(a.sin_port);
+  }
   ::close(fd);
-  return ntohs(a.sin_port);
+  return got;
+}
+
+int pickFreePort() {
+  int lo = 32768, hi = 60999;  // Linux's default ephemeral range
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) {
+      lo = 32768;
+      hi = 60999;
+    }
+    std::fclose(f);
+  }
+  // The wider of the two gaps around the ephemeral range, above the well-known ports.
+  int first = 10000, last = lo - 1;
+  if (last - first < 65535 - (hi + 1)) {
+    first = hi + 1;
+    last = 65535;
+  }
+  if (last - first >= 100) {
+    std::mt19937 rng(static_cast<uint32_t>(
+        std::chrono::steady_clock::now().time_since_epoch().count() ^ ::getpid()));
+    std::uniform_int_distribution<int> pick(first, last);
+    for (int i = 0; i < 64; ++i) {
+      const int port = pick(rng);
+      if (bindableAnyAddress(port) == port) {
+        return port;
+      }
+    }
+  }
+  return bindableAnyAddress(0);
 }
 
 struct Worker {

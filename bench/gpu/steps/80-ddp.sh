@@ -63,14 +63,19 @@ run() {  # label, seconds, compare.py arguments... (cut to what is left of run.s
   [ "$rc" = 0 ] || { echo "80-ddp $label: rc=$rc"; grep -E "Error|error|failed" "$LOG" | tail -3; }
 }
 SECONDS=0
+PARTS=" ${DDP_PARTS:-default link10} "  # DDP_PARTS: which of the two parts to run
+if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
   run "default-$net" 130 --net "$net" --models transformer,resnet50 \
     --contestants ddp,gradient_allreduce,gradient_allreduce_sync --rounds 6 --round-steps 5
 done
+fi
+if [[ "$PARTS" == *" link10 "* ]]; then
 run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
   --rounds 4 --round-steps 4
 run "link10-resnet50" 110 --net bagua-net --link 10gbit --models resnet50 \
   --rounds 4 --round-steps 5
+fi
 
 "$PY" - "$OUT" <<'PY'
 import glob, json, os, sys

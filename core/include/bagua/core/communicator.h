@@ -24,6 +24,11 @@
 #include "bagua/base/status.h"
 #include "bagua/core/types.h"
 
+// The CUDA runtime's handle types (cudaStream_t is CUstream_st*, cudaEvent_t is CUevent_st*),
+// declared so that this header needs no CUDA headers.
+struct CUstream_st;
+struct CUevent_st;
+
 namespace bagua::core {
 
 class Work {
@@ -82,6 +87,22 @@ class Communicator {
   // Fails every pending and future operation with Aborted and unblocks the worker promptly.
   virtual void abort(const std::string& why) = 0;
   virtual CommStats stats() const = 0;
+
+  // ---- Stream ordering (device communicators; host ones answer FailedPrecondition) ----
+  // The device-side ordering torch DDP uses, so that neither side waits on the host:
+  // afterEvent() makes this communicator's next operations start only once `event` (recorded
+  // on another stream, e.g. "the bucket's gradients are copied") has completed;
+  // orderStream() makes `stream` (e.g. the trainer's) run its later work only after every
+  // operation issued so far has completed. Both return at once. Either may be called from any
+  // thread; like an issue, each takes its place in the order of issue.
+  virtual Status afterEvent(CUevent_st* /*event*/) {
+    return BAGUA_ERROR(kFailedPrecondition, "%s communicators have no device stream",
+                       backendName().c_str());
+  }
+  virtual Status orderStream(CUstream_st* /*stream*/) {
+    return BAGUA_ERROR(kFailedPrecondition, "%s communicators have no device stream",
+                       backendName().c_str());
+  }
 };
 
 // A Work that is already complete (errors found before enqueueing, size-0 no-ops).

@@ -20,10 +20,16 @@
 // Device tensors: parameters on a CUDA device are reduced in device buckets (cudaMalloc'd, one
 // per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
 // are copied in and out with cudaMemcpyAsync on the trainer's stream (DdpOptions::cudaStream),
-// so in order after the kernels that wrote them, never through host memory. A bucket is handed
-// to the algorithm once its "copied" event, recorded after its last copy, has completed. Host
-// and device buckets may mix (a bucket holds one device). Without NCCL, device tensors are
-// refused with an error.
+// so in order after the kernels that wrote them, never through host memory. A bucket launched
+// as one collective (launchBucket, launchWithoutWaiting) is ordered on the device: its collective
+// is enqueued at once, behind the bucket's "copied" event (recorded after its last copy) on the
+// communicator's stream, and when every bucket of the iteration went that way, finishBackward()
+// does not wait for them on the host either: the trainer's stream waits for the last collective
+// and the copy-backs queue behind it (torch DDP's order; completion and errors are seen by the
+// bucket thread, and an error fails the next prepareForward() or finishBackward()). Other device
+// buckets are handed to the algorithm once their "copied" event has completed, and
+// finishBackward() waits for them. Host and device buckets may mix (a bucket holds one device).
+// Without NCCL, device tensors are refused with an error.
 //
 // Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
 // finishBackward() as an error within the collective timeout; the reducer is then unusable.
@@ -73,8 +79,9 @@ struct DdpOptions {
   // (nullptr: the legacy default stream). Gradient copies in and out are enqueued on it.
   CUstream_st* cudaStream = nullptr;
   // Start a bucket whose algorithm can launch it as one collective (AlgorithmImpl::launchBucket)
-  // without waiting for the previous bucket's to finish. false: every bucket through runBucket,
-  // one after the other (the behaviour before issue 18; kept for comparison).
+  // without waiting for the previous bucket's to finish, and (device buckets) order it on the
+  // device instead of the host (see above). false: every bucket through runBucket, one after the
+  // other, with host waits (the behaviour before issue 18; kept for comparison).
   bool launchWithoutWaiting = true;
 };
 
@@ -156,15 +163,20 @@ class DistributedDataParallel {
                           ProcessGroup& group, const DdpOptions& options);
   Status initAlgorithm();
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
+  // Waits (bounded) until every launched bucket has finished, also those ordered on the device.
+  Status drainBuckets();
   Status rebuildFromReadyOrder();
   Status launchReadyBuckets();
   Status markGradReadyImpl(int paramIndex);
   void commLoop(std::stop_token stop);
   // Bucket thread: one bucket's communication is over (its status, and when it was queued, its
-  // run started and its copies were ready, for stats_).
+  // run started and its copies were ready, for stats_; deviceOrdered: counted in enqueued_
+  // already).
   void finishBucket(int bucket, Status s, std::chrono::steady_clock::time_point queuedAt,
                     std::chrono::steady_clock::time_point started,
-                    std::chrono::steady_clock::time_point ready);
+                    std::chrono::steady_clock::time_point ready, bool deviceOrdered);
+  // finishBackward's wait: until every bucket is enqueued in device order (then the trainer's
+  // stream is ordered after them) or finished (drainBuckets).
   Status waitForBuckets();
 
   std::vector<Parameter>& params_;
@@ -208,6 +220,10 @@ class DistributedDataParallel {
   DdpStats stats_;  // trainer fields: trainer thread; bucket fields: under mu_
   size_t launched_ = 0;
   size_t completed_ = 0;
+  // Buckets past the host's part: finished, or their collective enqueued in device order (see
+  // above). finishBackward waits for enqueued_ == launched_.
+  size_t enqueued_ = 0;
+  size_t deviceOrderedThisIteration_ = 0;  // buckets enqueued in device order since the last finish
   Status commError_;
   std::jthread commThread_;
 };

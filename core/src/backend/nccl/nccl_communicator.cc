@@ -207,6 +207,36 @@ class NcclCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // Stream ordering (Communicator::afterEvent / orderStream), under issueMu_ so that each takes
+  // its place between launches. orderStream() needs no event of its own: the ring slot of the
+  // last issued operation was recorded right behind it, and cudaStreamWaitEvent captures that
+  // record (the slot is recorded again only kEventRing launches later).
+  Status afterEvent(CUevent_st* event) override {
+    std::unique_lock<std::timed_mutex> lock(issueMu_, std::defer_lock);
+    if (!lock.try_lock_for(timeout_ + kAbortLaunchGrace)) {
+      return BAGUA_ERROR(kDeadlineExceeded, "rank %d: afterEvent: a launch held the communicator",
+                         rank_);
+    }
+    if (cudaSetDevice(device_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return BAGUA_ERROR(kCudaError, "afterEvent: cudaSetDevice(%d) failed", device_);
+    }
+    return cudaStatus(cudaStreamWaitEvent(stream_, event, 0), "afterEvent: cudaStreamWaitEvent");
+  }
+  Status orderStream(CUstream_st* stream) override {
+    std::unique_lock<std::timed_mutex> lock(issueMu_, std::defer_lock);
+    if (!lock.try_lock_for(timeout_ + kAbortLaunchGrace)) {
+      return BAGUA_ERROR(kDeadlineExceeded, "rank %d: orderStream: a launch held the communicator",
+                         rank_);
+    }
+    const uint64_t seq = issuedSeq_.load(std::memory_order_relaxed);
+    if (seq == 0) {
+      return Status::ok();
+    }
+    return cudaStatus(cudaStreamWaitEvent(stream, events_[seq % kEventRing], 0),
+                      "orderStream: cudaStreamWaitEvent");
+  }
+
   // Completion of operation `seq`: true with *status set once it has finished (successfully, or
   // failed because the communicator was aborted first), false while it runs. Any thread; takes
   // no lock and calls no NCCL function unless a CUDA error makes it abort the communicator
