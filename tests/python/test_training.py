@@ -284,6 +284,12 @@ def test_algorithm_switch(runs2):
     a, b = runs2["features2"]
     assert torch.isfinite(a["switch_final"]).all()
     assert torch.equal(a["switch_final"], b["switch_final"])
+    # Bagua's order with a new DDP per algorithm: every wrapper but the last closed by the next
+    # wrap; the last one (low-precision decentralized) leaves the ranks' weights close.
+    for o in (a, b):
+        assert o["switch_ddp_closed"] == [True] * 5 + [False]
+        assert torch.isfinite(o["switch_ddp_final"]).all()
+    assert torch.allclose(a["switch_ddp_final"], b["switch_ddp_final"], atol=0.05)
 
 
 def _dropin_reference(init, steps=6, lr=0.05):

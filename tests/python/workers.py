@@ -380,6 +380,38 @@ def features2(a):
         m.with_bagua([opt], algo)
         _steps(m, opt, r, 3, offset=10 * k)
     out["switch_final"] = flat(m)
+    # Bagua's test_model_switch as written: a new DistributedDataParallel on the same module per
+    # algorithm, in its order (async before low-precision decentralized, whose wrap lays the
+    # weights out anew: the async wrapper must be closed by then, or its hooks rebuild it).
+    torch.manual_seed(r)
+    m = Net()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    wrappers = []
+    for k, name in enumerate(["bytegrad", "decentralized", "gradient_allreduce", "qadam",
+                              "async", "low_prec_decentralized"]):
+        o = opt
+        if name == "bytegrad":
+            algo = ByteGradAlgorithm(hierarchical=False)
+        elif name == "decentralized":
+            algo = DecentralizedAlgorithm(hierarchical=False)
+        elif name == "gradient_allreduce":
+            algo = GradientAllReduceAlgorithm()
+        elif name == "qadam":
+            o = QAdamOptimizer(m.parameters(), warmup_steps=2)
+            algo = QAdamAlgorithm(o, hierarchical=False)
+        elif name == "async":
+            algo = AsyncModelAverageAlgorithm(sync_interval_ms=20)
+        else:
+            algo = LowPrecisionDecentralizedAlgorithm(hierarchical=False)
+        w = DistributedDataParallel(m, optimizers=[o], algorithm=algo)
+        wrappers.append(w)  # kept alive on purpose: only the newest may act
+        if name == "async":
+            w.bagua_algorithm.resume(w)
+        _steps(w, o, r, 4, offset=10 * k)
+        if name == "async":
+            w.bagua_algorithm.abort(w)
+    out["switch_ddp_final"] = flat(m)
+    out["switch_ddp_closed"] = [w.inner._closed for w in wrappers]
     return out
 
 

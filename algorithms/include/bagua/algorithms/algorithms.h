@@ -171,7 +171,6 @@ class AsyncModelAverage final : public core::Algorithm {
   int syncIntervalMs_;
   int warmupSteps_;
   bool mainStage_ = false;
-  int generation_ = 0;
   std::mutex mu_;
   class AsyncImpl* live_ = nullptr;
 };

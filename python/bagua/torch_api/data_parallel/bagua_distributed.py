@@ -189,6 +189,15 @@ class BaguaDistributedDataParallel:
                 "bagua: {} overrides hooks of the built-in {}; derive from AlgorithmImpl to "
                 "write an algorithm (built-in implementations run in the C++ reducer)".format(
                     type(impl).__name__, impl._native_name))
+        # One algorithm at a time on a module, as in Bagua (which keeps it on the module): a
+        # module wrapped again (Bagua's test_model_switch: a new DDP or with_bagua per algorithm)
+        # closes the wrapper before, whose hooks would otherwise go on firing as long as it is
+        # alive, and rebuild its reducer when the new wrap lays the weights out anew.
+        before = module.__dict__.get("_bagua_active_wrapper")
+        before = before() if before is not None else None
+        if before is not None and before is not self:
+            before.close()
+        module.__dict__["_bagua_active_wrapper"] = weakref.ref(self)
         if isinstance(impl, _NativeImpl):
             self._engine = _NativeEngine(self)
         else:
