@@ -577,15 +577,7 @@ Status DistributedDataParallel::waitForBuckets() {
   bool deviceOrder = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
-    if (!doneCv_.wait_until(lock, deadline, [&] { return enqueued_ == launched_; })) {
-      return BAGUA_ERROR(kDeadlineExceeded,
-                         "rank %d: bucket communication did not finish within %lld ms (%zu of "
-                         "%zu buckets done)",
-                         group_.rank(), static_cast<long long>(timeout_.count()), enqueued_,
-                         launched_);
-    }
-    BAGUA_RETURN_IF_ERROR(commError_);
+    BAGUA_RETURN_IF_ERROR(waitUntilAll(lock, enqueued_));
     deviceOrder = !buckets_.empty() && deviceOrderedThisIteration_ == buckets_.size();
     deviceOrderedThisIteration_ = 0;
   }
@@ -596,13 +588,17 @@ Status DistributedDataParallel::waitForBuckets() {
 
 Status DistributedDataParallel::drainBuckets() {
   std::unique_lock<std::mutex> lock(mu_);
+  return waitUntilAll(lock, completed_);
+}
+
+Status DistributedDataParallel::waitUntilAll(std::unique_lock<std::mutex>& lock,
+                                             const size_t& counted) {
   const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
-  if (!doneCv_.wait_until(lock, deadline, [&] { return completed_ == launched_; })) {
+  if (!doneCv_.wait_until(lock, deadline, [&] { return counted == launched_; })) {
     return BAGUA_ERROR(kDeadlineExceeded,
                        "rank %d: bucket communication did not finish within %lld ms (%zu of %zu "
                        "buckets done)",
-                       group_.rank(), static_cast<long long>(timeout_.count()), completed_,
-                       launched_);
+                       group_.rank(), static_cast<long long>(timeout_.count()), counted, launched_);
   }
   return commError_;
 }

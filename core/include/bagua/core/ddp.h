@@ -165,6 +165,9 @@ class DistributedDataParallel {
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
   // Waits (bounded) until every launched bucket has finished, also those ordered on the device.
   Status drainBuckets();
+  // Under mu_ (held by `lock`): waits, bounded, until `counted` (completed_ or enqueued_)
+  // reaches launched_; then the first communication error, if any.
+  Status waitUntilAll(std::unique_lock<std::mutex>& lock, const size_t& counted);
   Status rebuildFromReadyOrder();
   Status launchReadyBuckets();
   Status markGradReadyImpl(int paramIndex);
