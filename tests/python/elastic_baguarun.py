@@ -15,13 +15,12 @@ import sys
 
 import pytest
 
+import harness
 from elastic_netns import Nodes
 
 
 def tools():
-    exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
-    if not exe or not os.access(exe, os.X_OK):
-        pytest.skip("BAGUA_TEST_BAGUARUN does not name the baguarun launcher ({!r})".format(exe))
+    exe = harness.baguarun_exe()
     demo = os.path.join(os.path.dirname(os.path.dirname(exe)), "train_demo", "bagua-train-demo")
     if not os.access(demo, os.X_OK):
         pytest.skip("no bagua-train-demo next to baguarun ({})".format(demo))

@@ -19,6 +19,8 @@ import torch
 
 from bagua.torch_api.contrib import ElasticDistributedSampler
 
+import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -121,9 +123,7 @@ def test_bad_positions_are_refused():
 
 
 def launch(world, args, timeout=240):
-    exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
-    if not exe or not os.access(exe, os.X_OK):
-        pytest.skip("BAGUA_TEST_BAGUARUN does not name the baguarun launcher ({!r})".format(exe))
+    exe = harness.baguarun_exe()
     env = dict(os.environ, OMP_NUM_THREADS="1", BAGUA_RENDEZVOUS_TIMEOUT_MS="60000",
                BAGUA_COLLECTIVE_TIMEOUT_MS="60000")
     p = subprocess.run([exe, "--nproc_per_node", str(world), "--master_port", "0", "--",

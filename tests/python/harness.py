@@ -25,12 +25,41 @@ COMMON_ENV = {
 }
 
 
-def _run_baguarun(func, world, args, timeout, env):
+def baguarun_exe():
+    """The baguarun launcher that BAGUA_TEST_BAGUARUN names; the test skips, saying so, when it
+    names none."""
     exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
     if not exe or not os.access(exe, os.X_OK):
         import pytest
 
         pytest.skip("BAGUA_TEST_BAGUARUN does not name the baguarun launcher ({!r})".format(exe))
+    return exe
+
+
+def load_ranks(out, world):
+    """What ranks 0..world-1 of a workers.py run returned (``<out>/rank<r>.pt``)."""
+    return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(world)]
+
+
+def communicate_all(procs, timeout):
+    """(exit status, output, timed out) of each process, waiting up to ``timeout`` s for each;
+    one that overruns gets every process killed."""
+    results = []
+    for p in procs:
+        timed_out = False
+        try:
+            o, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, _ = p.communicate()
+            timed_out = True
+        results.append((p.returncode, o.decode(errors="replace"), timed_out))
+    return results
+
+
+def _run_baguarun(func, world, args, timeout, env):
+    exe = baguarun_exe()
     with tempfile.TemporaryDirectory(prefix="bagua_py_") as out:
         e = dict(os.environ, **COMMON_ENV)
         e.update(env or {})
@@ -40,7 +69,7 @@ def _run_baguarun(func, world, args, timeout, env):
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
         o = p.stdout.decode(errors="replace")
         assert p.returncode == 0, "baguarun exited with {}\n{}".format(p.returncode, o[-6000:])
-        return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(world)]
+        return load_ranks(out, world)
 
 
 def free_port():
@@ -91,18 +120,13 @@ def run(func, world, args=None, timeout=90, env=None, local_world=None, launcher
                 env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         outputs = []
         failed = []
-        for r, p in enumerate(procs):
-            try:
-                o, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                o, _ = p.communicate()
+        for r, (rc, o, timed_out) in enumerate(communicate_all(procs, timeout)):
+            if timed_out:
                 failed.append("rank {} timed out after {} s".format(r, timeout))
-            outputs.append(o.decode(errors="replace"))
-            if p.returncode != 0:
-                failed.append("rank {} exited with {}".format(r, p.returncode))
+            outputs.append(o)
+            if rc != 0:
+                failed.append("rank {} exited with {}".format(r, rc))
         if failed:
             raise AssertionError("; ".join(failed) + "\n" + "\n".join(
                 "---- rank {} ----\n{}".format(r, o[-3000:]) for r, o in enumerate(outputs)))
-        return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(world)]
+        return load_ranks(out, world)

@@ -43,9 +43,7 @@ def _items():
 
 def _run_nodes(nodes, local, items, timeout=240):
     """``nodes`` baguarun processes on this host (--nnodes, --node_rank), ``local`` ranks each."""
-    exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
-    if not exe or not os.access(exe, os.X_OK):
-        pytest.skip("BAGUA_TEST_BAGUARUN does not name the baguarun launcher ({!r})".format(exe))
+    exe = harness.baguarun_exe()
     import json
 
     port = harness.free_port()
@@ -57,20 +55,11 @@ def _run_nodes(nodes, local, items, timeout=240):
              os.path.join(harness.HERE, "workers.py"), "bundle", out,
              json.dumps({"items": items})],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k in range(nodes)]
-        logs = []
-        for p in procs:
-            try:
-                o, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                o, _ = p.communicate()
-            logs.append((p.returncode, o.decode(errors="replace")))
+        logs = [(rc, o) for rc, o, _ in harness.communicate_all(procs, timeout)]
         assert all(rc == 0 for rc, _ in logs), "\n".join(
             "---- node {} (exit {}) ----\n{}".format(k, rc, o[-4000:])
             for k, (rc, o) in enumerate(logs))
-        outs = [torch.load(os.path.join(out, "rank{}.pt".format(r)))
-                for r in range(nodes * local)]
+        outs = harness.load_ranks(out, nodes * local)
     return {k: [o[k] for o in outs] for k in items}
 
 

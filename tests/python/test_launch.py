@@ -6,8 +6,6 @@ import subprocess
 import sys
 import tempfile
 
-import torch
-
 import comm_checks
 import harness
 
@@ -25,7 +23,7 @@ def test_torchrun_launch():
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
         o = p.stdout.decode(errors="replace")
         assert p.returncode == 0, o[-6000:]
-        outs = [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(2)]
+        outs = harness.load_ranks(out, 2)
     comm_checks.check_collectives(outs, 2)
 
 
@@ -38,7 +36,7 @@ def _bagua_launcher(module, flags):
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
         o = p.stdout.decode(errors="replace")
         assert p.returncode == 0, o[-6000:]
-        return [torch.load(os.path.join(out, "rank{}.pt".format(r))) for r in range(2)]
+        return harness.load_ranks(out, 2)
 
 
 def test_bagua_distributed_launch():

@@ -118,8 +118,9 @@ run_launch() {  # label launcher nproc script args...
   local log="$D/$label.log" t0=$SECONDS rc mp
   mp=$(port)
   : > "$log"
-  if { [ "$SHARE" = 1 ] && [ "$n" = 2 ]; } || [ "$n" -gt "$NGPU" ]; then
-    # More ranks than GPUs: n "nodes" of one rank each on cuda:0 (MPS, NCCL_HOSTID per node).
+  if [ "$n" -gt "$NGPU" ]; then
+    # More ranks than GPUs (also the one-GPU share mode): n "nodes" of one rank each on cuda:0
+    # (MPS, NCCL_HOSTID per node).
     run_nodes "$log" "$launcher" "$n" "$mp" "$@"
     rc=$?
   else

@@ -60,6 +60,55 @@ def get_flattened_tensor(tensors):
     return out
 
 
+def _partitions(tensors):
+    """``tensors`` grouped by (dtype, device), each group in the given order."""
+    parts = {}
+    for t in tensors:
+        parts.setdefault((t.dtype, t.device), []).append(t)
+    return list(parts.values())
+
+
+def _lay_out(params, source, install, zero):
+    """Per (dtype, device) group of ``params``, in the given order: one new buffer (zeroed when
+    ``zero``, else uninitialised), ``source(p)`` copied to each parameter's place when it is not
+    None, and ``install(p, place)`` (the place: a view of the buffer shaped like ``p``). The
+    layouts of do_flatten (with_bagua's and fuse_optimizer's) are made with it."""
+    with torch.no_grad():
+        for ps in _partitions(params):
+            flat = (torch.zeros if zero else torch.empty)(
+                sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            off = 0
+            for p in ps:
+                n = p.numel()
+                place = flat[off:off + n].view_as(p)
+                src = source(p)
+                if src is not None:
+                    place.copy_(src)
+                install(p, place)
+                off += n
+
+
+def _lay_out_weights(params):
+    """The weights of ``params`` as views of one buffer per (dtype, device), in this order."""
+
+    def install(p, place):
+        p.data = place
+
+    _lay_out(params, lambda p: p.data, install, zero=False)
+
+
+def _lay_out_grads(params):
+    """The gradients of ``params`` as views of one zero-initialised (or copied) buffer per
+    (dtype, device), in this order, each remembered as its parameter's ``_bagua_grad_view``
+    (with_bagua re-points fresh gradients there)."""
+
+    def install(p, place):
+        p.grad = place
+        p._bagua_grad_view = place
+
+    _lay_out(params, lambda p: p.grad, install, zero=True)
+
+
 _BAGUA_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.uint8: "u8",
                  torch.int64: "i64"}
 

@@ -64,6 +64,7 @@ from .. import communication as comm
 from .. import env
 from ..algorithms import Algorithm, AlgorithmImpl, GradientAllReduceAlgorithm
 from ..algorithms.base import _NativeImpl
+from ..utils import _lay_out_grads, _lay_out_weights
 
 
 def _ignored_names(module):
@@ -378,45 +379,6 @@ class BaguaDistributedDataParallel:
 _WEIGHT_ALGORITHMS = ("decentralized", "low_precision_decentralized", "async")
 
 
-def _flatten_weights(params):
-    """Makes the weights of ``params`` views of one buffer per (dtype, device), in the given
-    order (before the reducer binds them)."""
-    groups = {}
-    for p in params:
-        groups.setdefault((p.dtype, p.device), []).append(p)
-    with torch.no_grad():
-        for ps in groups.values():
-            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype,
-                               device=ps[0].device)
-            off = 0
-            for p in ps:
-                n = p.numel()
-                flat[off:off + n].copy_(p.data.reshape(-1))
-                p.data = flat[off:off + n].view_as(p)
-                off += n
-
-
-def _flatten_grads(params):
-    """Makes the gradients of ``params`` views of one zero-initialised (or copied) buffer per
-    (dtype, device), in the given order, remembered as each parameter's ``_bagua_grad_view``."""
-    groups = {}
-    for p in params:
-        groups.setdefault((p.dtype, p.device), []).append(p)
-    with torch.no_grad():
-        for ps in groups.values():
-            flat = torch.zeros(sum(p.numel() for p in ps), dtype=ps[0].dtype,
-                               device=ps[0].device)
-            off = 0
-            for p in ps:
-                n = p.numel()
-                view = flat[off:off + n].view_as(p)
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
-                p._bagua_grad_view = view
-                off += n
-
-
 def _schedule_bytes(step):
     """The core's reducer-schedule layout (core/src/checkpoint.cc) for an engine whose only
     schedule is its step counter: "BGSC", version 1, the step, no algorithm state."""
@@ -459,9 +421,9 @@ class _NativeEngine:
         if first and ddp.gradient_as_bucket_view:
             mine = [p for n, p in reversed(named) if p.requires_grad and n not in ignore]
             if impl._native_name in _WEIGHT_ALGORITHMS:
-                _flatten_weights(mine)
+                _lay_out_weights(mine)
             else:
-                _flatten_grads(mine)
+                _lay_out_grads(mine)
         self._named_params = named
         self._params = [p for _, p in named]
         # Buffers go to the reducer only to be broadcast (at the wrap, at algorithm resets and

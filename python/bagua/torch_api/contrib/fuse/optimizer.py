@@ -27,6 +27,8 @@ import warnings
 
 import torch
 
+from ...utils import _lay_out_grads, _lay_out_weights, _partitions
+
 
 def is_fused_optimizer(optimizer):
     return bool(getattr(optimizer, "_bagua_fused", False))
@@ -102,35 +104,10 @@ def fuse_optimizer(optimizer, do_flatten=True, check_flatten=True):
     optimizer._bagua_check_flatten = check_flatten
     optimizer.fuse_step = types.MethodType(fuse_step, optimizer)
     if do_flatten:
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for part in _partitions(group["params"]):
-                    _flatten(part)
+        for group in optimizer.param_groups:
+            _lay_out_weights(group["params"])
+            _lay_out_grads(group["params"])
     return optimizer
-
-
-def _partitions(params):
-    parts = {}
-    for p in params:
-        parts.setdefault((p.dtype, p.device), []).append(p)
-    return list(parts.values())
-
-
-def _flatten(params):
-    total = sum(p.numel() for p in params)
-    dev, dt = params[0].device, params[0].dtype
-    flat = torch.empty(total, dtype=dt, device=dev)
-    gflat = torch.zeros(total, dtype=dt, device=dev)
-    off = 0
-    for p in params:
-        n = p.numel()
-        flat[off:off + n].copy_(p.data.reshape(-1))
-        if p.grad is not None:
-            gflat[off:off + n].copy_(p.grad.reshape(-1))
-        p.data = flat[off:off + n].view_as(p)
-        p.grad = gflat[off:off + n].view_as(p)
-        p._bagua_grad_view = p.grad  # with_bagua re-points fresh gradients here
-        off += n
 
 
 def _same(a, b):
