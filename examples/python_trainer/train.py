@@ -54,9 +54,12 @@ def main():
     window = max(1, args.steps // 5)
     first = sum(losses[:window]) / window
     last = sum(losses[-window:]) / window
-    print("bagua {} ({}): rank {}/{} loss {:.4f} -> {:.4f} over {} steps, {} of {} weights "
-          "differ between ranks".format(bagua.__version__, bagua.__file__, rank, world, first,
-                                        last, args.steps, differ, flat.numel()), flush=True)
+    # One write per line: under torchrun both ranks share the launcher's stdout, and print()
+    # writes the text and its newline separately, so two ranks' lines could run together.
+    sys.stdout.write("bagua {} ({}): rank {}/{} loss {:.4f} -> {:.4f} over {} steps, {} of {} weights "
+                     "differ between ranks\n".format(bagua.__version__, bagua.__file__, rank, world,
+                                                     first, last, args.steps, differ, flat.numel()))
+    sys.stdout.flush()
     bt.destroy_process_group()
     if differ:
         print("train.py: rank {}: {} weights differ between ranks".format(rank, differ),
