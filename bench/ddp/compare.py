@@ -45,9 +45,11 @@ import netlink  # noqa: E402
 
 ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
        "decentralized", "low_precision_decentralized"]
-# Also accepted: gradient_allreduce_sync (each bucket's collective finished before the next one
-# starts, the reducer's behaviour before issue 18).
-EXTRA = ["gradient_allreduce_sync"]
+# Also accepted: gradient_allreduce's variants (worker.VARIANTS): _sync (each bucket's collective
+# finished before the next one starts, the reducer's behaviour before issue 18), _copied
+# (do_flatten=False: gradients copied into the buckets and back), _in_place (CUDA buckets at
+# do_flatten's layout, IN_PLACE_DEVICE_BUCKETS).
+EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied", "gradient_allreduce_in_place"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
 

@@ -26,7 +26,14 @@ import models  # noqa: E402
 
 DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
-               "low_precision_decentralized", "gradient_allreduce_sync")
+               "low_precision_decentralized", "gradient_allreduce_sync",
+               "gradient_allreduce_copied", "gradient_allreduce_in_place")
+# gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
+# end before starting the next (the reducer before issue 18); _copied wraps with
+# do_flatten=False (gradients copied into reducer buckets and back every step); _in_place runs
+# CUDA buckets at do_flatten's laid-out gradients (IN_PLACE_DEVICE_BUCKETS; host buckets always
+# do, so on CPU it is gradient_allreduce itself).
+VARIANTS = ("_sync", "_copied", "_in_place")
 
 
 def parse(argv=None):
@@ -90,17 +97,22 @@ class Contestant:
             algo = QAdamAlgorithm(self.opt, hierarchical=False)
         else:
             self.opt = torch.optim.Adam(params, lr=args.lr)
-            algo = Algorithm.init(name.replace("_sync", ""), hierarchical=False)
+            base = name
+            for v in VARIANTS:
+                base = base[:-len(v)] if base.endswith(v) else base
+            algo = Algorithm.init(base, hierarchical=False)
         if args.bucket_mb > 0:  # read at the wrap
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
         from bagua.torch_api.data_parallel import bagua_distributed as engine
 
-        # gradient_allreduce_sync: each bucket's collective finished before the next starts.
         engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
+        engine.IN_PLACE_DEVICE_BUCKETS = name.endswith("_in_place")
         try:
-            self.wrapped = self.module.with_bagua([self.opt], algo)
+            self.wrapped = self.module.with_bagua([self.opt], algo,
+                                                  do_flatten=not name.endswith("_copied"))
         finally:
             engine.LAUNCH_WITHOUT_WAITING = True
+            engine.IN_PLACE_DEVICE_BUCKETS = False
 
     def reducer(self):
         """bagua's C++ reducer (for its time accounting), None for DDP."""

@@ -21,6 +21,25 @@ uint8_t* slotOf(const Bucket& b, size_t k) {
   return static_cast<uint8_t*>(b.flat) + b.offsets[k] * dataTypeSize(b.dtype);
 }
 
+// The start of the bucket's tensors' gradient homes when they lie back to back in the bucket's
+// order (Parameter::gradHome), else null. Device buckets also need a 16-byte aligned start: the
+// collectives and the compression kernels take their vector paths only from aligned storage.
+void* homeOf(const Bucket& b, const std::vector<TensorRef>& tensors,
+             const std::vector<Parameter>& params) {
+  const size_t elem = dataTypeSize(b.dtype);
+  const auto* base = static_cast<uint8_t*>(params[tensors[b.tensors[0]].paramIndex].gradHome);
+  if (base == nullptr ||
+      (b.device.type != DeviceType::kCpu && reinterpret_cast<uintptr_t>(base) % 16 != 0)) {
+    return nullptr;
+  }
+  for (size_t k = 0; k < b.tensors.size(); ++k) {
+    if (params[tensors[b.tensors[k]].paramIndex].gradHome != base + b.offsets[k] * elem) {
+      return nullptr;
+    }
+  }
+  return const_cast<uint8_t*>(base);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create(
@@ -45,6 +64,17 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
       }
       if (p.numel > 0 && p.data == nullptr) {
         return BAGUA_ERROR(kInvalidArgument, "DistributedDataParallel: '%s' has no data",
+                           p.name.c_str());
+      }
+    }
+  }
+  if (options.gradientAsBucketView) {
+    for (const Parameter& p : params) {
+      if (p.gradHome != nullptr) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "DistributedDataParallel: '%s' has a gradient home, and "
+                           "gradient_as_bucket_view moves gradients into the reducer's buckets: "
+                           "use one or the other",
                            p.name.c_str());
       }
     }
@@ -195,6 +225,10 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
       bucketOfTensor_[t] = static_cast<int>(bi);
       slotOfTensor_[t] = static_cast<int>(k);
     }
+    if (void* home = homeOf(b, tensors_, params_)) {
+      b.flat = home;
+      b.inPlace = true;
+    }
     buckets.push_back(std::move(b));
   }
   for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -209,7 +243,7 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
     for (size_t k = 0; k < b.tensors.size(); ++k) {
       Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
       uint8_t* slot = slotOf(b, k);
-      if (p.grad != nullptr) {
+      if (p.grad != nullptr && p.grad != slot) {
         BAGUA_RETURN_IF_ERROR(stager_->copyIn(b, slot, p.grad, p.bytes()));
       }
       if (options_.gradientAsBucketView) {
@@ -266,8 +300,9 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
   nextBucket_ = 0;
   if (logEnabled(LogLevel::kInfo, kLogBucket)) {
     for (const Bucket& b : buckets_) {
-      BAGUA_LOG_INFO(kLogBucket, "bucket %d: %zu tensors, %zu x %s (%zu bytes)", b.index,
-                     b.tensors.size(), b.numel, dataTypeName(b.dtype), b.bytes());
+      BAGUA_LOG_INFO(kLogBucket, "bucket %d: %zu tensors, %zu x %s (%zu bytes)%s", b.index,
+                     b.tensors.size(), b.numel, dataTypeName(b.dtype), b.bytes(),
+                     b.inPlace ? ", in place (the gradients' homes)" : "");
     }
   }
   return Status::ok();
@@ -659,7 +694,10 @@ Status DistributedDataParallel::finishBackward() {
     for (const Bucket& b : buckets_) {
       for (size_t k = 0; k < b.tensors.size(); ++k) {
         Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
-        BAGUA_RETURN_IF_ERROR(stager_->copyOut(b, p.grad, slotOf(b, k), p.bytes()));
+        const uint8_t* slot = slotOf(b, k);
+        if (p.grad != slot) {  // a gradient written at its home is already there
+          BAGUA_RETURN_IF_ERROR(stager_->copyOut(b, p.grad, slot, p.bytes()));
+        }
       }
     }
   }

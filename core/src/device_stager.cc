@@ -21,6 +21,9 @@ Status DeviceStager::allocate(std::vector<Bucket>& buckets) {
   next_.copied.assign(buckets.size(), nullptr);
   for (Bucket& b : buckets) {
     if (b.device.type == DeviceType::kCpu) {
+      if (b.inPlace) {
+        continue;  // the trainer's memory (Parameter::gradHome)
+      }
       next_.host[b.index].assign(b.bytes() + 64, 0);
       b.flat = next_.host[b.index].data();
       continue;
@@ -112,10 +115,13 @@ Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
                        bi, b.device.index, copyDevice_);
   }
   layout.anyDevice = true;
-  BAGUA_CHECK_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
-                   "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
   BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&layout.copied[bi], cudaEventDisableTiming),
                    "bucket %d", bi);
+  if (b.inPlace) {
+    return Status::ok();  // the trainer's memory (Parameter::gradHome): neither ours nor zeroed
+  }
+  BAGUA_CHECK_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
+                   "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
   b.flat = layout.device[bi];
   return deviceZero(b, b.flat, b.bytes());
 }

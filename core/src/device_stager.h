@@ -1,15 +1,18 @@
 // The reducer's bucket storage and every copy into and out of it (core-private: ddp.cc only).
 //
 // Host buckets are plain host memory and memcpy. Device buckets (builds with NCCL and CUDA) are
-// one cudaMalloc'd allocation each; gradients are copied in and out with cudaMemcpyAsync on the
-// trainer's stream, never through host memory: a copy-in is ordered after the kernel that wrote
-// the gradient with no event or cross-stream wait (as torch DDP does; an earlier version used a
-// copy stream and an event record + stream wait per gradient, four runtime calls instead of
-// two). Each device bucket has a "gradients copied" event: markReady() records it on the
-// trainer's stream once the bucket's last gradient was copied, and the bucket thread polls it
-// (waitReady) before handing the bucket to the algorithm. The copy-backs run after the host saw
-// every collective finish, so the trainer reads the reduced gradients in stream order. All the
-// CUDA state lives here, so that bagua/core/ddp.h holds none of it.
+// one cudaMalloc'd allocation each. An in-place bucket (Bucket::inPlace) is the trainer's own
+// memory (Parameter::gradHome) and gets no storage here, only its event. Gradients are copied in
+// and out with cudaMemcpyAsync on the trainer's stream, never through host memory: a copy-in is
+// ordered after the kernel that wrote the gradient with no event or cross-stream wait (as torch
+// DDP does; an earlier version used a copy stream and an event record + stream wait per
+// gradient, four runtime calls instead of two). Each device bucket has a "gradients copied"
+// event: markReady() records it on the trainer's stream once the bucket's last gradient was
+// copied, and the bucket's collective waits for it (on the device, orderCommAfterCopies, or on
+// the host, waitReady). The copy-backs are enqueued on the trainer's stream after it was made
+// to wait for the collectives (or after the host saw them finish), so the trainer reads the
+// reduced gradients in stream order. All the CUDA state lives here, so that bagua/core/ddp.h
+// holds none of it.
 //
 // Layouts: allocate() gives a new bucket list its storage while the previous layout's storage
 // stays valid (a rebuild copies gradients that are views into the old buckets); commit() then

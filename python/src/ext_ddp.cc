@@ -2,14 +2,17 @@
 // algorithms/ by name, and QAdamOptimizer.
 //
 // CUDA parameters go to the same reducer on an NCCL group: it copies gradients into device
-// buckets on its own stream, ordered after the trainer's stream (cuda_stream, torch's current
-// stream at wrap time) with events.
+// buckets on the trainer's stream (cuda_stream, torch's current stream at wrap time), and its
+// collectives wait for those copies with events.
 //
 // Parameters cross as (name, data_ptr, grad_ptr, numel, dtype, device_type, device_index,
 // requires_grad). Python owns every byte: the reducer runs in copy mode (a ready gradient is
 // copied into the bucket at markGradReady, the result copied back at finishBackward), and
 // Python refreshes the gradient pointer before each markGradReady because autograd may
-// reallocate param.grad (zero_grad(set_to_none=True)).
+// reallocate param.grad (zero_grad(set_to_none=True)). `grad_homes` (one address per parameter,
+// 0 for none) are do_flatten's laid-out gradients, which Python keeps alive as long as the
+// reducer: buckets whose homes lie back to back run in place there (Parameter::gradHome), and a
+// gradient autograd wrote at its home is then neither copied in nor out.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -232,8 +235,17 @@ class PyReducer {
             const std::vector<ParamSpec>& buffers, PyAlgorithm& algorithm, PyQAdam* qadam,
             double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
             const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream,
-            int autotuneRequest, const std::string& autotuneModel, bool launchWithoutWaiting)
+            int autotuneRequest, const std::string& autotuneModel, bool launchWithoutWaiting,
+            const std::vector<uintptr_t>& gradHomes)
       : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
+    if (!gradHomes.empty() && gradHomes.size() != params_.size()) {
+      throw pyb::value_error("Reducer: " + std::to_string(gradHomes.size()) +
+                             " gradient homes for " + std::to_string(params_.size()) +
+                             " parameters");
+    }
+    for (size_t i = 0; i < gradHomes.size(); ++i) {
+      params_[i].gradHome = reinterpret_cast<void*>(gradHomes[i]);
+    }
     core::ProcessGroup& pg = groupOf(group_);
     core::DdpOptions o;
     o.bucketCapMb = bucketCapMb;
@@ -400,13 +412,14 @@ void bindDdp(pyb::module_& m) {
       .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
                      PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
                      const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&,
-                     bool>(),
+                     bool, const std::vector<uintptr_t>&>(),
            pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
            pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
            pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
            pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
            pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "",
-           pyb::arg("launch_without_waiting") = true, pyb::keep_alive<1, 5>(),
+           pyb::arg("launch_without_waiting") = true,
+           pyb::arg("grad_homes") = std::vector<uintptr_t>{}, pyb::keep_alive<1, 5>(),
            pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
       .def("set_grads", &PyReducer::setGrads)
@@ -434,6 +447,14 @@ void bindDdp(pyb::module_& m) {
                 counterOnly));
           },
           pyb::arg("state"), pyb::arg("counter_only") = false)
+      .def_property_readonly("buckets_in_place",
+                             [](PyReducer& r) {
+                               int n = 0;
+                               for (const core::Bucket& b : r.ddp().buckets()) {
+                                 n += b.inPlace ? 1 : 0;
+                               }
+                               return n;
+                             })
       .def_property_readonly("buckets_rebuilt",
                              [](PyReducer& r) { return r.ddp().bucketsRebuilt(); })
       .def_property_readonly("autotune_state", &PyReducer::autotuneState)

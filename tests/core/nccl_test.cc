@@ -408,7 +408,14 @@ class AveragePlusOne final : public Algorithm {
 // GradientAllReduce (deviceOrder: launchBucket, every bucket ordered on the device, so the
 // bucket thread never waits for copies on the host and finishBackward does not wait for the
 // collectives: the trainer's stream does).
-void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false) {
+// Homes (Parameter::gradHome, do_flatten's layout): one device buffer with the parameters back
+// to back in the marking order, so the rebuilt buckets line up with it and run in place there,
+// with the gradients written at their homes (kAtHomes) or in their own memory (kElsewhere: copied
+// in, and the reduced values copied back to them).
+enum class DeviceHomes { kNone, kAtHomes, kElsewhere };
+
+void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false,
+                            DeviceHomes homes = DeviceHomes::kNone) {
   const int world = std::min(gpuCount(), 8);
   if (world == 0) {
     GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
@@ -452,7 +459,28 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false)
           p.grad = grads.back()->p;
           p.numel = sizes[k];
           p.device = {DeviceType::kCuda, r};
-          p.setGrad = [&params, k](void* g) { params[k].grad = g; };
+          if (homes == DeviceHomes::kNone) {
+            p.setGrad = [&params, k](void* g) { params[k].grad = g; };
+          }
+        }
+        const std::vector<int> markOrder = {2, 0, 5, 3, 1, 4};
+        size_t total = 0;
+        for (size_t n : sizes) {
+          total += n;
+        }
+        DeviceFloats home(homes == DeviceHomes::kNone ? 1 : total);
+        if (home.p == nullptr) {
+          return std::string("cudaMalloc failed");
+        }
+        if (homes != DeviceHomes::kNone) {
+          size_t off = 0;
+          for (int k : markOrder) {
+            params[k].gradHome = home.p + off;
+            if (homes == DeviceHomes::kAtHomes) {
+              params[k].grad = home.p + off;
+            }
+            off += sizes[k];
+          }
         }
         std::vector<Parameter> buffers;
         DdpOptions d;
@@ -469,7 +497,6 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false)
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
-        const std::vector<int> markOrder = {2, 0, 5, 3, 1, 4};
         std::string out;
         for (int iter = 0; iter < 4 && out.empty(); ++iter) {
           Status s = (*ddp)->prepareForward();
@@ -516,6 +543,15 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false)
           }
         }
         const DdpStats st = (*ddp)->stats();
+        if (out.empty() && homes != DeviceHomes::kNone) {
+          for (const Bucket& b : (*ddp)->buckets()) {
+            const auto* f = static_cast<const float*>(b.flat);
+            if (!b.inPlace || f < home.p || f + b.numel > home.p + total) {
+              out = strPrintf("bucket %d of %zu is not in place at the gradients' homes", b.index,
+                              (*ddp)->buckets().size());
+            }
+          }
+        }
         if (out.empty() && deviceOrder && st.bucketWaitNs != 0) {
           out = strPrintf("device order: the bucket thread waited %lld ns for copies on the host",
                           static_cast<long long>(st.bucketWaitNs));
@@ -545,6 +581,14 @@ TEST(Nccl, ReducerInDeviceOrderCopiesInAndOut) {
 
 TEST(Nccl, ReducerInDeviceOrderAsBucketViews) {
   reducerOnDeviceTensors(true, /*deviceOrder=*/true);
+}
+
+TEST(Nccl, ReducerInDeviceOrderInPlaceAtTheGradientsHomes) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true, DeviceHomes::kAtHomes);
+}
+
+TEST(Nccl, ReducerInDeviceOrderInPlaceWithGradientsElsewhere) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true, DeviceHomes::kElsewhere);
 }
 
 // A host callback holds the trainer's stream (as a long backward kernel would) while the

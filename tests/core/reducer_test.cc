@@ -126,6 +126,16 @@ std::vector<float> flatWeights(Mlp& m) {
   return w;
 }
 
+// do_flatten's laid-out gradients (Parameter::gradHome): one buffer, the parameters' places back
+// to back in reverse registration order (the reducer's initial bucket order) or in registration
+// order (never adjacent in a bucket's order once a bucket holds two tensors).
+enum class Homes {
+  kNone,
+  kGradsAtHomes,       // gradients written at their homes (in-place accumulation)
+  kGradsElsewhere,     // homes given, gradients in the model's own memory (fresh each step)
+  kRegistrationOrder,  // gradients at homes laid out in the wrong order for the buckets
+};
+
 struct RunSpec {
   int world = 4;
   int steps = 4;
@@ -135,7 +145,34 @@ struct RunSpec {
   int localWorldSize = -1;
   std::function<bool(int rank, int step)> useAux;  // null: never
   bool aux = false;
+  Homes homes = Homes::kNone;
 };
+
+// Lays out `params`' homes in one buffer (see Homes) and points the gradients there when asked.
+std::vector<float> layOutHomes(std::vector<Parameter>& params, Homes homes) {
+  size_t total = 0;
+  for (const Parameter& p : params) {
+    total += p.numel;
+  }
+  std::vector<float> flat(total, 0.0f);
+  if (homes == Homes::kNone) {
+    return flat;
+  }
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = homes == Homes::kRegistrationOrder ? i : order.size() - 1 - i;
+  }
+  size_t off = 0;
+  for (size_t i : order) {
+    Parameter& p = params[i];
+    p.gradHome = flat.data() + off;
+    if (homes != Homes::kGradsElsewhere) {
+      p.grad = p.gradHome;
+    }
+    off += p.numel;
+  }
+  return flat;
+}
 
 // Single-process reference: the mean of the per-rank mean losses, i.e. per-rank gradients
 // accumulated and divided by the world size (equal batches: the mean over the whole batch).
@@ -172,6 +209,7 @@ struct RankResult {
   bool rebuilt = false;
   std::vector<float> buffer;
   DdpStats stats;
+  int inPlace = 0;  // buckets in place at the end, each checked to lie in the homes' buffer
 };
 
 std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
@@ -193,6 +231,7 @@ std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
         }
         Mlp m(modelConfig(1000 + static_cast<uint64_t>(r) * 17, spec.aux));  // differ per rank
         Sgd opt(m.parameters(), 0.05f, 0.9f);
+        const std::vector<float> homes = layOutHomes(m.parameters(), spec.homes);  // outlives ddp
         auto ddp =
             withBagua(m.parameters(), m.buffers(), {&opt},
                       std::make_shared<GradientAllReduce>(spec.hierarchical), **pg, spec.ddp);
@@ -240,6 +279,13 @@ std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
         (*results)[r].layout = d.bucketLayout();
         (*results)[r].rebuilt = d.bucketsRebuilt();
         (*results)[r].stats = d.stats();
+        for (const Bucket& b : d.buckets()) {
+          const auto* f = static_cast<const float*>(b.flat);
+          if (b.inPlace && (f < homes.data() || f + b.numel > homes.data() + homes.size())) {
+            return "bucket " + std::to_string(b.index) + " is in place outside the homes";
+          }
+          (*results)[r].inPlace += b.inPlace ? 1 : 0;
+        }
         auto* b = static_cast<float*>(m.buffers()[0].data);
         (*results)[r].buffer.assign(b, b + m.buffers()[0].numel);
         return "";
@@ -322,6 +368,76 @@ TEST_P(DdpEquivalence, SmallBucketsRunOneAtATimeMatchTheReferenceToo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, DdpEquivalence, ::testing::Bool());
+
+// ---- Buckets in place at the gradients' homes (Parameter::gradHome) ----------------------------
+
+class DdpHomes : public ::testing::TestWithParam<Homes> {};
+
+// Small buckets (three, rebuilt in ready order, which is reverse registration for the MLP) and
+// two micro-batches, the first under noSync(): the same reference as copied buckets, and the
+// buckets run in place exactly when the homes line up in their order.
+TEST_P(DdpHomes, MatchTheReferenceAndRunInPlaceWhereTheHomesLineUp) {
+  RunSpec spec;
+  spec.homes = GetParam();
+  spec.microBatches = 2;
+  spec.ddp.firstBucketBytes = 512;
+  spec.ddp.bucketCapMb = 4096.0 / (1024 * 1024);
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+  for (const RankResult& g : got) {
+    EXPECT_TRUE(g.rebuilt);
+    ASSERT_EQ(g.layout.size(), 3u);
+    const bool lineUp = spec.homes == Homes::kGradsAtHomes || spec.homes == Homes::kGradsElsewhere;
+    EXPECT_EQ(g.inPlace, lineUp ? 3 : 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Homes, DdpHomes,
+                         ::testing::Values(Homes::kGradsAtHomes, Homes::kGradsElsewhere,
+                                           Homes::kRegistrationOrder),
+                         [](const ::testing::TestParamInfo<Homes>& i) {
+                           switch (i.param) {
+                           case Homes::kGradsAtHomes:
+                             return std::string("GradientsAtHomes");
+                           case Homes::kGradsElsewhere:
+                             return std::string("GradientsElsewhere");
+                           case Homes::kRegistrationOrder:
+                             return std::string("HomesInTheWrongOrder");
+                           default:
+                             return std::string("None");
+                           }
+                         });
+
+// The default limits put the whole MLP in one bucket; the homes line up, so it runs in place and
+// the trainer's gradients are the bucket.
+TEST(Ddp, OneBucketAtTheHomesIsTheGradientsThemselves) {
+  RunSpec spec;
+  spec.homes = Homes::kGradsAtHomes;
+  std::vector<RankResult> got;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  expectMatchesReference(got, referenceRun(spec));
+  EXPECT_EQ(got[0].layout.size(), 1u);
+  EXPECT_EQ(got[0].inPlace, 1);
+}
+
+TEST(Ddp, GradientHomesWithGradientAsBucketViewAreRefusedByName) {
+  auto store = std::make_shared<InMemoryStore>();
+  ProcessGroupOptions po;
+  auto pg = ProcessGroup::create(store, po);
+  ASSERT_TRUE(pg.isOk());
+  Mlp m(modelConfig(1000));
+  const std::vector<float> homes = layOutHomes(m.parameters(), Homes::kGradsAtHomes);
+  DdpOptions o;
+  o.gradientAsBucketView = true;
+  auto ddp =
+      withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), **pg, o);
+  ASSERT_FALSE(ddp.isOk());
+  EXPECT_EQ(ddp.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ddp.status().message().find("gradient home"), std::string::npos)
+      << ddp.status().toString();
+  EXPECT_NE(ddp.status().message().find(m.parameters()[0].name), std::string::npos);
+}
 
 // ---- Buckets started without waiting (AlgorithmImpl::launchBucket) --------------------------
 

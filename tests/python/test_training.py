@@ -98,6 +98,15 @@ def test_gradient_allreduce_equals_single_process(runs2, scenario):
     # DDP-style unwrap loops (while hasattr(m, "module"): m = m.module) end: one hop for the
     # DDP wrapper, none for with_bagua (no self-referencing .module, as in Bagua), and the
     # unwrapped state has the plain model's keys.
+    # do_flatten (with_bagua's default, gradient_as_bucket_view for the DDP wrapper) lays the
+    # gradients out in bucket order and the reducer runs every bucket in place there: no copy
+    # into reducer storage and none back; the gradients the optimizer reads are the layout.
+    in_place, buckets = outs[0]["in_place"]
+    if scenario == "gar_with_bagua_noflat":
+        assert in_place == 0 and outs[0]["grads_at_layout"] == (0, 0)
+    else:
+        assert buckets >= 1 and in_place == buckets, outs[0]["in_place"]
+        assert outs[0]["grads_at_layout"] == (4, 4)
     assert outs[0]["unwrap_hops"] == (1 if wrapper == "ddp" else 0)
     assert outs[0]["unwrapped_state_dict_keys"] == ["fc1.weight", "fc2.weight", "fc2.bias",
                                                     "fc3.weight"]

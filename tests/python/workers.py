@@ -277,6 +277,14 @@ def train(a):
         opt.step()
         losses.append(loss.item())
     out = {"init": init, "final": flat(model), "losses": losses}
+    inner = wrapped.inner if a.get("wrapper") == "ddp" else wrapped.bagua_ddp
+    reducer = getattr(inner._engine, "_reducer", None)
+    if hasattr(reducer, "buckets_in_place"):  # the C++ reducer: buckets at do_flatten's layout
+        layout = inner.bucket_layout()
+        out["in_place"] = (reducer.buckets_in_place, len(layout))
+        views = [p.grad.data_ptr() == p._bagua_grad_view.data_ptr()
+                 for p in model.parameters() if hasattr(p, "_bagua_grad_view")]
+        out["grads_at_layout"] = (sum(views), len(views))
     if a.get("autotune"):
         out["autotune"] = wrapped.bagua_ddp._engine._reducer.autotune_state
         out["layout"] = wrapped.bagua_ddp.bucket_layout()

@@ -4,9 +4,9 @@
 # bench/ddp/compare.py:
 #   1. the default path: DDP against with_bagua(gradient_allreduce), GPT-2 small (124 M, Adam,
 #      512 tokens x 8 per rank) and ResNet-50 (batch 32, 224 px), over NCCL Socket
-#      and over Bagua-Net (target: bagua's step time <= DDP's), and gradient_allreduce_sync
-#      (each bucket's collective finished before the next starts: the reducer before issue 18;
-#      its ratio to gradient_allreduce is what launchBucket gains on NCCL, never measured yet);
+#      and over Bagua-Net (target: bagua's step time <= DDP's), and gradient_allreduce_in_place
+#      (buckets at do_flatten's laid-out gradients, no copy in or back: IN_PLACE_DEVICE_BUCKETS,
+#      off by default until this comparison says it is as fast and as exact);
 #   2. the slow link: every contestant (DDP, DDP + bf16 hook, DDP + PowerSGD, bagua's
 #      gradient_allreduce, bytegrad, qadam, decentralized, low_precision_decentralized) over
 #      Bagua-Net capped at 10 Gbit/s per rank (BAGUA_NET_SEND_RATE_MBPS) for both libraries.
@@ -67,7 +67,7 @@ PARTS=" ${DDP_PARTS:-default link10} "  # DDP_PARTS: which of the two parts to r
 if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
   run "default-$net" 130 --net "$net" --models transformer,resnet50 \
-    --contestants ddp,gradient_allreduce,gradient_allreduce_sync --rounds 6 --round-steps 5
+    --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 6 --round-steps 5
 done
 fi
 if [[ "$PARTS" == *" link10 "* ]]; then

@@ -24,7 +24,8 @@
 namespace bagua::core {
 
 // A bucket: tensors of one dtype and device, flattened into contiguous storage that the
-// reducer owns. Communication always runs on `flat`.
+// reducer owns, or the trainer's own memory when the tensors' gradient homes lie back to back
+// (`inPlace`, see Parameter::gradHome). Communication always runs on `flat`.
 struct Bucket {
   int index = 0;
   std::vector<int> tensors;     // indices into the reducer's tensor list, in bucket order
@@ -33,6 +34,7 @@ struct Bucket {
   Device device;
   size_t numel = 0;
   void* flat = nullptr;
+  bool inPlace = false;  // flat is the gradients' homes (trainer memory), not reducer storage
   size_t bytes() const { return numel * dataTypeSize(dtype); }
 };
 

@@ -26,6 +26,13 @@ struct Parameter {
   bool requiresGrad = true;
   // Re-points the trainer's gradient (gradient_as_bucket_view). Optional otherwise.
   std::function<void(void* newGrad)> setGrad;
+  // Optional: memory the trainer reserves for this gradient for the reducer's whole life and
+  // that nothing else uses (do_flatten's laid-out gradients: one buffer, tensors back to back).
+  // A bucket whose tensors' homes lie back to back in the bucket's order (and, on a device,
+  // start 16-byte aligned) uses that memory as its storage (Bucket::inPlace): a gradient written
+  // at its home is not copied in, and the reduced gradient is not copied back to it. The
+  // reducer writes there during backward and finishBackward. Not with gradient_as_bucket_view.
+  void* gradHome = nullptr;
 
   size_t bytes() const { return numel * dataTypeSize(dtype); }
 };

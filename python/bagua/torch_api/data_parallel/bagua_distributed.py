@@ -33,14 +33,18 @@ that changed shape is an error that names it.
 buckets hold, in bucket order (the reverse of registration order), one buffer per (dtype,
 device): the gradients for the gradient algorithms (gradient_allreduce, bytegrad, qadam), the
 weights for those that communicate weights (decentralized, low_precision_decentralized, async).
-The C++ reducer still copies gradients into its own buckets (it runs in copy mode: Python owns
-every tensor), so results are the same either way; what the layout changes is what code that
-looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent in its own order in
-weights and gradients, as in Bagua). A laid-out gradient is remembered on its parameter
-(``_bagua_grad_view``, also set by ``fuse_optimizer(do_flatten=True)``, the latest layout
-wins); a gradient autograd allocates after ``zero_grad(set_to_none=True)`` (torch 2's default)
-is re-pointed at it when backward ends, as torch DDP's gradient_as_bucket_view does. Nothing is
-copied for that: the reducer holds its own copy and writes the reduced gradient there.
+A laid-out gradient is remembered on its parameter (``_bagua_grad_view``, also set by
+``fuse_optimizer(do_flatten=True)``, the latest layout wins) and given to the C++ reducer as the
+gradient's home (kept alive as long as the reducer): a bucket whose tensors' homes lie back to
+back in its order runs in place there, with no copy of its gradients into reducer storage and
+none back (the layout is made in the reducer's first bucket order; after the rebuild in
+gradient-ready order, buckets whose tensors are no longer adjacent are copied as before).
+A gradient autograd allocates after ``zero_grad(set_to_none=True)`` (torch 2's default) is
+copied to its home when ready, and the parameter's ``.grad`` is re-pointed at the home when
+backward ends, as torch DDP's gradient_as_bucket_view does. CUDA buckets run in place only with
+``IN_PLACE_DEVICE_BUCKETS``. What the layout also changes is what code that looks at the memory
+sees (``fuse_optimizer`` fuses only runs adjacent in its own order in weights and gradients, as
+in Bagua).
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
@@ -52,6 +56,10 @@ _reducers_made = 0  # names each reducer's tuner (store keys), equal across rank
 #: False: the C++ reducer runs each bucket's collective to completion before starting the next
 #: (the behaviour before issue 18; bench/ddp's gradient_allreduce_sync compares it).
 LAUNCH_WITHOUT_WAITING = True
+#: do_flatten's laid-out CUDA gradients as the reducer's bucket storage (no copy in or out; see
+#: the module docstring), read at the wrap. Off until measured on a GPU (bench/gpu/steps/80-ddp.sh
+#: compares both); host gradients always run in place.
+IN_PLACE_DEVICE_BUCKETS = False
 
 import contextlib
 import struct
@@ -411,6 +419,7 @@ class _NativeEngine:
         self.ddp = ddp
         self.impl = ddp.bagua_algorithm
         self._reducer = None
+        self._device_homes = IN_PLACE_DEVICE_BUCKETS  # as at the wrap, for every rebuild
         self._build(first=True)
 
     def _build(self, first=False):
@@ -469,6 +478,9 @@ class _NativeEngine:
                 host_group = group._nccl
                 stream = torch.cuda.current_stream(dev).cuda_stream
             params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
+            # do_flatten's laid-out gradients: the reducer's storage where they line up. The
+            # reducer writes there until it is closed, so the views stay referenced here.
+            self._homes = [self._home(p) for p in self._params]
             buffers = [_spec(n, b) for n, b in self._named_buffers]
             ext_algo = impl._algorithm._make_ext()
             global _reducers_made
@@ -480,7 +492,8 @@ class _NativeEngine:
                 bool(ddp._broadcast_buffers), True, ignore, int(ddp._first_bucket_bytes),
                 int(stream), autotune=AUTOTUNE,
                 autotune_model="with_bagua{}".format(_reducers_made),
-                launch_without_waiting=LAUNCH_WITHOUT_WAITING)
+                launch_without_waiting=LAUNCH_WITHOUT_WAITING,
+                grad_homes=[h.data_ptr() if h is not None else 0 for h in self._homes])
         self._communicated = set(self._reducer.communicated())
         # Laid-out gradients to re-point fresh ones at (see the module docstring): only where
         # the reducer writes every reduced gradient back (communicated, the C++ reducer).
@@ -536,6 +549,15 @@ class _NativeEngine:
         self._build()
         self._reducer.restore_schedule(schedule)
         self.ddp._register_grad_hooks()
+
+    def _home(self, p):
+        v = getattr(p, "_bagua_grad_view", None)
+        if v is None or not p.requires_grad or v.shape != p.shape or v.dtype != p.dtype or \
+                v.device != p.device or not v.is_contiguous():
+            return None
+        if v.is_cuda and not self._device_homes:
+            return None
+        return v
 
     def _grad_ptr(self, p):
         if p.grad is not None and p.grad.is_contiguous():
