@@ -240,9 +240,10 @@ def table(args, res, link_desc):
         t = r.get("trace_ms_per_step")
         if t and t["buckets"] > 0:  # the decentralized algorithms run no gradient buckets
             print("  {} per step (ms, rank 0): hooks {:.2f}, finish waiting {:.2f}, copy-back "
-                  "{:.2f}; bucket thread ({:.1f} buckets): queued {:.2f}, waiting for copies "
-                  "{:.2f}, communicating {:.2f}".format(
+                  "{:.2f}; bucket thread ({:.1f} buckets, {} in place): queued {:.2f}, waiting "
+                  "for copies {:.2f}, communicating {:.2f}".format(
                       r["name"], t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
+                      "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r else "?",
                       t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:

@@ -245,6 +245,7 @@ def main():
             row["trace_ms_per_step"] = {k[:-3]: v / 1e6 / it for k, v in st.items()
                                         if k.endswith("_ns")}
             row["trace_ms_per_step"]["buckets"] = st["buckets"] / it
+            row["buckets_in_place"] = [red.buckets_in_place, len(red.bucket_layout())]
         if c.name == "ddp":
             ref = curve
         results.append(row)

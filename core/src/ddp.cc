@@ -40,6 +40,14 @@ void* homeOf(const Bucket& b, const std::vector<TensorRef>& tensors,
   return const_cast<uint8_t*>(base);
 }
 
+Status homeWithBucketViews(const std::string& param) {
+  return BAGUA_ERROR(kInvalidArgument,
+                     "DistributedDataParallel: '%s' has a gradient home, and "
+                     "gradient_as_bucket_view moves gradients into the reducer's buckets: use one "
+                     "or the other",
+                     param.c_str());
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create(
@@ -71,11 +79,7 @@ Result<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel::create
   if (options.gradientAsBucketView) {
     for (const Parameter& p : params) {
       if (p.gradHome != nullptr) {
-        return BAGUA_ERROR(kInvalidArgument,
-                           "DistributedDataParallel: '%s' has a gradient home, and "
-                           "gradient_as_bucket_view moves gradients into the reducer's buckets: "
-                           "use one or the other",
-                           p.name.c_str());
+        return homeWithBucketViews(p.name);
       }
     }
   }
@@ -292,6 +296,7 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
   }
   buckets_ = std::move(buckets);
   stager_->commit();
+  ++layoutGeneration_;
   marked_.assign(tensors_.size(), false);
   pendingInBucket_.resize(buckets_.size());
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -345,6 +350,31 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
   rebuilt_ = true;
   BAGUA_LOG_INFO(kLogBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
   return Status::ok();
+}
+
+Status DistributedDataParallel::setGradHomes(const std::vector<void*>& homes) {
+  if (homes.size() != params_.size()) {
+    return BAGUA_ERROR(kInvalidArgument, "setGradHomes: %zu homes for %zu parameters", homes.size(),
+                       params_.size());
+  }
+  if (inBackward_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "setGradHomes() during a backward pass: call finishBackward() first");
+  }
+  for (size_t i = 0; i < homes.size(); ++i) {
+    if (homes[i] != nullptr && options_.gradientAsBucketView) {
+      return homeWithBucketViews(params_[i].name);
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(drainBuckets());  // the bucket thread may still hold the old buckets
+  for (size_t i = 0; i < homes.size(); ++i) {
+    params_[i].gradHome = homes[i];
+  }
+  std::vector<std::vector<int>> assignment;
+  for (const Bucket& b : buckets_) {
+    assignment.push_back(b.tensors);
+  }
+  return buildBuckets(assignment);
 }
 
 Status DistributedDataParallel::prepareForward() {

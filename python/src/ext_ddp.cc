@@ -447,6 +447,21 @@ void bindDdp(pyb::module_& m) {
                 counterOnly));
           },
           pyb::arg("state"), pyb::arg("counter_only") = false)
+      .def("set_grad_homes",
+           [](PyReducer& r, const std::vector<uintptr_t>& homes) {
+             std::vector<void*> h;
+             for (uintptr_t a : homes) {
+               h.push_back(reinterpret_cast<void*>(a));
+             }
+             Status s;
+             {
+               pyb::gil_scoped_release nogil;
+               s = r.ddp().setGradHomes(h);
+             }
+             check(s);
+           })
+      .def_property_readonly("layout_generation",
+                             [](PyReducer& r) { return r.ddp().layoutGeneration(); })
       .def_property_readonly("buckets_in_place",
                              [](PyReducer& r) {
                                int n = 0;

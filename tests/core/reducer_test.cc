@@ -421,6 +421,43 @@ TEST(Ddp, OneBucketAtTheHomesIsTheGradientsThemselves) {
   EXPECT_EQ(got[0].inPlace, 1);
 }
 
+// New homes between iterations (what Python does after the reducer's layout changed): the same
+// buckets laid out again over them, in place where they line up; a wrong count is refused.
+TEST(Ddp, SetGradHomesLaysTheCurrentBucketsOutAgain) {
+  auto store = std::make_shared<InMemoryStore>();
+  ProcessGroupOptions po;
+  auto pg = ProcessGroup::create(store, po);
+  ASSERT_TRUE(pg.isOk());
+  Mlp m(modelConfig(1000));
+  const std::vector<float> wrong = layOutHomes(m.parameters(), Homes::kRegistrationOrder);
+  auto ddp = withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), **pg,
+                       DdpOptions{});
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  DistributedDataParallel& d = **ddp;
+  ASSERT_EQ(d.buckets().size(), 1u);
+  EXPECT_FALSE(d.buckets()[0].inPlace);
+  const int64_t gen = d.layoutGeneration();
+  const auto layout = d.bucketLayout();
+
+  std::vector<float> right(wrong.size());
+  std::vector<void*> homes(m.parameters().size());
+  size_t off = 0;
+  for (size_t i = homes.size(); i-- > 0;) {  // reverse registration: the bucket's order
+    homes[i] = right.data() + off;
+    off += m.parameters()[i].numel;
+  }
+  ASSERT_TRUE(d.setGradHomes(homes).isOk());
+  EXPECT_EQ(d.layoutGeneration(), gen + 1);
+  EXPECT_EQ(d.bucketLayout(), layout);
+  EXPECT_TRUE(d.buckets()[0].inPlace);
+  EXPECT_EQ(d.buckets()[0].flat, static_cast<void*>(right.data()));
+
+  homes.pop_back();
+  Status s = d.setGradHomes(homes);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+  EXPECT_TRUE(d.buckets()[0].inPlace);  // nothing changed
+}
+
 TEST(Ddp, GradientHomesWithGradientAsBucketViewAreRefusedByName) {
   auto store = std::make_shared<InMemoryStore>();
   ProcessGroupOptions po;

@@ -52,6 +52,8 @@ def runs2():
     items["comm"] = {"func": "comm_basic"}
     items["comm_bagua"] = {"func": "comm_bagua"}
     items["dropin"] = {"func": "dropin"}
+    items["relayout"] = {"func": "relayout", "args": {"set_to_none": False}}
+    items["relayout_none"] = {"func": "relayout", "args": {"set_to_none": True}}
     items["syncbn"] = {"func": "syncbn"}
     items["broadcast_state"] = {"func": "broadcast_state"}
     items["features2"] = {"func": "features2"}
@@ -110,6 +112,24 @@ def test_gradient_allreduce_equals_single_process(runs2, scenario):
     assert outs[0]["unwrap_hops"] == (1 if wrapper == "ddp" else 0)
     assert outs[0]["unwrapped_state_dict_keys"] == ["fc1.weight", "fc2.weight", "fc2.bias",
                                                     "fc3.weight"]
+
+
+@pytest.mark.parametrize("key", ["relayout", "relayout_none"])
+def test_laid_out_gradients_follow_the_rebuilt_buckets(runs2, key):
+    # The model's head is registered first and used last, so the reducer's rebuild in
+    # gradient-ready order (before the second forward) no longer lines up with the wrap's
+    # layout; the wrap lays its gradients out again per bucket and every bucket runs in place
+    # from then on. Training is unchanged: single-process training on every rank's batch, with
+    # zero_grad() keeping the gradients or dropping them (set_to_none).
+    outs = runs2[key]
+    _assert_ranks_equal(outs)
+    assert torch.allclose(outs[0]["final"], outs[0]["reference"], rtol=1e-5, atol=1e-6)
+    seen = outs[0]["seen"]
+    assert outs[0]["layout"][0][:2] == ["head.bias", "head.weight"]  # ready order
+    assert seen[-1][1] == seen[-1][2] >= 1, seen  # every bucket in place at the end
+    assert seen[-1][0] > seen[1][0], seen  # relaid after the rebuild: a newer layout
+    assert seen[-1] == seen[-2], seen  # and it stays: no layout change every step
+    assert all(outs[0]["at_layout"])  # the optimizer's gradients are the layout
 
 
 def test_autotuned_gradient_allreduce_equals_single_process(runs2):

@@ -315,6 +315,50 @@ def train(a):
     return out
 
 
+class NetUsedOutOfOrder(torch.nn.Module):
+    """Registered head first, used last: the head's gradients are ready first, so the reducer's
+    rebuild in ready order differs from the wrap's layout (reverse registration order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 4)
+        self.body = torch.nn.Linear(2, 16)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+@worker
+def relayout(a):
+    """with_bagua(do_flatten=True) on NetUsedOutOfOrder against single-process training on
+    every rank's batch; the reducer's layouts seen after each step."""
+    _init()
+    r, n = bagua.get_rank(), bagua.get_world_size()
+    torch.manual_seed(7)  # the same weights everywhere: the reference starts from them too
+    ours = NetUsedOutOfOrder()
+    ref = NetUsedOutOfOrder()
+    ref.load_state_dict(ours.state_dict())
+    opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    wrapped = ours.with_bagua([opt], GradientAllReduceAlgorithm())
+    red = wrapped.bagua_ddp._engine._reducer
+    seen = [(red.layout_generation, red.buckets_in_place, len(red.bucket_layout()))]
+    for step in range(6):
+        opt.zero_grad(set_to_none=a["set_to_none"])
+        x, y = data(r, step)
+        torch.nn.functional.mse_loss(wrapped(x), y).backward()
+        opt.step()
+        seen.append((red.layout_generation, red.buckets_in_place, len(red.bucket_layout())))
+        ref_opt.zero_grad()
+        for q in range(n):
+            x, y = data(q, step)
+            (torch.nn.functional.mse_loss(ref(x), y) / n).backward()
+        ref_opt.step()
+    at_layout = [p.grad.data_ptr() == p._bagua_grad_view.data_ptr() for p in ours.parameters()]
+    return {"seen": seen, "final": flat(ours), "reference": flat(ref), "at_layout": at_layout,
+            "layout": wrapped.bagua_ddp.bucket_layout()}
+
+
 class NetWithUnused(Net):
     def __init__(self):
         super().__init__()

@@ -147,6 +147,15 @@ class DistributedDataParallel {
   Result<std::vector<uint8_t>> saveSchedule();
   Status restoreSchedule(std::span<const uint8_t> bytes, bool counterOnly = false);
   bool bucketsRebuilt() const { return rebuilt_; }
+  // Counts bucket layouts: creation, the rebuild in ready order, algorithm resets, autotune
+  // switches and setGradHomes() each make a new one (a trainer that lays out gradients in bucket
+  // order watches it).
+  int64_t layoutGeneration() const { return layoutGeneration_; }
+  // Between iterations: every parameter's Parameter::gradHome (null: none) replaced by `homes`,
+  // and the current buckets laid out again over them (those whose homes now line up run in
+  // place). Drains the buckets in flight first. InvalidArgument for a wrong count or with
+  // gradient_as_bucket_view; FailedPrecondition inside a backward.
+  Status setGradHomes(const std::vector<void*>& homes);
   const DdpOptions& options() const { return options_; }
   std::vector<Optimizer*>& optimizers() { return optimizers_; }
 
@@ -214,6 +223,7 @@ class DistributedDataParallel {
   bool recordOrder_ = true;
   bool rebuilt_ = false;
   bool rebuildPending_ = false;
+  int64_t layoutGeneration_ = 0;
 
   // Shared with the bucket thread.
   std::mutex mu_;

@@ -34,17 +34,20 @@ buckets hold, in bucket order (the reverse of registration order), one buffer pe
 device): the gradients for the gradient algorithms (gradient_allreduce, bytegrad, qadam), the
 weights for those that communicate weights (decentralized, low_precision_decentralized, async).
 A laid-out gradient is remembered on its parameter (``_bagua_grad_view``, also set by
-``fuse_optimizer(do_flatten=True)``, the latest layout wins) and given to the C++ reducer as the
-gradient's home (kept alive as long as the reducer): a bucket whose tensors' homes lie back to
-back in its order runs in place there, with no copy of its gradients into reducer storage and
-none back (the layout is made in the reducer's first bucket order; after the rebuild in
-gradient-ready order, buckets whose tensors are no longer adjacent are copied as before).
-A gradient autograd allocates after ``zero_grad(set_to_none=True)`` (torch 2's default) is
-copied to its home when ready, and the parameter's ``.grad`` is re-pointed at the home when
-backward ends, as torch DDP's gradient_as_bucket_view does. CUDA buckets run in place only with
-``IN_PLACE_DEVICE_BUCKETS``. What the layout also changes is what code that looks at the memory
-sees (``fuse_optimizer`` fuses only runs adjacent in its own order in weights and gradients, as
-in Bagua).
+``fuse_optimizer(do_flatten=True)``, the latest layout wins). The views the wrap laid out are
+given to the C++ reducer as the gradients' homes while they are still the parameters'
+``_bagua_grad_view`` (kept alive as long as the reducer): a bucket whose tensors' homes lie back
+to back in its order runs in place there, with no copy of its gradients into reducer storage
+and none back. When the reducer's layout changes (the rebuild in gradient-ready order after the
+first iteration, an autotune switch) and a bucket no longer lines up, the wrap's gradients are
+laid out again as Bagua flattens them, one buffer per bucket in its order (values kept, a None
+gradient left None). A ``fuse_optimizer`` layout made after the wrap is never re-laid: those
+buckets are copied. A gradient autograd allocates after ``zero_grad(set_to_none=True)``
+(torch 2's default) is copied to its home when ready, and the parameter's ``.grad`` is
+re-pointed at the home when backward ends, as torch DDP's gradient_as_bucket_view does. CUDA
+buckets run in place only with ``IN_PLACE_DEVICE_BUCKETS``. What the layout also changes is
+what code that looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent in its own
+order in weights and gradients, as in Bagua).
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
@@ -72,7 +75,7 @@ from .. import communication as comm
 from .. import env
 from ..algorithms import Algorithm, AlgorithmImpl, GradientAllReduceAlgorithm
 from ..algorithms.base import _NativeImpl
-from ..utils import _lay_out_grads, _lay_out_weights
+from ..utils import _lay_out, _lay_out_grads, _lay_out_weights
 
 
 def _ignored_names(module):
@@ -427,12 +430,17 @@ class _NativeEngine:
         module = ddp.module
         ignore = sorted(set(ddp.parameters_to_ignore))
         named = list(module.named_parameters())
+        if first:
+            # The gradient views this wrap laid out (the reducer's homes while they are still
+            # the parameters' _bagua_grad_view; a later fuse_optimizer layout is left alone).
+            self._own_views = {}
         if first and ddp.gradient_as_bucket_view:
             mine = [p for n, p in reversed(named) if p.requires_grad and n not in ignore]
             if impl._native_name in _WEIGHT_ALGORITHMS:
                 _lay_out_weights(mine)
             else:
                 _lay_out_grads(mine)
+                self._own_views = {id(p): p._bagua_grad_view for p in mine}
         self._named_params = named
         self._params = [p for _, p in named]
         # Buffers go to the reducer only to be broadcast (at the wrap, at algorithm resets and
@@ -495,14 +503,48 @@ class _NativeEngine:
                 launch_without_waiting=LAUNCH_WITHOUT_WAITING,
                 grad_homes=[h.data_ptr() if h is not None else 0 for h in self._homes])
         self._communicated = set(self._reducer.communicated())
+        self._keep = self._keep_views()
+        # The layout the homes were last laid out for (None: check at the next forward).
+        self._homes_gen = None
+        self._homes_wanted = not self._python_device and any(h is not None for h in self._homes)
+        self._index = {id(p): i for i, p in enumerate(self._params)}
+        self._synced = True  # a new reducer communicates
+
+    def _keep_views(self):
         # Laid-out gradients to re-point fresh ones at (see the module docstring): only where
         # the reducer writes every reduced gradient back (communicated, the C++ reducer).
-        self._keep = [] if self._python_device else [
+        return [] if self._python_device else [
             (p, v) for i, p in enumerate(self._params)
             if i in self._communicated and (v := getattr(p, "_bagua_grad_view", None)) is not None
             and v.shape == p.shape and v.dtype == p.dtype and v.device == p.device]
-        self._index = {id(p): i for i, p in enumerate(self._params)}
-        self._synced = True  # a new reducer communicates
+
+    def _follow_layout(self):
+        """When the reducer's bucket layout changed (the rebuild in gradient-ready order after
+        the first iteration, an autotune switch) and a bucket no longer runs in place, lays the
+        laid-out gradients out again as Bagua flattens them: one buffer per bucket, in its
+        order. Gradients keep their values; a None gradient stays None."""
+        red = self._reducer
+        if red.layout_generation == self._homes_gen:
+            return
+        layout = red.bucket_layout()
+        if red.buckets_in_place < len(layout):
+            by_name = dict(self._named_params)
+
+            def install(p, place):
+                if p.grad is not None:
+                    p.grad = place
+                p._bagua_grad_view = self._own_views[id(p)] = place
+
+            for names in layout:
+                ps = [by_name[n] for n in names]
+                if all(self._home(p) is not None for p in ps):
+                    _lay_out(ps, lambda p: p.grad, install, zero=True)
+            homes = [self._home(p) for p in self._params]
+            red.set_grads(self._grad_ptrs())
+            red.set_grad_homes([h.data_ptr() if h is not None else 0 for h in homes])
+            self._homes = homes  # the old ones were alive until the reducer left them
+            self._keep = self._keep_views()
+        self._homes_gen = red.layout_generation
 
     def _moved(self):
         qadam = self.impl._qadam_optimizer()
@@ -551,8 +593,8 @@ class _NativeEngine:
         self.ddp._register_grad_hooks()
 
     def _home(self, p):
-        v = getattr(p, "_bagua_grad_view", None)
-        if v is None or not p.requires_grad or v.shape != p.shape or v.dtype != p.dtype or \
+        v = self._own_views.get(id(p))
+        if v is None or getattr(p, "_bagua_grad_view", None) is not v or not p.requires_grad or v.shape != p.shape or v.dtype != p.dtype or \
                 v.device != p.device or not v.is_contiguous():
             return None
         if v.is_cuda and not self._device_homes:
@@ -575,6 +617,8 @@ class _NativeEngine:
         if not self._python_device:
             self._reducer.set_grads(self._grad_ptrs())
         self._reducer.prepare_forward()
+        if self._homes_wanted:
+            self._follow_layout()
 
     def _sync(self):
         # Hot path (every gradient): the reducer is told only when the mode changes.
