@@ -63,12 +63,26 @@ run() {  # label, seconds, compare.py arguments... (cut to what is left of run.s
   [ "$rc" = 0 ] || { echo "80-ddp $label: rc=$rc"; grep -E "Error|error|failed" "$LOG" | tail -3; }
 }
 SECONDS=0
-PARTS=" ${DDP_PARTS:-default link10} "  # DDP_PARTS: which of the two parts to run
+# DDP_PARTS: which parts to run (default: the first two). default4: the default path with 4 ranks
+# sharing the GPU; long10: the 10 Gbit/s link over 110 steps (the loss comparison at equal steps
+# that the 16-20 steps of link10 cannot make), qadam and PowerSGD warming up for 30.
+PARTS=" ${DDP_PARTS:-default link10} "
 if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
   run "default-$net" 130 --net "$net" --models transformer,resnet50 \
     --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 6 --round-steps 5
 done
+fi
+if [[ "$PARTS" == *" default4 "* ]]; then
+for net in bagua-net socket; do
+  run "default4-$net" 200 --nproc 4 --net "$net" --models transformer,resnet50 \
+    --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 5 --round-steps 4
+done
+fi
+if [[ "$PARTS" == *" long10 "* ]]; then
+run "long10-transformer" 420 --net bagua-net --link 10gbit --models transformer \
+  --contestants ddp,ddp_bf16,ddp_powersgd,gradient_allreduce,bytegrad,qadam,low_precision_decentralized \
+  --rounds 11 --round-steps 10 --algo-warmup 30
 fi
 if [[ "$PARTS" == *" link10 "* ]]; then
 run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
@@ -96,8 +110,10 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
             t = r.get("trace_ms_per_step")
             if t and t["buckets"] > 0:
                 print("    per step ms: hooks {:.2f} finish-wait {:.2f} copy-back {:.2f} | bucket "
-                      "thread: {:.1f} buckets, queued {:.2f} copies-wait {:.2f} comm {:.2f}".format(
+                      "thread: {:.1f} buckets ({} in place), queued {:.2f} copies-wait {:.2f} "
+                      "comm {:.2f}".format(
                           t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
-                          t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
+                          "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r
+                          else "?", t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
 PY
 echo "80-ddp: ${SECONDS}s"
