@@ -84,6 +84,13 @@ TEST(BucketAssignment, InOrderKeepsClosingOrder) {
   EXPECT_EQ(computeBucketAssignmentInOrder(t, {}, {200, 400}), Assignment{});
 }
 
+// A one-rank process group on its own in-memory store, for the single-process tests (null if
+// it could not be made).
+std::unique_ptr<ProcessGroup> oneRankGroup(const ProcessGroupOptions& po = {}) {
+  auto pg = ProcessGroup::create(std::make_shared<InMemoryStore>(), po);
+  return pg.isOk() ? std::move(*pg) : nullptr;
+}
+
 // ---- Training harness ------------------------------------------------------------------------
 
 constexpr int kIn = 12;
@@ -424,13 +431,11 @@ TEST(Ddp, OneBucketAtTheHomesIsTheGradientsThemselves) {
 // New homes between iterations (what Python does after the reducer's layout changed): the same
 // buckets laid out again over them, in place where they line up; a wrong count is refused.
 TEST(Ddp, SetGradHomesLaysTheCurrentBucketsOutAgain) {
-  auto store = std::make_shared<InMemoryStore>();
-  ProcessGroupOptions po;
-  auto pg = ProcessGroup::create(store, po);
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
   Mlp m(modelConfig(1000));
   const std::vector<float> wrong = layOutHomes(m.parameters(), Homes::kRegistrationOrder);
-  auto ddp = withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), **pg,
+  auto ddp = withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), *pg,
                        DdpOptions{});
   ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
   DistributedDataParallel& d = **ddp;
@@ -459,16 +464,14 @@ TEST(Ddp, SetGradHomesLaysTheCurrentBucketsOutAgain) {
 }
 
 TEST(Ddp, GradientHomesWithGradientAsBucketViewAreRefusedByName) {
-  auto store = std::make_shared<InMemoryStore>();
-  ProcessGroupOptions po;
-  auto pg = ProcessGroup::create(store, po);
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
   Mlp m(modelConfig(1000));
   const std::vector<float> homes = layOutHomes(m.parameters(), Homes::kGradsAtHomes);
   DdpOptions o;
   o.gradientAsBucketView = true;
   auto ddp =
-      withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), **pg, o);
+      withBagua(m.parameters(), m.buffers(), {}, std::make_shared<GradientAllReduce>(), *pg, o);
   ASSERT_FALSE(ddp.isOk());
   EXPECT_EQ(ddp.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(ddp.status().message().find("gradient home"), std::string::npos)
@@ -549,16 +552,15 @@ struct HeldModel {
 };
 
 TEST(Ddp, LaunchableBucketsStartWithoutWaitingForEarlierOnes) {
-  auto store = std::make_shared<InMemoryStore>();
-  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
   HeldModel m(4);
   auto algo = std::make_shared<HeldAlgorithm>();
   DdpOptions o;
   o.firstBucketBytes = 4096;  // one 4 KiB parameter per bucket
   o.bucketCapMb = 4096.0 / (1 << 20);
   o.rebuildBuckets = false;
-  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, *pg, o);
   ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
   ASSERT_EQ((*ddp)->buckets().size(), 4u);
   ASSERT_TRUE((*ddp)->prepareForward().isOk());
@@ -586,15 +588,14 @@ TEST(Ddp, LaunchableBucketsStartWithoutWaitingForEarlierOnes) {
 }
 
 TEST(Ddp, LaunchWithoutWaitingOffRunsEveryBucketThroughRunBucket) {
-  auto store = std::make_shared<InMemoryStore>();
-  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
   HeldModel m(2);
   auto algo = std::make_shared<HeldAlgorithm>();
   DdpOptions o;
   o.rebuildBuckets = false;
   o.launchWithoutWaiting = false;
-  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, *pg, o);
   ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
   ASSERT_TRUE((*ddp)->prepareForward().isOk());
   ASSERT_TRUE((*ddp)->markGradReady(1).isOk());
@@ -605,15 +606,14 @@ TEST(Ddp, LaunchWithoutWaitingOffRunsEveryBucketThroughRunBucket) {
 }
 
 TEST(Ddp, ALaunchedBucketThatNeverFinishesFailsFinishBackwardInTime) {
-  auto store = std::make_shared<InMemoryStore>();
-  auto pg = ProcessGroup::create(store, ProcessGroupOptions{});
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
   HeldModel m(2);
   auto algo = std::make_shared<HeldAlgorithm>();
   DdpOptions o;
   o.rebuildBuckets = false;
   o.timeout = 300ms;
-  auto ddp = withBagua(m.params, m.buffers, {}, algo, **pg, o);
+  auto ddp = withBagua(m.params, m.buffers, {}, algo, *pg, o);
   ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
   ASSERT_TRUE((*ddp)->prepareForward().isOk());
   ASSERT_TRUE((*ddp)->markGradReady(1).isOk());
@@ -629,11 +629,10 @@ TEST(Ddp, ALaunchedBucketThatNeverFinishesFailsFinishBackwardInTime) {
 }
 
 TEST(Ddp, InitialBucketsAreReverseRegistrationWithSmallFirstBucketLast) {
-  auto store = std::make_shared<InMemoryStore>();
   ProcessGroupOptions po;
   po.hierarchical = false;
-  auto pg = ProcessGroup::create(store, po);
-  ASSERT_TRUE(pg.isOk());
+  auto pg = oneRankGroup(po);
+  ASSERT_NE(pg, nullptr);
   // 4 params of 512 KiB f32 each, then one f64 param: first bucket limit 1 MiB, cap 1.5 MiB.
   std::vector<std::vector<uint8_t>> mem;
   std::vector<Parameter> params;
@@ -654,7 +653,7 @@ TEST(Ddp, InitialBucketsAreReverseRegistrationWithSmallFirstBucketLast) {
   std::vector<Parameter> buffers;
   DdpOptions o;
   o.bucketCapMb = 1.5;
-  auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, o);
+  auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), *pg, o);
   ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
   // Forward-order assignment: f32 [l0,l1] (1 MiB, first limit), [l2,l3] (1 MiB < 1.5 MiB:
   // leftover), f64 [head]; sorted by first member then reversed.
