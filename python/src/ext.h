@@ -19,20 +19,37 @@ namespace bagua::py {
 
 namespace pyb = pybind11;
 
-// Raises RuntimeError("<Code>: <message> ...") for a failed Status.
+// A failed Status as a Python exception carrying "<Code>: <message> ...": InvalidArgument
+// raises _bagua_ext.InvalidArgumentError, a ValueError that is also a RuntimeError (Bagua's API
+// raises ValueError for bad arguments; code that catches RuntimeError still catches it), every
+// other code RuntimeError. registerExceptions() makes the Python class.
+class InvalidArgumentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void raise(const Status& s) {
+  if (s.code() == StatusCode::kInvalidArgument) {
+    throw InvalidArgumentError(s.toString());
+  }
+  throw std::runtime_error(s.toString());
+}
+
 inline void check(const Status& s) {
   if (!s.isOk()) {
-    throw std::runtime_error(s.toString());
+    raise(s);
   }
 }
 
 template <typename T>
 T take(Result<T>&& r) {
   if (!r.isOk()) {
-    throw std::runtime_error(r.status().toString());
+    raise(r.status());
   }
   return std::move(r).value();
 }
+
+void registerExceptions(pyb::module_& m);
 
 void bindComm(pyb::module_& m);
 // The ProcessGroup of a _bagua_ext.Group object (TypeError for anything else).

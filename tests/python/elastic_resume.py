@@ -109,14 +109,35 @@ def test_tail_shorter_than_the_world_joins_the_step_before():
 def test_bad_positions_are_refused():
     s = ElasticDistributedSampler(10, 2, num_replicas=2, rank=0, seed=1)
     state = s.state_dict(2)
+    other = ElasticDistributedSampler(11, 2, num_replicas=2, rank=0, seed=1)
+    other.set_epoch(5)
+    before = [list(b) for b in other]
     with pytest.raises(ValueError, match="dataset of 10 samples"):
-        ElasticDistributedSampler(11, 2, num_replicas=2, rank=0, seed=1).load_state_dict(state)
+        other.load_state_dict(state)
+    assert other.epoch == 5 and [list(b) for b in other] == before  # left as it was
     with pytest.raises(ValueError, match="seed 1"):
         ElasticDistributedSampler(10, 2, num_replicas=2, rank=0, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="batches consumed"):
         s.state_dict(99)
     with pytest.raises(ValueError, match="batch_size"):
         ElasticDistributedSampler(10, 0, num_replicas=2, rank=0)
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((0, 2), {}, "dataset is empty"),
+    ((10, 2), {"rank": 2}, "rank 2 is outside"),
+    ((10, 2), {"num_replicas": 0, "rank": 0}, "numReplicas is 0"),
+    ((10, 2), {"random_level": 1.5}, "must be in \\[0, 1\\]"),
+    ((10, 2), {"complexities": [1] * 9}, "9 complexities for a dataset of 10"),
+])
+def test_bad_sampler_arguments_are_value_errors(args, kwargs, match):
+    # The plan (C++) checks them; its InvalidArgument is a ValueError, as in Bagua, and still a
+    # RuntimeError for code written against our earlier versions.
+    kw = {"num_replicas": 2, "rank": 0}
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=match) as e:
+        ElasticDistributedSampler(*args, **kw)
+    assert isinstance(e.value, RuntimeError)
 
 
 # ---- kill every rank mid-epoch, restart, compare bit for bit ----------------------------------
