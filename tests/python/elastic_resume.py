@@ -7,8 +7,6 @@ algorithms (their schedule and replicas in the checkpoint).
 Run by the 'python_elastic' meson test (pytest on this file).
 """
 
-import glob
-import json
 import os
 import subprocess
 import sys
@@ -156,18 +154,11 @@ def launch(world, args, timeout=240):
 def step_records(logdir):
     """{(rank, step): record} over every log of the directory, the last attempt winning."""
     out = {}
-    for path in glob.glob(os.path.join(logdir, "log_*.txt")):
-        rank = None
-        for line in open(path):
-            kind, _, body = line.partition(" ")
-            if kind == "start":
-                rank = json.loads(body)["rank"]
-                start = json.loads(body)["time"]
-            elif kind == "step":
-                rec = json.loads(body)
-                key = (rank, rec["step"])
-                if key not in out or out[key][0] < start:
-                    out[key] = (start, rec)
+    for h, kind, rec in harness.elastic_log_entries(logdir):
+        if kind == "step":
+            key = (h["rank"], rec["step"])
+            if key not in out or out[key][0] < h["time"]:
+                out[key] = (h["time"], rec)
     return {k: v[1] for k, v in out.items()}
 
 
@@ -202,11 +193,7 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_the_uninterrupted_one(algo
             assert ra[key]["ids"] == rb[key]["ids"], key
             assert ra[key]["loss"] == rb[key]["loss"], key
         # It trained: the whole dataset's loss at the end of epoch 1 is well below epoch 0's.
-        evals = {}
-        for path in glob.glob(os.path.join(d, "alog", "log_*.txt")):
-            for line in open(path):
-                if line.startswith("eval "):
-                    rec = json.loads(line[5:])
-                    evals[rec["epoch"]] = rec["loss"]
+        evals = {rec["epoch"]: rec["loss"]
+                 for _, kind, rec in harness.elastic_log_entries(d + "/alog") if kind == "eval"}
         # (Decentralized averaging with a peer every 3rd step converges more slowly.)
         assert evals[1] < evals[0] * (0.5 if algorithm == "gradient_allreduce" else 0.8), evals

@@ -11,8 +11,6 @@ Skips with the reason where the machine refuses network namespaces. Run by the
 'python_elastic' meson test.
 """
 
-import glob
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +19,7 @@ import time
 
 import pytest
 
+import harness
 from elastic_netns import Nodes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,25 +29,18 @@ SAMPLES, BATCH, EPOCHS = 96, 2, 3
 def read_logs(logdir):
     """Attempts (one per rendezvous round: MASTER_ADDR:MASTER_PORT) with their entries."""
     attempts = {}
-    for path in glob.glob(os.path.join(logdir, "log_*.txt")):
-        a = None
-        for line in open(path):
-            kind, _, body = line.partition(" ")
-            if kind == "start":
-                h = json.loads(body)
-                a = attempts.setdefault(h["attempt"], {"resume": h["resume"], "world": h["world"],
-                                                       "start": h["time"], "steps": {},
-                                                       "process_start": h["process_start"]})
-                a["start"] = min(a["start"], h["time"])
-                a["process_start"] = min(a["process_start"], h["process_start"])
-                assert a["resume"] == h["resume"] and a["world"] == h["world"], (h, a)
-                rank = h["rank"]
-            elif kind == "step":
-                rec = json.loads(body)
-                a["steps"].setdefault(rec["step"], {})[rank] = rec
-            elif kind == "eval":
-                rec = json.loads(body)
-                a.setdefault("eval", {})[rec["epoch"]] = rec["loss"]
+    for h, kind, rec in harness.elastic_log_entries(logdir):
+        if kind == "start":
+            a = attempts.setdefault(h["attempt"], {"resume": h["resume"], "world": h["world"],
+                                                   "start": h["time"], "steps": {},
+                                                   "process_start": h["process_start"]})
+            a["start"] = min(a["start"], h["time"])
+            a["process_start"] = min(a["process_start"], h["process_start"])
+            assert a["resume"] == h["resume"] and a["world"] == h["world"], (h, a)
+        elif kind == "step":
+            attempts[h["attempt"]]["steps"].setdefault(rec["step"], {})[h["rank"]] = rec
+        else:
+            attempts[h["attempt"]].setdefault("eval", {})[rec["epoch"]] = rec["loss"]
     return sorted(attempts.values(), key=lambda a: a["start"])
 
 

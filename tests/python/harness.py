@@ -5,6 +5,7 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT; the 
 return value is written to <outdir>/rank<r>.pt (torch.save) and returned, rank by rank.
 """
 
+import glob
 import json
 import os
 import random
@@ -130,3 +131,19 @@ def run(func, world, args=None, timeout=90, env=None, local_world=None, launcher
             raise AssertionError("; ".join(failed) + "\n" + "\n".join(
                 "---- rank {} ----\n{}".format(r, o[-3000:]) for r, o in enumerate(outputs)))
         return load_ranks(out, world)
+
+
+def elastic_log_entries(logdir):
+    """Every entry of elastic_worker.py's logs in `logdir` (one file a process): (header, kind,
+    record) for its "start" header line (the header is the record) and each "step" or "eval"
+    line after it, the header being that process's."""
+    for path in glob.glob(os.path.join(logdir, "log_*.txt")):
+        header = None
+        with open(path) as f:
+            for line in f:
+                kind, _, body = line.partition(" ")
+                if kind == "start":
+                    header = json.loads(body)
+                    yield header, kind, header
+                elif kind in ("step", "eval"):
+                    yield header, kind, json.loads(body)
