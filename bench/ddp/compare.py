@@ -48,8 +48,11 @@ ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qad
 # Also accepted: gradient_allreduce's variants (worker.VARIANTS): _sync (each bucket's collective
 # finished before the next one starts, the reducer's behaviour before issue 18), _copied
 # (do_flatten=False: gradients copied into the buckets and back), _in_place (CUDA buckets at
-# do_flatten's layout, IN_PLACE_DEVICE_BUCKETS).
-EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied", "gradient_allreduce_in_place"]
+# do_flatten's layout, IN_PLACE_DEVICE_BUCKETS); and every algorithm with hierarchical=True
+# (_hier: intra-node, then among node leaders; with --nodes).
+EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied", "gradient_allreduce_in_place",
+         "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
+         "low_precision_decentralized_hier"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
 
@@ -81,6 +84,11 @@ def parse():
                     help="CUDA: NCCL's transport between ranks (network path: P2P/SHM off)")
     ap.add_argument("--share-gpu", action="store_true",
                     help="CUDA: every rank on cuda:0 (start MPS first), NCCL_HOSTID per rank")
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="group the ranks into N 'nodes' of nproc/N (LOCAL_WORLD_SIZE) for the "
+                         "_hier contestants; CUDA: every rank on its own GPU, one NCCL_HOSTID per "
+                         "node with P2P and SHM on, so only traffic between nodes takes the "
+                         "network path (default 0: no grouping)")
     ap.add_argument("--bagua-transport", default="",
                     choices=["", "auto", "engine", "socket"],
                     help="CPU: bagua's host transport (default: auto; engine with --link)")
@@ -91,6 +99,11 @@ def parse():
     a = ap.parse_args()
     if a.nproc < 1:
         ap.error("--nproc must be >= 1")
+    if a.nodes < 0 or (a.nodes and a.nproc % a.nodes):
+        ap.error("--nodes {}: must divide --nproc {}".format(a.nodes, a.nproc))
+    if a.nodes and (a.share_gpu or a.link != "none"):
+        ap.error("--nodes puts each rank on its own GPU and keeps node-local traffic off the "
+                 "network: not with --share-gpu or --link")
     if a.rounds < 2 or a.round_steps < 1:
         ap.error("--rounds must be >= 2 (the first is warm-up) and --round-steps >= 1")
     for m in a.models.split(","):
@@ -125,6 +138,9 @@ def rank_env(args, rank, master, port):
     if args.link != "none" or args.share_gpu:
         # Every rank its own "node": the link (or NCCL's network path) is between all of them.
         env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    local = args.nproc // args.nodes if args.nodes else 0
+    if local:
+        env.update(LOCAL_RANK=str(rank % local), LOCAL_WORLD_SIZE=str(local))
     if args.device == "cpu":
         transport = args.bagua_transport or ("engine" if args.link != "none" else "auto")
         env["BAGUA_HOST_TRANSPORT"] = transport
@@ -132,10 +148,15 @@ def rank_env(args, rank, master, port):
             env["BAGUA_HOST_SHM"] = "0"  # namespaces share /dev/shm: keep bytes on the link
             env["GLOO_SOCKET_IFNAME"] = "eth0"
         return env
-    env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="lo",
-               NCCL_IB_DISABLE="1")
-    if args.share_gpu:
-        env["NCCL_HOSTID"] = "bagua-bench-rank{}".format(rank)
+    env.update(NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
+    if not args.share_gpu:
+        env["BAGUA_BENCH_CUDA_DEVICE"] = str(rank)  # every rank its own GPU of this host
+    if local:
+        env["NCCL_HOSTID"] = "bagua-bench-node{}".format(rank // local)
+    else:
+        env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
+        if args.share_gpu or args.link != "none":  # every rank its own "host"
+            env["NCCL_HOSTID"] = "bagua-bench-rank{}".format(rank)
     if args.net == "bagua-net":
         plugin = os.path.join(args.build, "net_plugin")
         env["LD_LIBRARY_PATH"] = os.pathsep.join(

@@ -27,13 +27,16 @@ import models  # noqa: E402
 DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
-               "gradient_allreduce_copied", "gradient_allreduce_in_place")
+               "gradient_allreduce_copied", "gradient_allreduce_in_place",
+               "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
+               "low_precision_decentralized_hier")
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
 # end before starting the next (the reducer before issue 18); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _in_place runs
 # CUDA buckets at do_flatten's laid-out gradients (IN_PLACE_DEVICE_BUCKETS; host buckets always
-# do, so on CPU it is gradient_allreduce itself).
-VARIANTS = ("_sync", "_copied", "_in_place")
+# do, so on CPU it is gradient_allreduce itself). Any algorithm with _hier: hierarchical=True
+# (the others run flat).
+VARIANTS = ("_sync", "_copied", "_in_place", "_hier")
 
 
 def parse(argv=None):
@@ -92,15 +95,15 @@ class Contestant:
         if name not in BAGUA_NAMES:
             raise ValueError("unknown contestant {!r}: one of {}".format(
                 name, ", ".join(DDP_NAMES + BAGUA_NAMES)))
-        if name == "qadam":
+        if name in ("qadam", "qadam_hier"):
             self.opt = QAdamOptimizer(params, lr=args.lr, warmup_steps=max(1, args.algo_warmup))
-            algo = QAdamAlgorithm(self.opt, hierarchical=False)
+            algo = QAdamAlgorithm(self.opt, hierarchical=name.endswith("_hier"))
         else:
             self.opt = torch.optim.Adam(params, lr=args.lr)
             base = name
             for v in VARIANTS:
                 base = base[:-len(v)] if base.endswith(v) else base
-            algo = Algorithm.init(base, hierarchical=False)
+            algo = Algorithm.init(base, hierarchical=name.endswith("_hier"))
         if args.bucket_mb > 0:  # read at the wrap
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
         from bagua.torch_api.data_parallel import bagua_distributed as engine
@@ -167,7 +170,9 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dev = torch.device("cpu")
     if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        # --nodes: each rank its own GPU of this host (LOCAL_RANK counts within a "node").
+        index = os.environ.get("BAGUA_BENCH_CUDA_DEVICE", os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(int(index) % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

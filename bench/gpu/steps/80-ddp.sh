@@ -29,11 +29,18 @@ if ! ext_ok; then
 fi
 ext_ok || { echo "80-ddp: extension not importable by $PY (see 80-ddp.log)"; exit 1; }
 
+# DDP_GPUS (default 1): 1 = the ranks share GPU 0 through MPS; N > 1 = N ranks, each on its own
+# GPU, no MPS (issue 22's runs on 2 and 4 real GPUs; still the network path between ranks, except
+# inside a --nodes group).
+GPUS=${DDP_GPUS:-1}
+case "$GPUS" in ''|*[!0-9]*|0) echo "80-ddp: DDP_GPUS='$GPUS': expected a GPU count >= 1"; exit 1 ;; esac
 # MPS, private pipe and log folders; stopped at the end (if this step started it).
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 started_mps=0
-if command -v nvidia-cuda-mps-control > /dev/null; then
+if [ "$GPUS" -gt 1 ]; then
+  echo "80-ddp: $GPUS ranks on $GPUS GPUs (no MPS)"
+elif command -v nvidia-cuda-mps-control > /dev/null; then
   if nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then started_mps=1; fi
 else
   echo "80-ddp: no nvidia-cuda-mps-control: ranks time-slice the GPU (collectives cost ~4.5 ms each)"
@@ -41,8 +48,12 @@ fi
 stop_mps() { [ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1; }
 trap stop_mps EXIT
 
-export CUDA_VISIBLE_DEVICES=0
-CMP=("$PY" "$ROOT/bench/ddp/compare.py" --device cuda --nproc 2 --share-gpu --build "$BUILD")
+if [ "$GPUS" = 1 ]; then
+  export CUDA_VISIBLE_DEVICES=0
+  CMP=("$PY" "$ROOT/bench/ddp/compare.py" --device cuda --nproc 2 --share-gpu --build "$BUILD")
+else
+  CMP=("$PY" "$ROOT/bench/ddp/compare.py" --device cuda --nproc "$GPUS" --build "$BUILD")
+fi
 # No plugin in the build (BAGUA_GPU_NO_BUILD, bagua installed by 85-install): the installed one.
 if [ ! -f "$BUILD/net_plugin/libnccl-net.so" ]; then
   BAGUA_NET_PLUGIN_PATH=$(cd /tmp && "$PY" -c 'import bagua; print(bagua.net_plugin_path())' 2>> "$LOG")
@@ -65,7 +76,9 @@ run() {  # label, seconds, compare.py arguments... (cut to what is left of run.s
 SECONDS=0
 # DDP_PARTS: which parts to run (default: the first two). default4: the default path with 4 ranks
 # sharing the GPU; long10: the 10 Gbit/s link over 110 steps (the loss comparison at equal steps
-# that the 16-20 steps of link10 cannot make), qadam and PowerSGD warming up for 30.
+# that the 16-20 steps of link10 cannot make), qadam and PowerSGD warming up for 30; hier (needs
+# DDP_GPUS=4): 2 "nodes" of 2 GPUs (one NCCL_HOSTID each: NVLink inside, the network between),
+# every algorithm flat against hierarchical (issue 22's run 3).
 PARTS=" ${DDP_PARTS:-default link10} "
 if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
@@ -74,15 +87,30 @@ for net in socket bagua-net; do
 done
 fi
 if [[ "$PARTS" == *" default4 "* ]]; then
-for net in bagua-net socket; do
-  run "default4-$net" 200 --nproc 4 --net "$net" --models transformer,resnet50 \
-    --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 5 --round-steps 4
-done
+  if [ "$GPUS" != 1 ] && [ "$GPUS" -lt 4 ]; then
+    echo "80-ddp default4: not run (4 ranks: one shared GPU, DDP_GPUS=1, or DDP_GPUS=4)"
+  else
+    for net in bagua-net socket; do
+      run "default4-$net" 200 --nproc 4 --net "$net" --models transformer,resnet50 \
+        --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 5 --round-steps 4
+    done
+  fi
 fi
 if [[ "$PARTS" == *" long10 "* ]]; then
 run "long10-transformer" 420 --net bagua-net --link 10gbit --models transformer \
   --contestants ddp,ddp_bf16,ddp_powersgd,gradient_allreduce,bytegrad,qadam,low_precision_decentralized \
   --rounds 11 --round-steps 10 --algo-warmup 30
+fi
+if [[ "$PARTS" == *" hier "* ]]; then
+  if [ "$GPUS" -ge 4 ]; then
+    for net in bagua-net socket; do
+      run "hier-$net" 240 --nproc 4 --nodes 2 --net "$net" --models transformer,resnet50 \
+        --contestants ddp,gradient_allreduce,gradient_allreduce_hier,bytegrad,bytegrad_hier,low_precision_decentralized,low_precision_decentralized_hier \
+        --rounds 5 --round-steps 4
+    done
+  else
+    echo "80-ddp hier: not run (needs DDP_GPUS=4 on a 4-GPU machine)"
+  fi
 fi
 if [[ "$PARTS" == *" link10 "* ]]; then
 run "link10-transformer" 160 --net bagua-net --link 10gbit --models transformer \
