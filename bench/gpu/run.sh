@@ -16,6 +16,8 @@
 # those, e.g. '^(_bagua_ext.*|nccl-net|baguarun)$'), BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
 # for steps that build what they need, like 85-install), BAGUA_GPU_DEADLINE (seconds from the
 # start: every step's limit is cut so that the last one ends by then; a device call has 600 s).
+# Multi-GPU machines (issue 22): BAGUA_GPU_RANKS=4 for the net phase's all-reduces (one GPU a
+# rank), DDP_GPUS=2|4 and DDP_PARTS=hier for step 80, step 70 takes every visible GPU.
 # Output goes to $OUT (the device tool's folder) or ./gpu-out.
 #
 # usage: bench/gpu/run.sh [--quick] [--skip-tests]
@@ -98,6 +100,9 @@ if want net; then
 fi
 
 MAX=1G; ITERS=20
+# BAGUA_GPU_RANKS: ranks (one GPU each) of the net phase's all-reduces (default 2; issue 22: 4).
+RANKS=${BAGUA_GPU_RANKS:-2}
+case "$RANKS" in ''|*[!0-9]*|0|1) echo "BAGUA_GPU_RANKS='$RANKS': expected a rank count >= 2"; exit 1 ;; esac
 if [ "$QUICK" = 1 ]; then MAX=256M; ITERS=10; fi
 NETPATH=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
 
@@ -105,7 +110,7 @@ run_case() {  # label, then env assignments
   local label="$1"; shift
   log "all-reduce: $label"
   env "${NETPATH[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV "$@" \
-    timeout 300 "$BENCH" --ranks 2 --min 1M --max "$MAX" --iters "$ITERS" --warmup 5 \
+    timeout 300 "$BENCH" --ranks "$RANKS" --min 1M --max "$MAX" --iters "$ITERS" --warmup 5 \
     --label "$label" --json "$OUT/$label.json" > "$OUT/$label.log" 2>&1
   local rc=$?
   grep -v ' NCCL INFO ' "$OUT/$label.log" | tail -15
