@@ -161,7 +161,8 @@ def rank_env(args, rank, master, port):
         plugin = os.path.join(args.build, "net_plugin")
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             [plugin] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-        # BAGUA_NET_PLUGIN_PATH: an installed plugin (bagua.net_plugin_path()) instead of the build's.
+        # BAGUA_NET_PLUGIN_PATH: an installed plugin (bagua.net_plugin_path()) instead of the
+        # build's.
         env.update(NCCL_NET_PLUGIN=os.environ.get("BAGUA_NET_PLUGIN_PATH") or "bagua",
                    NCCL_NET="Bagua")
         if args.link != "none":

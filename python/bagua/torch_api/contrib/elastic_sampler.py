@@ -102,8 +102,8 @@ class ElasticDistributedSampler(torch.utils.data.Sampler):
     def remaining(self, batches_consumed=None):
         """The samples of this epoch not consumed after ``batches_consumed`` steps."""
         k = self.batches_consumed if batches_consumed is None else batches_consumed
-        self._plan()
-        if k < 0:  # more than the segment has: the plan says so
+        self._plan()  # position() needs this epoch planned; it refuses k past the segment's end
+        if k < 0:
             raise ValueError("bagua: {} batches consumed: expected a count >= 0".format(k))
         return self._plan_impl.position(k)[1]
 

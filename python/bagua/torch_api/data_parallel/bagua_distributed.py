@@ -501,7 +501,7 @@ class _NativeEngine:
                 int(stream), autotune=AUTOTUNE,
                 autotune_model="with_bagua{}".format(_reducers_made),
                 launch_without_waiting=LAUNCH_WITHOUT_WAITING,
-                grad_homes=[h.data_ptr() if h is not None else 0 for h in self._homes])
+                grad_homes=self._home_ptrs(self._homes))
         self._communicated = set(self._reducer.communicated())
         self._keep = self._keep_views()
         # The layout the homes were last laid out for (None: check at the next forward).
@@ -541,7 +541,7 @@ class _NativeEngine:
                     _lay_out(ps, lambda p: p.grad, install, zero=True)
             homes = [self._home(p) for p in self._params]
             red.set_grads(self._grad_ptrs())
-            red.set_grad_homes([h.data_ptr() if h is not None else 0 for h in homes])
+            red.set_grad_homes(self._home_ptrs(homes))
             self._homes = homes  # the old ones were alive until the reducer left them
             self._keep = self._keep_views()
         self._homes_gen = red.layout_generation
@@ -593,13 +593,18 @@ class _NativeEngine:
         self.ddp._register_grad_hooks()
 
     def _home(self, p):
+        """p's gradient home: the view this wrap laid out, while it is still p's layout and fits
+        p (CUDA ones only with IN_PLACE_DEVICE_BUCKETS at the wrap); else None."""
         v = self._own_views.get(id(p))
-        if v is None or getattr(p, "_bagua_grad_view", None) is not v or not p.requires_grad or v.shape != p.shape or v.dtype != p.dtype or \
-                v.device != p.device or not v.is_contiguous():
-            return None
-        if v.is_cuda and not self._device_homes:
+        if v is None or getattr(p, "_bagua_grad_view", None) is not v or not p.requires_grad \
+                or v.shape != p.shape or v.dtype != p.dtype or v.device != p.device \
+                or not v.is_contiguous() or (v.is_cuda and not self._device_homes):
             return None
         return v
+
+    @staticmethod
+    def _home_ptrs(homes):
+        return [h.data_ptr() if h is not None else 0 for h in homes]
 
     def _grad_ptr(self, p):
         if p.grad is not None and p.grad.is_contiguous():
