@@ -197,3 +197,87 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_the_uninterrupted_one(algo
                  for _, kind, rec in harness.elastic_log_entries(d + "/alog") if kind == "eval"}
         # (Decentralized averaging with a peer every 3rd step converges more slowly.)
         assert evals[1] < evals[0] * (0.5 if algorithm == "gradient_allreduce" else 0.8), evals
+
+
+class _Mine:
+    """An object of the user's own type in `extra` (torch.load(weights_only=True) refuses it)."""
+
+    def __init__(self, v):
+        self.v = v
+
+
+WEIGHTS_ONLY_DEFAULT = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 6)
+
+
+def _plain(obj, where="file"):
+    """Asserts `obj` holds only what torch.load(weights_only=True) takes without allowlisting:
+    tensors, torch.Size, None, bool, int, float, str, bytes, list, tuple, dict, OrderedDict."""
+    import collections
+
+    if isinstance(obj, (torch.Tensor, torch.Size)) or obj is None or \
+            type(obj) in (bool, int, float, str, bytes):
+        return
+    assert type(obj) in (list, tuple, dict, collections.OrderedDict), \
+        "{} holds a {}".format(where, type(obj))
+    for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+        _plain(k, where)
+        _plain(v, "{}[{!r}]".format(where, k))
+
+
+def _ckpt_dir(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    return tempfile.TemporaryDirectory(prefix="bagua_ckpt_")
+
+
+def _trained():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_checkpoint_files_hold_plain_types_and_restore_every_rng(monkeypatch):
+    """torch >= 2.6 loads with weights_only=True by default: what save_training_state writes
+    (numpy's RNG state included) holds only tensors and plain types, loads that way, and the
+    RNG streams (torch, random, numpy) continue exactly after the load."""
+    import random
+
+    import numpy
+
+    from bagua.torch_api.checkpoint import load_training_state, save_training_state
+
+    with _ckpt_dir(monkeypatch) as d:
+        model, opt = _trained()
+        numpy.random.seed(5)
+        numpy.random.rand(7)  # a position inside the stream
+        save_training_state(d, model, opt, step=3, extra={"best": 0.5, "ids": [1, 2]})
+        for name in ("rank_0.pt", "meta.pt"):
+            _plain(torch.load(os.path.join(d, "step_3", name)), name)
+        after = (torch.rand(3), random.random(), numpy.random.rand(3))
+        numpy.random.seed(99)
+        random.seed(99)
+        torch.manual_seed(99)
+        state = load_training_state(d, model, opt, weights_only=True if WEIGHTS_ONLY_DEFAULT
+                                    else None)
+        assert state["step"] == 3 and state["extra"] == {"best": 0.5, "ids": [1, 2]}
+        again = (torch.rand(3), random.random(), numpy.random.rand(3))
+        assert torch.equal(after[0], again[0]) and after[1] == again[1]
+        assert numpy.array_equal(after[2], again[2])
+
+
+@pytest.mark.skipif(not WEIGHTS_ONLY_DEFAULT, reason="torch {} < 2.6: torch.load does not load "
+                    "weights only by default (runs on the GPU machine's torch)".format(
+                        torch.__version__))
+def test_an_extra_of_the_users_own_type_needs_weights_only_false(monkeypatch):
+    import pickle
+
+    from bagua.torch_api.checkpoint import load_training_state, save_training_state
+
+    with _ckpt_dir(monkeypatch) as d:
+        model, opt = _trained()
+        save_training_state(d, model, opt, step=4, extra=_Mine(7))
+        with pytest.raises(pickle.UnpicklingError, match=r"weights_only=False"):
+            load_training_state(d, model, opt)
+        assert load_training_state(d, model, opt, weights_only=False)["extra"].v == 7

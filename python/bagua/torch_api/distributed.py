@@ -56,19 +56,28 @@ class BaguaModule:
     @property
     def bagua_algorithm(self):
         """The algorithm implementation (``AlgorithmImpl``) of the wrap."""
-        return self.__dict__["bagua_ddp"].bagua_algorithm
+        return _wrap_of(self, "bagua_algorithm").bagua_algorithm
 
     @property
     def bagua_optimizers(self):
-        return self.__dict__["bagua_ddp"].bagua_optimizers
+        return _wrap_of(self, "bagua_optimizers").bagua_optimizers
 
     @property
     def bagua_buckets(self):
-        return self.__dict__["bagua_ddp"].bagua_buckets
+        return _wrap_of(self, "bagua_buckets").bagua_buckets
 
     @property
     def bagua_train_step_counter(self):
-        return self.__dict__["bagua_ddp"].bagua_train_step_counter
+        return _wrap_of(self, "bagua_train_step_counter").bagua_train_step_counter
+
+
+def _wrap_of(module, what):
+    """The module's with_bagua wrap; AttributeError (so getattr(m, what, None) works) before it."""
+    ddp = module.__dict__.get("bagua_ddp")
+    if ddp is None:
+        raise AttributeError("{}.{}: call with_bagua(...) on this module first".format(
+            type(module).__name__, what))
+    return ddp
 
 
 def _install():

@@ -29,6 +29,7 @@ initialised). Runs on the trainer's thread.
 """
 
 import os
+import pickle
 import random
 import shutil
 
@@ -64,7 +65,11 @@ def _rng_state():
     try:
         import numpy
 
-        s["numpy"] = numpy.random.get_state()
+        # As plain types and a tensor, not numpy's own objects: torch.load(weights_only=True)
+        # (torch >= 2.6's default) refuses numpy's array reconstructor.
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        s["numpy"] = (str(kind), torch.from_numpy(keys.astype(numpy.int64)), int(pos),
+                      int(has_gauss), float(cached))
     except ImportError:
         pass
     return s
@@ -78,7 +83,8 @@ def _set_rng_state(s):
     if "numpy" in s:
         import numpy
 
-        numpy.random.set_state(s["numpy"])
+        kind, keys, pos, has_gauss, cached = s["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype(numpy.uint32), pos, has_gauss, cached))
 
 
 def _reseed(seed, step, rank):
@@ -120,6 +126,22 @@ def _write_atomic(obj, path):
     os.replace(tmp, path)
 
 
+def _load(file, map_location, weights_only):
+    """torch.load of one checkpoint file, with torch's default weights_only unless told (torch
+    >= 2.6 loads weights only by default; what bagua writes holds nothing else)."""
+    kw = {} if weights_only is None else {"weights_only": weights_only}
+    try:
+        return torch.load(file, map_location=map_location, **kw)
+    except pickle.UnpicklingError as e:
+        if weights_only is False:
+            raise
+        raise pickle.UnpicklingError(
+            "bagua: {} holds objects that torch.load(weights_only=True) refuses (an `extra` of "
+            "your own types, or a state_dict holding them): {}. If you trust this checkpoint "
+            "(you wrote it), load it with load_training_state(..., weights_only=False)".format(
+                file, str(e).strip().splitlines()[-1] if str(e).strip() else repr(e))) from e
+
+
 def latest_step(path):
     """The step of the newest complete checkpoint in ``path``, or None."""
     try:
@@ -139,7 +161,9 @@ def save_training_state(path, model, optimizer=None, lr_scheduler=None, sampler=
 
     ``step`` defaults to the previous checkpoint's step + 1 (counted per process from the
     loaded one). ``batches_consumed`` defaults to ``sampler.batches_consumed`` (kept by
-    ``sampler.track(loader)``). ``extra`` is any picklable object, returned by the load.
+    ``sampler.track(loader)``). ``extra`` is returned by the load: plain types (numbers, strings,
+    lists, tuples, dicts) and tensors load as they are; on torch >= 2.6 other objects need the
+    load's ``weights_only=False``.
     """
     world, rank = _world()
     if step is None:
@@ -185,21 +209,24 @@ def save_training_state(path, model, optimizer=None, lr_scheduler=None, sampler=
 
 
 def load_training_state(path, model, optimizer=None, lr_scheduler=None, sampler=None, seed=0,
-                        map_location="cpu"):
+                        map_location="cpu", weights_only=None):
     """Restores the newest complete checkpoint in ``path`` into the given objects.
 
     Returns None when there is none (a fresh start), else ``{"step", "epoch", "world_size",
     "extra", "resharded"}`` (resharded: the world size changed since the save).
+    ``weights_only`` goes to ``torch.load`` (None: torch's default, True from torch 2.6). What
+    bagua writes holds only tensors and plain types, so it loads either way; an ``extra`` of
+    other types needs ``weights_only=False`` on torch >= 2.6 (from a checkpoint you trust).
     """
     step = latest_step(path)
     if step is None:
         return None
     world, rank = _world()
     d = os.path.join(path, "step_{}".format(step))
-    meta = torch.load(os.path.join(d, "meta.pt"), map_location="cpu")
+    meta = _load(os.path.join(d, "meta.pt"), "cpu", weights_only)
     same = meta["world_size"] == world
     own = os.path.join(d, "rank_{}.pt".format(rank if same else 0))
-    state = torch.load(own, map_location=map_location)
+    state = _load(own, map_location, weights_only)
     model.load_state_dict(state["model"])
     opts = _as_list(optimizer)
     if len(opts) != len(state["optimizers"]):
