@@ -232,6 +232,14 @@ void bindComm(pyb::module_& m) {
              d["bytes_sent"] = s.bytesSent;
              d["bytes_received"] = s.bytesReceived;
              d["operations"] = s.operations;
+             // Per communicator: the global one runs on every rank; the inter-node one only on
+             // node leaders, so only global counts compare across ranks.
+             pyb::dict by;
+             ProcessGroup& pg = g.live();
+             by["global"] = pg.global().stats().operations;
+             by["intra"] = pg.intraNode() != nullptr ? pg.intraNode()->stats().operations : 0;
+             by["inter"] = pg.interNode() != nullptr ? pg.interNode()->stats().operations : 0;
+             d["operations_by_communicator"] = by;
              return d;
            })
       .def("destroy", &PyGroup::destroy,

@@ -48,13 +48,17 @@ def _run_nodes(nodes, local, items, timeout=240):
 
     port = harness.free_port()
     with tempfile.TemporaryDirectory(prefix="bagua_py_") as out:
-        env = dict(os.environ, **harness.COMMON_ENV)
+        # With GPUs, each node is a host of its own to NCCL (NCCL_HOSTID): node k's local rank j
+        # takes cuda:j like node 0's, which NCCL refuses within one host ("invalid usage"); the
+        # nodes then talk over the network path, as real ones do.
+        env = [dict(os.environ, **harness.COMMON_ENV, NCCL_HOSTID="bagua-test-node{}".format(k),
+                    NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1") for k in range(nodes)]
         procs = [subprocess.Popen(
             [exe, "--nproc_per_node", str(local), "--nnodes", str(nodes), "--node_rank", str(k),
              "--master_addr", "127.0.0.1", "--master_port", str(port), "--", sys.executable,
              os.path.join(harness.HERE, "workers.py"), "bundle", out,
              json.dumps({"items": items})],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k in range(nodes)]
+            env=env[k], stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k in range(nodes)]
         logs = [(rc, o) for rc, o, _ in harness.communicate_all(procs, timeout)]
         assert all(rc == 0 for rc, _ in logs), "\n".join(
             "---- node {} (exit {}) ----\n{}".format(k, rc, o[-4000:])

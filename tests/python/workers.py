@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -923,10 +924,46 @@ def reference(init, world, steps, lr, algorithm):
     return flat(model)
 
 
+def _default_group_ops():
+    """Operations run so far by this rank on the default group's global and intra-node
+    communicators (host, then nccl), once every earlier host operation has finished (a barrier:
+    the host queue runs in order)."""
+    bagua.barrier()
+    c = bagua.communication._get_default_group().get_global_communicator()
+    out = []
+    for g in (c._host, c._nccl):
+        if g is not None:  # every rank runs the global and intra-node ones (inter: leaders only)
+            by = g.stats()["operations_by_communicator"]
+            out += [by["global"], by["intra"]]
+    return out
+
+
 @worker
 def bundle(a):
-    """Several scenarios in one process group (one launch: torch's import dominates)."""
-    return {name: WORKERS[item["func"]](item.get("args", {})) for name, item in a["items"].items()}
+    """Several scenarios in one process group (one launch: torch's import dominates). After each
+    training scenario every rank must have run as many operations on the default group as the
+    others (a rank with one collective more or less pairs the later ones wrongly: a hang, or a
+    barrier that passes on one rank only); each rank's progress goes to stderr (shown when a
+    test fails)."""
+    out = {}
+    t0, before = time.monotonic(), None
+    for name, item in a["items"].items():
+        out[name] = WORKERS[item["func"]](item.get("args", {}))
+        if not bagua.is_initialized() or bagua.get_world_size() < 2:
+            continue
+        before = before or [0] * 4  # the first scenario's count includes the init's
+        now = _default_group_ops()
+        ran = [x - y for x, y in zip(now, before)]
+        before = now
+        print("[rank {}] {:.1f} s: {} done, operations on the default group (host global, intra; nccl global, intra) {}"
+              .format(bagua.get_rank(), time.monotonic() - t0, name, ran),
+              file=sys.stderr, flush=True)
+        every = bagua.communication.allgather_object(ran)
+        before = _default_group_ops()  # the allgather itself left out
+        if item["func"] == "train" and any(r != every[0] for r in every):
+            raise AssertionError("{}: the ranks ran different numbers of operations on the "
+                                 "default group (host global, intra; nccl global, intra): {}".format(name, every))
+    return out
 
 
 @worker

@@ -59,7 +59,7 @@ if want upstream; then
       echo "  $f: not run (DROPIN_UPSTREAM_TIMEOUT or the step's limit reached)"; continue
     fi
     t0=$SECONDS
-    ft=${DROPIN_FILE_TIMEOUT:-150}; [ "$(time_left)" -lt "$ft" ] && ft=$(time_left)
+    ft=${DROPIN_FILE_TIMEOUT:-240}; [ "$(time_left)" -lt "$ft" ] && ft=$(time_left)
     (cd "$UP/bagua-tests" && timeout "$ft" "$PY" -m pytest -v \
         -p no:cacheprovider -rfEs "$f" > "$D/upstream-file.log" 2>&1)
     rc=$?
