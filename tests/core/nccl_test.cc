@@ -730,6 +730,35 @@ TEST(Nccl, HostOrderWaitsForTheTrainerStream) {
   finishWhileStreamHeld(false);
 }
 
+// Two ranks of one host on one GPU (a wrong LOCAL_RANK, or simulated nodes without an
+// NCCL_HOSTID each): NCCL refuses with "invalid usage", and only NCCL_DEBUG=WARN used to say
+// why. The error carries NCCL's own reason and what to change.
+TEST(Nccl, TwoRanksOnOneGpuOfOneHostFailSayingWhy) {
+  if (gpuCount() < 1) {
+    GTEST_SKIP() << "needs a CUDA device (0 visible)";
+  }
+  auto store = std::make_shared<InMemoryStore>();
+  auto res = bagua::testing::runRanks(
+      2,
+      [&](int r) -> std::string {
+        ProcessGroupOptions o;
+        o.rank = r;
+        o.worldSize = 2;
+        o.backend = Backend::kNccl;
+        o.hierarchical = false;
+        o.cudaDevice = 0;  // both
+        o.rendezvousTimeout = 60000ms;
+        auto pg = ProcessGroup::create(store, o);
+        return pg.isOk() ? std::string("created") : pg.status().toString();
+      },
+      120s);
+  for (const std::string& e : res) {
+    EXPECT_NE(e.find("invalid usage"), std::string::npos) << e;
+    EXPECT_NE(e.find("Duplicate GPU"), std::string::npos) << e;  // NCCL's last WARN
+    EXPECT_NE(e.find("NCCL_HOSTID"), std::string::npos) << e;
+  }
+}
+
 TEST(Nccl, ReportsMissingDeviceClearly) {
   if (gpuCount() > 0) {
     GTEST_SKIP() << "a GPU is visible: this test checks the error without one";

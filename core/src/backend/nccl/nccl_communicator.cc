@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <stop_token>
+#include <string>
 #include <thread>
 
 #include "bagua/base/cuda_check.h"
@@ -754,12 +755,21 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
     r = settle(comm, r, Clock::now() + options.rendezvousTimeout);
   }
   if (r != ncclSuccess) {
+    // NCCL's own words for it (its last WARN, e.g. "Duplicate GPU detected : rank 1 and rank 3
+    // both on CUDA device 1b000"), which otherwise only NCCL_DEBUG=WARN shows.
+    const char* last = ncclGetLastError(comm);
+    const std::string detail = last != nullptr && *last != '\0' ? std::string(": ") + last : "";
     if (comm != nullptr) {
       ncclCommAbort(comm);
     }
     freeCuda();
-    return BAGUA_ERROR(kNcclError, "rank %d: NCCL init of %d ranks on device %d failed: %s", rank,
-                       size, device, ncclGetErrorString(r));
+    const char* hint = r != ncclInvalidUsage
+                           ? ""
+                           : " (two ranks of one host on one GPU? Each rank of a host needs its "
+                             "own GPU: LOCAL_RANK, CUDA_VISIBLE_DEVICES; simulated nodes on one "
+                             "machine need an NCCL_HOSTID each)";
+    return BAGUA_ERROR(kNcclError, "rank %d: NCCL init of %d ranks on device %d failed: %s%s%s",
+                       rank, size, device, ncclGetErrorString(r), detail.c_str(), hint);
   }
   BAGUA_LOG_INFO(kLogInit, "rank %d: NCCL communicator of %d ranks on device %d", rank, size,
                  device);
