@@ -75,7 +75,7 @@ run() {  # label, seconds, compare.py arguments... (cut to what is left of run.s
 }
 SECONDS=0
 # DDP_PARTS: which parts to run (default: the first two). default4: the default path with 4 ranks
-# sharing the GPU; long10: the 10 Gbit/s link over 110 steps (the loss comparison at equal steps
+# sharing the GPU; all: every contestant over Bagua-Net and over Socket, no cap; long10: the 10 Gbit/s link over 110 steps (the loss comparison at equal steps
 # that the 16-20 steps of link10 cannot make), qadam and PowerSGD warming up for 30; hier (needs
 # DDP_GPUS=4): 2 "nodes" of 2 GPUs (one NCCL_HOSTID each: NVLink inside, the network between),
 # every algorithm flat against hierarchical (issue 22's run 3).
@@ -95,6 +95,13 @@ if [[ "$PARTS" == *" default4 "* ]]; then
         --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 5 --round-steps 4
     done
   fi
+fi
+if [[ "$PARTS" == *" all "* ]]; then
+  # Every contestant (DDP, its bf16 and PowerSGD hooks, each algorithm) over each transport, no
+  # cap: issue 22's run 2 on real GPUs (DDP_GPUS=2|4).
+  for net in bagua-net socket; do
+    run "all-$net" 260 --net "$net" --models transformer,resnet50 --rounds 5 --round-steps 4
+  done
 fi
 if [[ "$PARTS" == *" long10 "* ]]; then
 run "long10-transformer" 420 --net bagua-net --link 10gbit --models transformer \
