@@ -393,19 +393,8 @@ Result<std::unique_ptr<core::AlgorithmImpl>> AsyncModelAverage::reify(core::Proc
     mainStage_ = true;
   }
   // The averaging thread talks on its own group, so it never interleaves with the reducer's
-  // collectives on the training group (Bagua's fix #298). Its name must be new to the store and
-  // equal across ranks: the k-th reify on a training group, counted in the group's store (every
-  // rank adds 1, so the k-th round draws k*size+1 .. (k+1)*size; rounds cannot overlap, the
-  // wrap's broadcast lies between them). Not counted per algorithm object: a front end may make
-  // a new one for every reducer it builds (the Python one does, at rebuilds and model switches),
-  // and a count in the object then repeats a name whose rendezvous keys are already taken.
-  BAGUA_ASSIGN_OR_RETURN(int64_t drawn,
-                         group.store()->add(group.options().name + "/async/reified", 1));
-  const int64_t n = (drawn - 1) / std::max(1, group.size());
-  core::ProcessGroupOptions o = group.options();
-  o.name = strPrintf("%s/async/%lld", o.name.c_str(), static_cast<long long>(n));
-  o.hierarchical = false;
-  BAGUA_ASSIGN_OR_RETURN(auto threadGroup, core::ProcessGroup::create(group.store(), o));
+  // collectives on the training group (Bagua's fix #298).
+  BAGUA_ASSIGN_OR_RETURN(auto threadGroup, detail::threadGroup(group, "async", false));
   return std::unique_ptr<core::AlgorithmImpl>(
       new AsyncImpl(this, mainStage_, group, std::move(threadGroup)));
 }

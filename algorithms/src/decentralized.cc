@@ -20,9 +20,15 @@ namespace {
 class DecentralizedImpl final : public core::AlgorithmImpl {
  public:
   // flat: exchange on the global communicator; else intra reduce, exchange among the node
-  // leaders, intra broadcast.
-  DecentralizedImpl(bool flat, PeerSelection mode, int interval)
-      : flat_(flat), mode_(mode), interval_(interval), worker_("bagua-decentral") {}
+  // leaders, intra broadcast. The worker thread exchanges on `group` (detail::threadGroup), not
+  // on the training group, where the trainer's own collectives run meanwhile.
+  DecentralizedImpl(bool flat, PeerSelection mode, int interval,
+                    std::unique_ptr<core::ProcessGroup> group)
+      : flat_(flat),
+        mode_(mode),
+        interval_(interval),
+        group_(std::move(group)),
+        worker_("bagua-decentral") {}
 
   ~DecentralizedImpl() override {
     if (launched_) {
@@ -59,7 +65,7 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
     // The weights as they are before forward, exchanged while forward and backward run.
     BAGUA_RETURN_IF_ERROR(detail::gatherWeights(ddp.parameters(), view_, peer_.f32()));
     BAGUA_RETURN_IF_ERROR(detail::sync(view_.exec, timeout_));
-    core::ProcessGroup& g = ddp.group();
+    core::ProcessGroup& g = *group_;
     const int64_t step = commStep_++;
     BAGUA_RETURN_IF_ERROR(worker_.start([this, &g, step] { return exchange(g, step); }));
     launched_ = true;
@@ -144,7 +150,8 @@ class DecentralizedImpl final : public core::AlgorithmImpl {
   std::chrono::milliseconds timeout_{0};
   detail::Buffer peer_;  // my weights, then the average (worker thread while launched_)
   detail::Buffer recv_;
-  detail::Worker worker_;  // last: joined before the buffers go
+  std::unique_ptr<core::ProcessGroup> group_;  // the worker's
+  detail::Worker worker_;                      // last: joined before the buffers and the group go
 };
 
 }  // namespace
@@ -177,7 +184,9 @@ Result<std::unique_ptr<core::AlgorithmImpl>> Decentralized::reify(core::ProcessG
                        flat ? "ranks" : "nodes (hierarchical=true exchanges among node leaders)", n,
                        flat ? "" : "; pass hierarchical=false to pair the ranks themselves");
   }
-  return std::unique_ptr<core::AlgorithmImpl>(new DecentralizedImpl(flat, mode_, interval_));
+  BAGUA_ASSIGN_OR_RETURN(auto exchangeGroup, detail::threadGroup(group, "decentral", !flat));
+  return std::unique_ptr<core::AlgorithmImpl>(
+      new DecentralizedImpl(flat, mode_, interval_, std::move(exchangeGroup)));
 }
 
 }  // namespace bagua::algo

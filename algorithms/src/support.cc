@@ -1,5 +1,6 @@
 #include "support.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "bagua/base/thread.h"
@@ -130,6 +131,24 @@ void Worker::loop(std::stop_token stop) {
     }
     cv_.notify_all();
   }
+}
+
+Result<std::unique_ptr<core::ProcessGroup>> threadGroup(core::ProcessGroup& group,
+                                                        const char* purpose, bool hierarchical) {
+  // Its name must be new to the store and equal across ranks: the k-th such group of `purpose`
+  // on a training group, counted in the group's store (every rank adds 1, so the k-th round
+  // draws k*size+1 .. (k+1)*size; rounds cannot overlap, the wrap's broadcast lies between
+  // them). Not counted per algorithm object: a front end may make a new one for every reducer it
+  // builds (the Python one does, at rebuilds and model switches), and a count in the object then
+  // repeats a name whose rendezvous keys are already taken.
+  BAGUA_ASSIGN_OR_RETURN(
+      int64_t drawn,
+      group.store()->add(strPrintf("%s/%s/reified", group.options().name.c_str(), purpose), 1));
+  const int64_t n = (drawn - 1) / std::max(1, group.size());
+  core::ProcessGroupOptions o = group.options();
+  o.name = strPrintf("%s/%s/%lld", o.name.c_str(), purpose, static_cast<long long>(n));
+  o.hierarchical = hierarchical;
+  return core::ProcessGroup::create(group.store(), o);
 }
 
 }  // namespace bagua::algo::detail

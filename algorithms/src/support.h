@@ -1,10 +1,12 @@
 // Helpers shared by the weight-based algorithms (decentralized, low-precision decentralized,
-// async): a flat view of the model's weights and a one-job background worker. Private.
+// async): a flat view of the model's weights, a one-job background worker and the process group
+// such a worker talks on. Private.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -12,6 +14,7 @@
 
 #include "bagua/base/status.h"
 #include "bagua/core/ddp.h"
+#include "bagua/core/process_group.h"
 #include "vec_ops.h"
 
 namespace bagua::algo::detail {
@@ -40,6 +43,14 @@ Result<WeightView> makeWeightView(core::DistributedDataParallel& ddp,
                                    const WeightView& view, float* out);
 [[nodiscard]] Status scatterWeights(std::vector<core::Parameter>& params, const WeightView& view,
                                     const float* in);
+
+// A process group of its own for an algorithm's background thread, over the same ranks and store
+// as `group`: collectives issued from two threads on one communicator run in whichever order the
+// threads reach it, which may differ between ranks and pair the operations wrongly (Bagua's fix
+// #298; the trainer's own collectives, a SyncBatchNorm's for example, run on `group` meanwhile).
+// Collective: every rank calls it at the same point. `purpose` names it ("async", ...).
+Result<std::unique_ptr<core::ProcessGroup>> threadGroup(core::ProcessGroup& group,
+                                                        const char* purpose, bool hierarchical);
 
 // One named thread running one job at a time; start() hands it a job, wait() collects its
 // status within a deadline. Destruction requests stop and joins (a running job must itself be

@@ -232,12 +232,19 @@ struct TrainSpec {
   // Optional: called after each step (rank, step, toy, algorithm); non-empty fails the rank.
   std::function<std::string(int, int, Toy&, core::Algorithm&)> after;
   std::chrono::milliseconds sleepPerStep{0};
+  // Optional: per rank, the operations run on the training group (all its communicators) from
+  // the end of the second step (the wrap's broadcast and the reducer's one rebuild behind) to
+  // the end.
+  std::vector<uint64_t>* trainingGroupOps = nullptr;
 };
 
 // SGD with lr 1 and no momentum: x <- x - g.
 std::string train(const TrainSpec& spec, std::vector<std::vector<float>>* weights) {
   auto store = std::make_shared<core::InMemoryStore>();
   weights->assign(spec.world, {});
+  if (spec.trainingGroupOps != nullptr) {
+    spec.trainingGroupOps->assign(spec.world, 0);
+  }
   auto res = testing::runRanks(
       spec.world,
       [&](int r) -> std::string {
@@ -257,6 +264,7 @@ std::string train(const TrainSpec& spec, std::vector<std::vector<float>>* weight
           return ddp.status().toString();
         }
         core::DistributedDataParallel& d = **ddp;
+        uint64_t opsAfterSecondStep = 0;
         for (int step = 0; step < spec.steps; ++step) {
           RETURN_IF_FAILED(d.prepareForward());
           size_t base = 0;
@@ -288,6 +296,12 @@ std::string train(const TrainSpec& spec, std::vector<std::vector<float>>* weight
           if (spec.sleepPerStep.count() > 0) {
             std::this_thread::sleep_for(spec.sleepPerStep);
           }
+          if (step == 1) {
+            opsAfterSecondStep = (*pg)->stats().operations;
+          }
+        }
+        if (spec.trainingGroupOps != nullptr) {
+          (*spec.trainingGroupOps)[r] = (*pg)->stats().operations - opsAfterSecondStep;
         }
         (*weights)[r] = toy.flat();
         return "";
@@ -394,8 +408,13 @@ TEST_P(DecentralizedTrain, MatchesDoublePrecisionSimulation) {
                             {"peer_selection_mode", tc.mode},
                             {"communication_interval", std::to_string(tc.interval)}});
   };
+  std::vector<uint64_t> ops;
+  spec.trainingGroupOps = &ops;
   std::vector<std::vector<float>> got;
   ASSERT_EQ(train(spec, &got), "");
+  // The exchanges ran on the worker's own group: none on the training group, where the
+  // trainer's collectives (a SyncBatchNorm's) would otherwise race them for the order.
+  EXPECT_EQ(ops, std::vector<uint64_t>(4, 0));
   const auto want = simulateDecentralized(4, std::string(tc.mode) == "shift_one", tc.interval, 7);
   for (int r = 0; r < 4; ++r) {
     for (size_t i = 0; i < toyNumel(); ++i) {
