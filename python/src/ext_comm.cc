@@ -232,8 +232,8 @@ void bindComm(pyb::module_& m) {
              d["bytes_sent"] = s.bytesSent;
              d["bytes_received"] = s.bytesReceived;
              d["operations"] = s.operations;
-             // Per communicator: the global one runs on every rank; the inter-node one only on
-             // node leaders, so only global counts compare across ranks.
+             // Per communicator: the global and intra-node ones run on every rank, the
+             // inter-node one only on node leaders, so only the first two compare across ranks.
              pyb::dict by;
              ProcessGroup& pg = g.live();
              by["global"] = pg.global().stats().operations;

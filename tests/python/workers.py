@@ -946,23 +946,22 @@ def bundle(a):
     barrier that passes on one rank only); each rank's progress goes to stderr (shown when a
     test fails)."""
     out = {}
+    what = "operations on the default group (host global, intra; nccl global, intra)"
     t0, before = time.monotonic(), None
     for name, item in a["items"].items():
         out[name] = WORKERS[item["func"]](item.get("args", {}))
         if not bagua.is_initialized() or bagua.get_world_size() < 2:
             continue
-        before = before or [0] * 4  # the first scenario's count includes the init's
         now = _default_group_ops()
-        ran = [x - y for x, y in zip(now, before)]
-        before = now
-        print("[rank {}] {:.1f} s: {} done, operations on the default group (host global, intra; nccl global, intra) {}"
-              .format(bagua.get_rank(), time.monotonic() - t0, name, ran),
-              file=sys.stderr, flush=True)
+        # The first scenario's count includes the init's.
+        ran = [x - y for x, y in zip(now, before or [0] * len(now))]
+        print("[rank {}] {:.1f} s: {} done, {} {}".format(
+            bagua.get_rank(), time.monotonic() - t0, name, what, ran), file=sys.stderr, flush=True)
         every = bagua.communication.allgather_object(ran)
         before = _default_group_ops()  # the allgather itself left out
         if item["func"] == "train" and any(r != every[0] for r in every):
-            raise AssertionError("{}: the ranks ran different numbers of operations on the "
-                                 "default group (host global, intra; nccl global, intra): {}".format(name, every))
+            raise AssertionError("{}: the ranks ran different numbers of {}: {}".format(
+                name, what, every))
     return out
 
 

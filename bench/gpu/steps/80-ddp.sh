@@ -75,8 +75,9 @@ run() {  # label, seconds, compare.py arguments... (cut to what is left of run.s
 }
 SECONDS=0
 # DDP_PARTS: which parts to run (default: the first two). default4: the default path with 4 ranks
-# sharing the GPU; all: every contestant over Bagua-Net and over Socket, no cap; long10: the 10 Gbit/s link over 110 steps (the loss comparison at equal steps
-# that the 16-20 steps of link10 cannot make), qadam and PowerSGD warming up for 30; hier (needs
+# sharing the GPU; all: every contestant over Bagua-Net and over Socket, no cap; long10: the
+# 10 Gbit/s link over 110 steps (the loss comparison at equal steps that the 16-20 steps of link10
+# cannot make), qadam and PowerSGD warming up for 30; hier (needs
 # DDP_GPUS=4): 2 "nodes" of 2 GPUs (one NCCL_HOSTID each: NVLink inside, the network between),
 # every algorithm flat against hierarchical (issue 22's run 3).
 PARTS=" ${DDP_PARTS:-default link10} "

@@ -133,8 +133,8 @@ def _load(file, map_location, weights_only):
     try:
         return torch.load(file, map_location=map_location, **kw)
     except pickle.UnpicklingError as e:
-        if weights_only is False:
-            raise
+        if weights_only is False or "Weights only load failed" not in str(e):
+            raise  # not the weights-only refusal (a damaged file, say): as torch said it
         raise pickle.UnpicklingError(
             "bagua: {} holds objects that torch.load(weights_only=True) refuses (an `extra` of "
             "your own types, or a state_dict holding them): {}. If you trust this checkpoint "
