@@ -158,3 +158,15 @@ def test_async_model_average_cuda(runs):
         before = _train_loss(o["init"], 30)
         after = _train_loss(o["final"], 30)
         assert after < before, "loss {} -> {}".format(before, after)
+
+
+def test_a_model_freed_at_different_moments_on_each_rank_does_not_hold_the_others():
+    # Rank 0 keeps a decentralized model (its exchange group: an NCCL communicator of its own)
+    # while rank 1 frees its copy and both train a new model; rank 0 frees the old one at the end.
+    # NCCL's ncclCommDestroy waits for the peers on the host to destroy theirs, so rank 1 used to
+    # block in the free while rank 0 waited for it in the new model's collectives (a hang until
+    # the 30 s collective timeout: how test_nccl_collectives' bundle failed on 2 GPUs).
+    outs = harness.run("drop_unevenly", 2, {"device": "cuda"}, timeout=150)
+    for o in outs:
+        assert all(s < 20 for s in o["seconds"]), o["seconds"]
+        assert all(l == l for losses in o["losses"] for l in losses)

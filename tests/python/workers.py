@@ -939,6 +939,60 @@ def _default_group_ops():
 
 
 @worker
+def drop_unevenly(a):
+    """A wrapped model dropped at a different moment on each rank (Python frees a wrapper when its
+    garbage collector runs: it sits in reference cycles), while the ranks go on training another
+    model. Rank 0 keeps each old model until the end; the others free theirs at once. On NCCL,
+    freeing one frees its algorithm's communicators (decentralized exchanges on a process group of
+    its own), and NCCL's ncclCommDestroy waits until the peers on the host destroy theirs too:
+    before the fix, rank 1 blocked in gc.collect() while rank 0 waited for it in the next model's
+    collectives. Returns each new model's losses and the seconds each phase took."""
+    import gc
+
+    _init()
+    r = bagua.get_rank()
+    dev = torch.device(a.get("device", "cpu"))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+    def wrap(name, kwargs):
+        torch.manual_seed(0)
+        model = Net().to(dev)
+        algo, opt = make_algorithm(name, kwargs, model, 0.05)
+        return model.with_bagua([opt], algo), opt
+
+    def steps(wrapped, opt, k):
+        losses = []
+        for step in range(k):
+            opt.zero_grad()
+            x, y = data(r, step)
+            loss = torch.nn.functional.mse_loss(wrapped(x.to(dev)), y.to(dev))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    kept, out = [], {"losses": [], "seconds": []}
+    for name in a.get("algorithms", ["decentralized"]):
+        wrapped, opt = wrap(name, {"hierarchical": False})
+        steps(wrapped, opt, 3)
+        if r == 0:
+            kept.append((wrapped, opt))
+        t = time.monotonic()
+        del wrapped, opt
+        gc.collect()  # rank 0 still holds it: nothing freed there
+        wrapped, opt = wrap("gradient_allreduce", {})
+        out["losses"].append(steps(wrapped, opt, 3))
+        out["seconds"].append(time.monotonic() - t)
+        del wrapped, opt
+        gc.collect()
+    kept.clear()
+    gc.collect()  # now rank 0 frees the old ones
+    bagua.barrier()
+    return out
+
+
+@worker
 def bundle(a):
     """Several scenarios in one process group (one launch: torch's import dominates). After each
     training scenario every rank must have run as many operations on the default group as the

@@ -160,23 +160,29 @@ class NcclCommunicator final : public Communicator {
     // Blocking mode: ncclCommFinalize waits for NCCL's own streams and proxies, so it runs only
     // once everything we issued has completed and NCCL reports no error; otherwise (a peer gone
     // mid-collective) the communicator is aborted, which never waits for peers.
+    // Released with ncclCommAbort even when clean: ncclCommDestroy joins NCCL's proxy thread,
+    // which serves until every peer on this host has closed its connections to it, i.e. has
+    // destroyed its own communicator too. Ranks do not drop a communicator at the same moment
+    // (Python frees a wrapped model, and its algorithm's groups, when its garbage collector runs),
+    // so destroy blocked a rank until its peers dropped theirs while they waited for it in the
+    // next collective (on 2 GPUs: decentralized's exchange group, then a 30 s timeout). Abort
+    // closes those connections itself (cuMem, NCCL's default from driver 12.6) and, after the
+    // drain and the finalize, loses nothing.
     const bool drained = !ncclAborted_ && drain(Clock::now() + timeout_);
     if (!ncclAborted_) {  // drain() aborts on a CUDA error
       ncclResult_t async = ncclSuccess;
       const bool healthy =
           drained && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async == ncclSuccess;
       ncclResult_t r = healthy ? ncclCommFinalize(comm_) : ncclInternalError;
-      r = healthy ? settle(comm_, r, Clock::now() + timeout_) : r;  // finalize before destroy
-      if (healthy && r == ncclSuccess) {
-        ncclCommDestroy(comm_);
-      } else {
+      r = healthy ? settle(comm_, r, Clock::now() + timeout_) : r;  // finalized before the abort
+      if (!(healthy && r == ncclSuccess)) {
         BAGUA_LOG_WARN(kLogCore, "rank %d: NCCL communicator not clean at close (%s); aborting it",
                        rank_,
                        !drained   ? "operations still running"
                        : !healthy ? ncclGetErrorString(async)
                                   : ncclGetErrorString(r));
-        ncclCommAbort(comm_);
       }
+      ncclCommAbort(comm_);
     }
     for (uint64_t i = 0; i < kEventRing; ++i) {
       cudaEventDestroy(events_[i]);
