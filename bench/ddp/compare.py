@@ -47,10 +47,12 @@ ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qad
        "decentralized", "low_precision_decentralized"]
 # Also accepted: gradient_allreduce's variants (worker.VARIANTS): _sync (each bucket's collective
 # finished before the next one starts, the reducer's behaviour before issue 18), _copied
-# (do_flatten=False: gradients copied into the buckets and back), _in_place (CUDA buckets at
-# do_flatten's layout, IN_PLACE_DEVICE_BUCKETS); and every algorithm with hierarchical=True
+# (do_flatten=False: gradients copied into the buckets and back), _bucket_copies (CUDA buckets
+# copied in and back, IN_PLACE_DEVICE_BUCKETS off: the default before the 2- and 4-GPU runs of
+# 2026-11-26); and every algorithm with hierarchical=True
 # (_hier: intra-node, then among node leaders; with --nodes).
-EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied", "gradient_allreduce_in_place",
+EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied",
+         "gradient_allreduce_bucket_copies",
          "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
          "low_precision_decentralized_hier"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
@@ -246,7 +248,7 @@ def table(args, res, link_desc):
               link_desc, res["steps"], args.rounds, args.round_steps, res["torch"]))
     if floor is not None:
         print("loss floor (the Markov chain's entropy rate): {:.3f} nats/token".format(floor))
-    hdr = "{:30s} {:>9s} {:>8s} {:>8s} {:>10s} {:>9s} {:>9s} {:>10s}".format(
+    hdr = "{:32s} {:>9s} {:>8s} {:>8s} {:>10s} {:>9s} {:>9s} {:>10s}".format(
         "contestant", "step ms", "vs DDP", "cpu ms", "train loss", "eval loss", "eval/DDP",
         "rank diff")
     print(hdr)
@@ -255,7 +257,7 @@ def table(args, res, link_desc):
         speed = paired_speed(base, r) if base else float("nan")
         r["speed_vs_ddp"] = speed
         rel = r["eval_loss"] / base["eval_loss"] if base else float("nan")
-        print("{:30s} {:9.2f} {:7.2f}x {:8.2f} {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
+        print("{:32s} {:9.2f} {:7.2f}x {:8.2f} {:10.4f} {:9.4f} {:9.3f} {:10.2e}".format(
             r["name"], r["step_ms"], speed, r["cpu_ms"], r["final_loss"], r["eval_loss"], rel,
             r["weight_spread"]))
     for r in rows:

@@ -27,16 +27,16 @@ import models  # noqa: E402
 DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
-               "gradient_allreduce_copied", "gradient_allreduce_in_place",
+               "gradient_allreduce_copied", "gradient_allreduce_bucket_copies",
                "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
                "low_precision_decentralized_hier")
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
 # end before starting the next (the reducer before issue 18); _copied wraps with
-# do_flatten=False (gradients copied into reducer buckets and back every step); _in_place runs
-# CUDA buckets at do_flatten's laid-out gradients (IN_PLACE_DEVICE_BUCKETS; host buckets always
-# do, so on CPU it is gradient_allreduce itself). Any algorithm with _hier: hierarchical=True
+# do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
+# copies CUDA buckets in and back (IN_PLACE_DEVICE_BUCKETS off; by default they run at
+# do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce). Any algorithm with _hier: hierarchical=True
 # (the others run flat).
-VARIANTS = ("_sync", "_copied", "_in_place", "_hier")
+VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier")
 
 
 def parse(argv=None):
@@ -109,13 +109,14 @@ class Contestant:
         from bagua.torch_api.data_parallel import bagua_distributed as engine
 
         engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
-        engine.IN_PLACE_DEVICE_BUCKETS = name.endswith("_in_place")
+        in_place = engine.IN_PLACE_DEVICE_BUCKETS
+        engine.IN_PLACE_DEVICE_BUCKETS = not name.endswith("_bucket_copies")
         try:
             self.wrapped = self.module.with_bagua([self.opt], algo,
                                                   do_flatten=not name.endswith("_copied"))
         finally:
             engine.LAUNCH_WITHOUT_WAITING = True
-            engine.IN_PLACE_DEVICE_BUCKETS = False
+            engine.IN_PLACE_DEVICE_BUCKETS = in_place
 
     def reducer(self):
         """bagua's C++ reducer (for its time accounting), None for DDP."""

@@ -18,11 +18,12 @@ if not _bagua_ext.HAVE_NCCL:
 SCENARIOS = {
     "gar_core": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                  "device": "cuda", "cuda_reducer": "core"},
-    # do_flatten's gradients as the device buckets (IN_PLACE_DEVICE_BUCKETS; no copy in or back).
-    "gar_core_in_place": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
-                          "device": "cuda", "cuda_reducer": "core", "in_place": True},
-    "bytegrad_in_place": {"algorithm": "bytegrad", "steps": 10, "reference": True,
-                          "device": "cuda", "kwargs": {"hierarchical": False}, "in_place": True},
+    # The default runs the device buckets at do_flatten's gradients (IN_PLACE_DEVICE_BUCKETS); these
+    # turn it off: gradients copied into reducer buckets and back.
+    "gar_core_copies": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
+                        "device": "cuda", "cuda_reducer": "core", "in_place": False},
+    "bytegrad_copies": {"algorithm": "bytegrad", "steps": 10, "reference": True,
+                        "device": "cuda", "kwargs": {"hierarchical": False}, "in_place": False},
     "gar_python": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                    "device": "cuda", "cuda_reducer": "python"},
     "gar_ddp_noflat": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
@@ -61,7 +62,7 @@ def test_nccl_collectives(runs):
     comm_checks.check_collectives(runs["comm"], 2)
 
 
-@pytest.mark.parametrize("name", ["gar_core", "gar_core_in_place", "gar_python",
+@pytest.mark.parametrize("name", ["gar_core", "gar_core_copies", "gar_python",
                                   "gar_ddp_noflat"])
 def test_gradient_allreduce_cuda_equals_single_process(runs, name):
     outs = runs[name]
@@ -70,19 +71,19 @@ def test_gradient_allreduce_cuda_equals_single_process(runs, name):
     assert torch.allclose(outs[0]["final"], outs[0]["reference"], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["bytegrad", "bytegrad_in_place"])
+@pytest.mark.parametrize("name", ["bytegrad", "bytegrad_copies"])
 def test_bytegrad_cuda(runs, name):
     outs = runs[name]
     assert torch.equal(outs[0]["final"], outs[1]["final"])
     assert torch.allclose(outs[0]["final"], outs[0]["reference"], atol=2e-3)
 
 
-@pytest.mark.parametrize("name", ["gar_core", "gar_core_in_place", "bytegrad_in_place"])
-def test_cuda_buckets_in_place_only_when_asked(runs, name):
-    # Device buckets run at do_flatten's layout only with IN_PLACE_DEVICE_BUCKETS (until the GPU
-    # comparison makes it the default); then every bucket does, and the gradients are the layout.
+@pytest.mark.parametrize("name", ["gar_core", "gar_core_copies", "bytegrad", "bytegrad_copies"])
+def test_cuda_buckets_in_place_unless_turned_off(runs, name):
+    # Device buckets run at do_flatten's layout by default (IN_PLACE_DEVICE_BUCKETS): every bucket
+    # does, and the gradients are the layout; turned off, none does.
     in_place, buckets = runs[name][0]["in_place"]
-    if SCENARIOS[name].get("in_place"):
+    if SCENARIOS[name].get("in_place", True):
         assert buckets >= 1 and in_place == buckets, runs[name][0]["in_place"]
         assert runs[name][0]["grads_at_layout"][0] == runs[name][0]["grads_at_layout"][1] > 0
     else:

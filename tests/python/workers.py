@@ -254,13 +254,14 @@ def train(a):
 
         tuned = bagua_distributed.AUTOTUNE
         bagua_distributed.AUTOTUNE = 1 if a.get("autotune") else tuned
-        bagua_distributed.IN_PLACE_DEVICE_BUCKETS = bool(a.get("in_place"))
+        in_place = bagua_distributed.IN_PLACE_DEVICE_BUCKETS
+        bagua_distributed.IN_PLACE_DEVICE_BUCKETS = bool(a.get("in_place", in_place))
         try:
             wrapped = model.with_bagua([opt], algo, process_group=group,
                                        do_flatten=a.get("do_flatten", True))
         finally:
             bagua_distributed.AUTOTUNE = tuned
-            bagua_distributed.IN_PLACE_DEVICE_BUCKETS = False
+            bagua_distributed.IN_PLACE_DEVICE_BUCKETS = in_place
         ctx = wrapped.no_sync
     init = flat(model)
     losses = []

@@ -4,9 +4,9 @@
 # bench/ddp/compare.py:
 #   1. the default path: DDP against with_bagua(gradient_allreduce), GPT-2 small (124 M, Adam,
 #      512 tokens x 8 per rank) and ResNet-50 (batch 32, 224 px), over NCCL Socket
-#      and over Bagua-Net (target: bagua's step time <= DDP's), and gradient_allreduce_in_place
-#      (buckets at do_flatten's laid-out gradients, no copy in or back: IN_PLACE_DEVICE_BUCKETS,
-#      off by default until this comparison says it is as fast and as exact);
+#      and over Bagua-Net (target: bagua's step time <= DDP's), and
+#      gradient_allreduce_bucket_copies (CUDA buckets copied in and back: IN_PLACE_DEVICE_BUCKETS
+#      off; on by default since this comparison found the in-place buckets as fast or faster);
 #   2. the slow link: every contestant (DDP, DDP + bf16 hook, DDP + PowerSGD, bagua's
 #      gradient_allreduce, bytegrad, qadam, decentralized, low_precision_decentralized) over
 #      Bagua-Net capped at 10 Gbit/s per rank (BAGUA_NET_SEND_RATE_MBPS) for both libraries.
@@ -84,7 +84,7 @@ PARTS=" ${DDP_PARTS:-default link10} "
 if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
   run "default-$net" 130 --net "$net" --models transformer,resnet50 \
-    --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 6 --round-steps 5
+    --contestants ddp,gradient_allreduce,gradient_allreduce_bucket_copies --rounds 6 --round-steps 5
 done
 fi
 if [[ "$PARTS" == *" default4 "* ]]; then
@@ -93,7 +93,7 @@ if [[ "$PARTS" == *" default4 "* ]]; then
   else
     for net in bagua-net socket; do
       run "default4-$net" 200 --nproc 4 --net "$net" --models transformer,resnet50 \
-        --contestants ddp,gradient_allreduce,gradient_allreduce_in_place --rounds 5 --round-steps 4
+        --contestants ddp,gradient_allreduce,gradient_allreduce_bucket_copies --rounds 5 --round-steps 4
     done
   fi
 fi
@@ -139,7 +139,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
             extra = ""
             if r["name"] == "gradient_allreduce" and "max_loss_diff_vs_ddp" in r:
                 extra = " loss diff vs ddp {:.1e}".format(r["max_loss_diff_vs_ddp"])
-            print("  {:28s} {:8.1f} ms {:5.2f}x  eval loss {:.3f} ({:.3f} of ddp) rank diff {:.0e}{}"
+            print("  {:32s} {:8.1f} ms {:5.2f}x  eval loss {:.3f} ({:.3f} of ddp) rank diff {:.0e}{}"
                   .format(r["name"], r["step_ms"], r.get("speed_vs_ddp", float("nan")),
                           r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
                           r["weight_spread"], extra))

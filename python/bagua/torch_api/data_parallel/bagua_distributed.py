@@ -45,7 +45,7 @@ gradient left None). A ``fuse_optimizer`` layout made after the wrap is never re
 buckets are copied. A gradient autograd allocates after ``zero_grad(set_to_none=True)``
 (torch 2's default) is copied to its home when ready, and the parameter's ``.grad`` is
 re-pointed at the home when backward ends, as torch DDP's gradient_as_bucket_view does. CUDA
-buckets run in place only with ``IN_PLACE_DEVICE_BUCKETS``. What the layout also changes is
+buckets do the same unless ``IN_PLACE_DEVICE_BUCKETS`` is turned off. What the layout also changes is
 what code that looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent in its own
 order in weights and gradients, as in Bagua).
 """
@@ -60,9 +60,10 @@ _reducers_made = 0  # names each reducer's tuner (store keys), equal across rank
 #: (the behaviour before issue 18; bench/ddp's gradient_allreduce_sync compares it).
 LAUNCH_WITHOUT_WAITING = True
 #: do_flatten's laid-out CUDA gradients as the reducer's bucket storage (no copy in or out; see
-#: the module docstring), read at the wrap. Off until measured on a GPU (bench/gpu/steps/80-ddp.sh
-#: compares both); host gradients always run in place.
-IN_PLACE_DEVICE_BUCKETS = False
+#: the module docstring), read at the wrap. On since bench/gpu/steps/80-ddp.sh measured it on 2
+#: and 4 GPUs (bench/RESULTS.md, 2026-11-26: as fast as the copies or faster in 7 of 8 cases, the
+#: same losses); False copies every bucket in and back. Host gradients always run in place.
+IN_PLACE_DEVICE_BUCKETS = True
 
 import contextlib
 import struct
