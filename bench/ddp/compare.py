@@ -79,7 +79,7 @@ def parse():
                          "first round)")
     ap.add_argument("--powersgd-rank", type=int, default=1)
     ap.add_argument("--bucket-mb", type=float, default=0,
-                    help="bucket size for both (0: each one's default, DDP 25 MB, bagua 10 MiB)")
+                    help="bucket size for both (0: each one's default, DDP 25 MB, bagua 25 MiB)")
     ap.add_argument("--batch", type=int, default=0, help="per-rank batch (0: the preset's)")
     ap.add_argument("--link", default="none", help="'none' or " + netlink.RATE_HELP)
     ap.add_argument("--net", default="socket", choices=["socket", "bagua-net"],

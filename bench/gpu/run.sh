@@ -13,7 +13,9 @@
 # session can be split over several device calls on the same warm machine.
 # Shorter calls: BAGUA_GPU_MESON_ARGS (extra setup options, e.g. -Dgpu_arch=90: one architecture
 # instead of all), BAGUA_GPU_TARGETS (an extended regex over Meson's target names: build only
-# those, e.g. '^(_bagua_ext.*|nccl-net|baguarun)$'), BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
+# those, e.g. '^(_bagua_ext.*|nccl-net|libnccl-net-bagua.so|baguarun)$': the plugin's alias
+# libnccl-net-bagua.so is a target of its own, which NCCL_NET_PLUGIN=bagua loads),
+# BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
 # for steps that build what they need, like 85-install), BAGUA_GPU_DEADLINE (seconds from the
 # start: every step's limit is cut so that the last one ends by then; a device call has 600 s).
 # Multi-GPU machines (issue 22): BAGUA_GPU_RANKS=4 for the net phase's all-reduces (one GPU a

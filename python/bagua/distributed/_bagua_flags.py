@@ -29,8 +29,9 @@ def add_bagua_flags(parser, service_port_default=29501):
     g.add_argument("--autotune_max_samples", type=int, default=60)
     g.add_argument("--autotune_sampling_confidence_time", type=float, default=5.0)
     g.add_argument("--autotune_warmup_time", type=float, default=30.0)
-    g.add_argument("--default_bucket_size", type=int, default=10 * 1024 ** 2,
-                   help="bucket size in bytes (BAGUA_DEFAULT_BUCKET_SIZE)")
+    g.add_argument("--default_bucket_size", type=int, default=None,
+                   help="bucket size in bytes (BAGUA_DEFAULT_BUCKET_SIZE; unset: with_bagua's "
+                        "default, 25 MiB; Bagua's launchers set 10 MiB)")
     g.add_argument("--enable_bagua_net", action="store_true", default=False,
                    help="NCCL uses our Bagua-Net network plugin (sets NCCL_NET_PLUGIN)")
     g.add_argument("--host_list", type=str, default=None,
@@ -53,13 +54,14 @@ def bagua_env(args):
     """The variables Bagua's flags set for the workers."""
     e = {
         "BAGUA_SERVICE_PORT": str(args.bagua_service_port),
-        "BAGUA_DEFAULT_BUCKET_SIZE": str(args.default_bucket_size),
         "BAGUA_AUTOTUNE": str(args.autotune_level),
         "BAGUA_AUTOTUNE_MAX_SAMPLES": str(args.autotune_max_samples),
         "BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S": str(args.autotune_sampling_confidence_time),
         "BAGUA_AUTOTUNE_WARMUP_TIME_S": str(args.autotune_warmup_time),
         "BAGUA_IS_OUTPUT_AUTOTUNE_LOG": str(int(args.is_output_autotune_log)),
     }
+    if args.default_bucket_size is not None:
+        e["BAGUA_DEFAULT_BUCKET_SIZE"] = str(args.default_bucket_size)
     if args.report_metrics:
         e["BAGUA_REPORT_METRICS"] = "1"
     if args.enable_bagua_net:

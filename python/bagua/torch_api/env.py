@@ -69,9 +69,18 @@ def get_master_addr():
     return os.environ.get("MASTER_ADDR", "127.0.0.1")
 
 
+#: with_bagua's bucket size when BAGUA_DEFAULT_BUCKET_SIZE is unset (Bagua's was 10 MiB).
+DEFAULT_BUCKET_SIZE = 25 * 1024 ** 2
+
+
 def get_default_bucket_size():
-    """BAGUA_DEFAULT_BUCKET_SIZE in bytes (default 10 MiB): the wrapper's bucket size."""
-    return _int_env("BAGUA_DEFAULT_BUCKET_SIZE", 10 * 1024 ** 2)
+    """BAGUA_DEFAULT_BUCKET_SIZE in bytes: the wrapper's bucket size. Default 25 MiB, torch DDP's
+    bucket_cap_mb, where Bagua had 10 MiB: on 4 H200 over Bagua-Net, in one run, GPT-2 small
+    trained at 0.77x torch DDP's speed with 10 MiB buckets and 0.99x with 25 MiB (ResNet-50:
+    1.06x, 1.12x); bench/RESULTS.md, 2026-11-26. BAGUA_DEFAULT_BUCKET_SIZE=10485760 restores
+    Bagua's."""
+    return _int_env("BAGUA_DEFAULT_BUCKET_SIZE", DEFAULT_BUCKET_SIZE)
+
 
 
 def get_bagua_service_port():
