@@ -11,6 +11,9 @@
 # (communication_primitives/main.py under both launchers; its alltoall_v case hard-codes 8
 # ranks, so it needs 8 GPUs), "lightning" (lightning-Bagua's tests, if Lightning is installed).
 # DROPIN_NPROC: ranks per launch (default: min(GPUs, 8); bench uses min(that, DROPIN_BENCH_NPROC=2)).
+# DROPIN_LIGHTNING_PATH: a folder put first on the lightning part's PYTHONPATH, holding a Lightning
+# older than the machine's (lightning-Bagua needs < 2.1; the GPU machine has 2.6 and installs
+# nothing), e.g. Lightning 2.0.9's src/lightning/{pytorch,fabric} from its git tag (python/README.md).
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Logs under $OUT/dropin/; one line per case here.
 set -uo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}"
@@ -167,6 +170,11 @@ if want prims; then
 fi
 
 if want lightning; then
+  if [ -n "${DROPIN_LIGHTNING_PATH:-}" ]; then
+    export PYTHONPATH="$DROPIN_LIGHTNING_PATH${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" -c 'import lightning; print("lightning: Lightning", lightning.__version__, "from", lightning.__file__)' \
+      2>&1 | tail -3
+  fi
   if "$PY" -c 'import lightning_utilities; import lightning' 2>/dev/null \
       || "$PY" -c 'import lightning_utilities; import pytorch_lightning' 2>/dev/null; then
     # lightning-Bagua's tests, the standalone (multi-GPU) ones one process tree each, as its
