@@ -92,3 +92,21 @@ def test_launcher_help_lists_bagua_flags():
             assert flag in p.stdout, (module, flag)
         if module.endswith(".run"):  # torchrun's own flags too
             assert b"--rdzv_backend" in p.stdout and b"--max_restarts" in p.stdout
+
+
+def test_bucket_size_unset_unless_given(monkeypatch):
+    # The launchers leave BAGUA_DEFAULT_BUCKET_SIZE alone unless --default_bucket_size is given,
+    # so with_bagua's default (25 MiB, torch DDP's; Bagua's launchers set 10 MiB) applies.
+    import argparse
+
+    from bagua.distributed import _bagua_flags
+    from bagua.torch_api import env
+
+    parser = _bagua_flags.add_bagua_flags(argparse.ArgumentParser())
+    assert "BAGUA_DEFAULT_BUCKET_SIZE" not in _bagua_flags.bagua_env(parser.parse_args([]))
+    given = parser.parse_args(["--default_bucket_size", "10485760"])
+    assert _bagua_flags.bagua_env(given)["BAGUA_DEFAULT_BUCKET_SIZE"] == "10485760"
+    monkeypatch.delenv("BAGUA_DEFAULT_BUCKET_SIZE", raising=False)
+    assert env.get_default_bucket_size() == 25 * 1024 ** 2
+    monkeypatch.setenv("BAGUA_DEFAULT_BUCKET_SIZE", "10485760")
+    assert env.get_default_bucket_size() == 10 * 1024 ** 2
