@@ -13,8 +13,8 @@
 # session can be split over several device calls on the same warm machine.
 # Shorter calls: BAGUA_GPU_MESON_ARGS (extra setup options, e.g. -Dgpu_arch=90: one architecture
 # instead of all), BAGUA_GPU_TARGETS (an extended regex over Meson's target names: build only
-# those, e.g. '^(_bagua_ext.*|nccl-net|libnccl-net-bagua.so|baguarun)$': the plugin's alias
-# libnccl-net-bagua.so is a target of its own, which NCCL_NET_PLUGIN=bagua loads),
+# those, e.g. '^(_bagua_ext.*|nccl-net|baguarun)$'; nccl-net brings its alias
+# libnccl-net-bagua.so, a target of its own, which NCCL_NET_PLUGIN=bagua loads),
 # BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
 # for steps that build what they need, like 85-install), BAGUA_GPU_DEADLINE (seconds from the
 # start: every step's limit is cut so that the last one ends by then; a device call has 600 s).
@@ -80,8 +80,12 @@ if [ "$STANDALONE" = 0 ] && [ "${BAGUA_GPU_NO_BUILD:-0}" != 1 ]; then
     mapfile -t targets < <(meson introspect "$BUILD" --targets | python3 -c '
 import json, re, sys
 want = re.compile(sys.argv[1])
-for t in json.load(sys.stdin):
-    if want.search(t["name"]):
+targets = json.load(sys.stdin)
+names = {t["name"] for t in targets if want.search(t["name"])}
+if "nccl-net" in names:  # NCCL_NET_PLUGIN=bagua loads the alias, a target of its own
+    names.add("libnccl-net-bagua.so")
+for t in targets:
+    if t["name"] in names:
         for f in t["filename"]:
             print(f)' "$BAGUA_GPU_TARGETS" | sed "s|^$BUILD/||")
     echo "building ${#targets[@]} files of the targets matching $BAGUA_GPU_TARGETS"
