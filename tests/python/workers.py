@@ -994,6 +994,55 @@ def drop_unevenly(a):
 
 
 @worker
+def freed_by_refcount(a):
+    """Each way of wrapping, trained 3 steps (with a torch LR scheduler made after the wrap, as
+    in Bagua's examples), then dropped with the garbage collector off: which of (module,
+    optimizer, wrapper) outlived the drop. Before the wrapper held its module weakly, every one
+    did (reference cycles: freed, with the reducer and its process groups, only when the
+    collector ran, at a different moment on each rank)."""
+    import gc
+    import weakref
+
+    _init()
+    r = bagua.get_rank()
+    out = {}
+    gc.collect()
+    gc.disable()
+    try:
+        for kind in ("with_bagua", "ddp_wrapper", "decentralized", "qadam", "user_algorithm"):
+            torch.manual_seed(0)
+            model = Net()
+            if kind == "qadam":
+                opt = QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
+                algo = QAdamAlgorithm(opt, hierarchical=False)
+            else:
+                opt = torch.optim.SGD(model.parameters(), lr=0.05)
+                algo = (DecentralizedAlgorithm(hierarchical=False) if kind == "decentralized"
+                        else TutorialGradientAllReduce() if kind == "user_algorithm"
+                        else GradientAllReduceAlgorithm())
+            if kind == "ddp_wrapper":
+                wrapped = DistributedDataParallel(model, optimizers=[opt], algorithm=algo)
+                inner = wrapped.inner
+            else:
+                wrapped = model.with_bagua([opt], algo)
+                inner = wrapped.bagua_ddp
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            for step in range(3):
+                opt.zero_grad()
+                x, y = data(r, step)
+                torch.nn.functional.mse_loss(wrapped(x), y).backward()
+                opt.step()
+                sched.step()
+            refs = [weakref.ref(o) for o in (model, opt, inner)]
+            lr = opt.param_groups[0]["lr"]
+            del model, opt, algo, wrapped, inner, sched
+            out[kind] = {"alive": [ref() is not None for ref in refs], "lr": lr}
+    finally:
+        gc.enable()
+    return out
+
+
+@worker
 def bundle(a):
     """Several scenarios in one process group (one launch: torch's import dominates). After each
     training scenario every rank must have run as many operations on the default group as the

@@ -123,8 +123,31 @@ def _broadcast_optimizer_state(optimizers, group):
                 state.setdefault(p, {})[k] = v
 
 
+class _PatchedStep:
+    """``optimizer.step`` after the wrap: the original step, then the algorithm's post-step
+    hook. Shaped like a bound method (``__self__``, ``__func__``) because torch's LR schedulers
+    re-wrap ``optimizer.step`` through them (a scheduler made after ``with_bagua``, as in
+    Bagua's examples), but it holds the optimizer weakly: a bound method stored on the optimizer
+    would be a cycle keeping the optimizer's state until the garbage collector runs."""
+
+    def __init__(self, func, opt):
+        self.__func__ = func
+        self._opt = weakref.ref(opt)
+        self.__name__ = self.__qualname__ = "step"
+        self.__doc__ = func.__doc__
+
+    @property
+    def __self__(self):
+        return self._opt()
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self._opt(), *args, **kwargs)
+
+
 def _grad_hook(p, fn):
-    """Calls ``fn()`` once p's gradient is accumulated (returns (handle, keep-alive))."""
+    """Calls ``fn()`` once p's gradient is accumulated (returns (handle, keep-alive)). ``fn``
+    must not hold ``p`` strongly: from torch 2.1 the hook lives on ``p`` itself (a cycle would
+    keep the parameter until the garbage collector runs)."""
     if hasattr(p, "register_post_accumulate_grad_hook"):
         return p.register_post_accumulate_grad_hook(lambda *_: fn()), None
     acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -158,7 +181,11 @@ class BaguaDistributedDataParallel:
         if not isinstance(algorithm, Algorithm):
             raise TypeError("bagua: algorithm must be a bagua.torch_api.algorithms.Algorithm, "
                             "got {}".format(type(algorithm)))
-        self.module = module
+        # Weak: the module owns its wrapper (module.bagua_ddp, module.no_sync), so a strong
+        # reference back would make a cycle, and the wrap (its reducer, process groups, device
+        # buffers) would be freed only when the garbage collector runs: at a different moment on
+        # every rank. With it weak, dropping the module frees everything at once.
+        self._module_ref = weakref.ref(module)
         self.optimizers = list(optimizers or [])
         self.process_group = process_group or comm.get_default_group()
         if not self.process_group.is_member:
@@ -219,6 +246,14 @@ class BaguaDistributedDataParallel:
         self._patch_optimizers()
 
     # ---- Bagua's attributes ----------------------------------------------------------------
+
+    @property
+    def module(self):
+        m = self._module_ref()
+        if m is None:
+            raise RuntimeError("bagua: the module this wrapper wraps was freed (a wrapper lives "
+                               "as long as its module; keep the module)")
+        return m
 
     @property
     def bagua_optimizers(self):
@@ -297,9 +332,9 @@ class BaguaDistributedDataParallel:
             if not p.requires_grad:
                 continue
 
-            def on_grad(name=name, p=p):
-                s = me()
-                if s is not None and not s._closed:
+            def on_grad(name=name, pref=weakref.ref(p)):
+                s, p = me(), pref()
+                if s is not None and not s._closed and p is not None:
                     s._on_grad(name, p)
 
             h, acc = _grad_hook(p, on_grad)
@@ -334,15 +369,17 @@ class BaguaDistributedDataParallel:
         me = weakref.ref(self)
         for opt in self.optimizers:
             orig = opt.step
+            func = orig.__func__ if getattr(orig, "__self__", None) is opt else None
+            held = None if func is not None else orig
 
-            def step(*args, _orig=orig, _opt=opt, **kwargs):
-                r = _orig(*args, **kwargs)
+            def step(o, *args, _func=func, _held=held, **kwargs):
+                r = _func(o, *args, **kwargs) if _func is not None else _held(*args, **kwargs)
                 s = me()
                 if s is not None and not s._closed:
-                    s._engine.post_step(_opt)
+                    s._engine.post_step(o)
                 return r
 
-            opt.step = step
+            opt.step = _PatchedStep(step, opt)
             self._patched.append((opt, orig))
 
     # ---- user API --------------------------------------------------------------------------
@@ -416,11 +453,22 @@ def _schedule_step(state, counter_only, current_step):
 _SCHEDULE_MAGIC = 0x43534742  # "BGSC"
 
 
-class _NativeEngine:
+class _Engine:
+    """What both engines share: their wrapper, held weakly (it owns them)."""
+
+    @property
+    def ddp(self):
+        d = self._ddp()
+        if d is None:
+            raise RuntimeError("bagua: the wrapper of this engine was freed")
+        return d
+
+
+class _NativeEngine(_Engine):
     """The built-in algorithms on the C++ reducer (see the module docstring)."""
 
     def __init__(self, ddp):
-        self.ddp = ddp
+        self._ddp = weakref.ref(ddp)  # the wrapper owns its engine
         self.impl = ddp.bagua_algorithm
         self._reducer = None
         self._device_homes = IN_PLACE_DEVICE_BUCKETS  # as at the wrap, for every rebuild
@@ -752,7 +800,7 @@ class _NativeEngine:
         self._reducer = None
 
 
-class _PythonEngine:
+class _PythonEngine(_Engine):
     """A user-written ``AlgorithmImpl`` on Bagua's hook protocol (bucket.py runs the
     operations): ``init_tensors`` -> bucketing suggestion -> ``tensors_to_buckets`` ->
     ``init_operations`` per bucket; ``init_forward_pre_hook``, ``init_backward_hook``,
@@ -760,7 +808,7 @@ class _PythonEngine:
     them; ``need_reset()`` checked before each training forward."""
 
     def __init__(self, ddp):
-        self.ddp = ddp
+        self._ddp = weakref.ref(ddp)  # the wrapper owns its engine
         self.impl = ddp.bagua_algorithm
         self.step = 0
         self.tensors = []
