@@ -9,7 +9,9 @@
 # Parts (DROPIN_PARTS, default all; each fits one device call): "upstream" (Bagua's tests/),
 # "bench" (synthetic_benchmark.py: 6 algorithms x 2 launchers x fuse on/off), "prims"
 # (communication_primitives/main.py under both launchers; its alltoall_v case hard-codes 8
-# ranks, so it needs 8 GPUs), "lightning" (lightning-Bagua's tests, if Lightning is installed).
+# ranks, so it needs 8 GPUs), "mnist" (examples/mnist/main.py: 6 algorithms x 2 launchers x
+# fuse on/off, one epoch on synthetic MNIST files made here: the machine has no network), and
+# "lightning" (lightning-Bagua's tests, if Lightning is installed).
 # DROPIN_NPROC: ranks per launch (default: min(GPUs, 8); bench uses min(that, DROPIN_BENCH_NPROC=2)).
 # DROPIN_LIGHTNING_PATH: a folder put first on the lightning part's PYTHONPATH, holding a Lightning
 # older than the machine's (lightning-Bagua needs < 2.1; the GPU machine has 2.6 and installs
@@ -42,7 +44,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 NPROC="${DROPIN_NPROC:-$(( NGPU < 8 ? NGPU : 8 ))}"
 BNPROC="${DROPIN_BENCH_NPROC:-2}"; [ "$BNPROC" -gt "$NPROC" ] && BNPROC="$NPROC"
-PARTS=" ${DROPIN_PARTS:-upstream bench prims lightning} "
+PARTS=" ${DROPIN_PARTS:-upstream bench prims mnist lightning} "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 echo "dropin: $("$PY" -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])') gpus=$NGPU nproc=$NPROC upstream: $(cat "$UP/SOURCES" 2>/dev/null)"
 port() { echo $(( 20000 + RANDOM % 20000 )); }
@@ -167,6 +169,48 @@ if want prims; then
     run_launch "prims-$launcher" "$launcher" "$PNPROC" "$UP/examples/communication_primitives/main.py"
     grep -E "Traceback|Error" "$D/prims-$launcher.log" | sort | uniq -c | head -4
   done
+fi
+
+if want mnist && [ -f "$UP/examples/mnist/main.py" ]; then
+  # Bagua's MNIST example as a user runs it (a torch LR scheduler made after with_bagua, the
+  # fused optimizer's fuse_step, async's resume/abort per epoch), on MNIST-format files made
+  # here: 2048 training and 512 test images whose label is the row of a bright bar (learnable
+  # in one epoch). qadam gets --lr 0.001: the example's default lr (1.0, for Adadelta) makes
+  # Adam diverge, in Bagua as here.
+  M="$D/mnist"
+  mkdir -p "$M/work" "$M/data/MNIST/raw"
+  "$PY" - "$M/data/MNIST/raw" <<'PYGEN'
+import os, struct, sys
+import numpy as np
+rng = np.random.default_rng(0)
+for n, img, lab in ((2048, "train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                    (512, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")):
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    x = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+    for i, l in enumerate(labels):
+        x[i, 2 + 2 * l:4 + 2 * l, 4:24] = 255
+    with open(os.path.join(sys.argv[1], img), "wb") as f:
+        f.write(struct.pack(">IIII", 2051, n, 28, 28) + x.tobytes())
+    with open(os.path.join(sys.argv[1], lab), "wb") as f:
+        f.write(struct.pack(">II", 2049, n) + labels.tobytes())
+PYGEN
+  for algo in gradient_allreduce bytegrad decentralized low_precision_decentralized qadam async; do
+    for launcher in launch run; do
+      for fuse in "" "--fuse-optimizer"; do
+        while [ "$(jobs -rp | wc -l)" -ge "${DROPIN_PARALLEL:-4}" ]; do wait -n; done
+        (cd "$M/work" && run_launch "mnist-$algo-$launcher${fuse:+-fuse}" "$launcher" "$BNPROC" \
+          "$UP/examples/mnist/main.py" --algorithm "$algo" --epochs 1 --batch-size 128 \
+          --test-batch-size 256 $([ "$algo" = qadam ] && echo --lr 0.001) $fuse > /dev/null) &
+      done
+    done
+  done
+  wait
+  ok=0; bad=""
+  for log in "$D"/mnist-*.log; do
+    acc=$(grep -oE 'Accuracy: [0-9]+/512' "$log" | tail -1 | grep -oE '[0-9]+/' | tr -d /)
+    if [ -n "$acc" ] && [ "$acc" -ge 460 ]; then ok=$((ok + 1)); else bad+="$(basename "$log" .log)(${acc:-no result}) "; fi
+  done
+  echo "mnist: $ok of $(ls "$D"/mnist-*.log | wc -l) cases reached >= 90% test accuracy; failed: ${bad:-none}"
 fi
 
 if want lightning; then
