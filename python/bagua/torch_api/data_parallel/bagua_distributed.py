@@ -45,9 +45,9 @@ gradient left None). A ``fuse_optimizer`` layout made after the wrap is never re
 buckets are copied. A gradient autograd allocates after ``zero_grad(set_to_none=True)``
 (torch 2's default) is copied to its home when ready, and the parameter's ``.grad`` is
 re-pointed at the home when backward ends, as torch DDP's gradient_as_bucket_view does. CUDA
-buckets do the same unless ``IN_PLACE_DEVICE_BUCKETS`` is turned off. What the layout also changes is
-what code that looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent in its own
-order in weights and gradients, as in Bagua).
+buckets do the same unless ``IN_PLACE_DEVICE_BUCKETS`` is turned off. What the layout also
+changes is what code that looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent
+in its own order in weights and gradients, as in Bagua).
 """
 
 #: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
