@@ -34,8 +34,8 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # end before starting the next (the reducer before issue 18); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
 # copies CUDA buckets in and back (IN_PLACE_DEVICE_BUCKETS off; by default they run at
-# do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce). Any algorithm with _hier: hierarchical=True
-# (the others run flat).
+# do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).
+# Any algorithm with _hier: hierarchical=True (the others run flat).
 VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier")
 
 

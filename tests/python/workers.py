@@ -55,6 +55,12 @@ def data(rank, step, batch=4):
     return torch.randn(batch, 2, generator=g), torch.randn(batch, 4, generator=g)
 
 
+def _device(a):
+    """The worker's device: a["device"] ("cpu" or "cuda": this rank's current GPU)."""
+    dev = torch.device(a.get("device", "cpu"))
+    return torch.device("cuda", torch.cuda.current_device()) if dev.type == "cuda" else dev
+
+
 def flat(model):
     return torch.cat([p.detach().reshape(-1).cpu().clone() for p in model.parameters()])
 
@@ -227,9 +233,8 @@ def train(a):
     single-process reference on the concatenated batches when asked)."""
     _init()
     r, n = bagua.get_rank(), bagua.get_world_size()
-    dev = torch.device(a.get("device", "cpu"))
+    dev = _device(a)
     if dev.type == "cuda":
-        dev = torch.device("cuda", torch.cuda.current_device())
         from bagua.torch_api.data_parallel import bagua_distributed
         bagua_distributed.CUDA_REDUCER = a.get("cuda_reducer", "core")
     torch.manual_seed(r)  # different initial weights per rank: the wrap must broadcast rank 0's
@@ -556,10 +561,12 @@ class TutorialGradientAllReduce(bagua.algorithms.Algorithm):
         return TutorialGradientAllReduceImpl(process_group, self.python_op)
 
 
-def _train_sgd(model, opt, r, steps, fused=False, start=0):
+def _train_sgd(model, opt, r, steps, fused=False, start=0, device=None):
     losses = []
     for step in range(start, start + steps):
         x, y = data(r, step)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -941,20 +948,19 @@ def _default_group_ops():
 
 @worker
 def drop_unevenly(a):
-    """A wrapped model dropped at a different moment on each rank (Python frees a wrapper when its
-    garbage collector runs: it sits in reference cycles), while the ranks go on training another
-    model. Rank 0 keeps each old model until the end; the others free theirs at once. On NCCL,
-    freeing one frees its algorithm's communicators (decentralized exchanges on a process group of
-    its own), and NCCL's ncclCommDestroy waits until the peers on the host destroy theirs too:
-    before the fix, rank 1 blocked in gc.collect() while rank 0 waited for it in the next model's
-    collectives. Returns each new model's losses and the seconds each phase took."""
+    """A wrapped model dropped at a different moment on each rank (user code holding it longer
+    on one rank; until b2afda1 also any wrap, freed by Python's garbage collector because it sat
+    in reference cycles), while the ranks go on training another model. Rank 0 keeps each old
+    model until the end; the others free theirs at once. On NCCL, freeing one frees its
+    algorithm's communicators (decentralized exchanges on a process group of its own), and
+    NCCL's ncclCommDestroy waits until the peers on the host destroy theirs too: before the fix,
+    rank 1 blocked in gc.collect() while rank 0 waited for it in the next model's collectives.
+    Returns each new model's losses and the seconds each phase took."""
     import gc
 
     _init()
     r = bagua.get_rank()
-    dev = torch.device(a.get("device", "cpu"))
-    if dev.type == "cuda":
-        dev = torch.device("cuda", torch.cuda.current_device())
+    dev = _device(a)
 
     def wrap(name, kwargs):
         torch.manual_seed(0)
@@ -962,28 +968,17 @@ def drop_unevenly(a):
         algo, opt = make_algorithm(name, kwargs, model, 0.05)
         return model.with_bagua([opt], algo), opt
 
-    def steps(wrapped, opt, k):
-        losses = []
-        for step in range(k):
-            opt.zero_grad()
-            x, y = data(r, step)
-            loss = torch.nn.functional.mse_loss(wrapped(x.to(dev)), y.to(dev))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
-
     kept, out = [], {"losses": [], "seconds": []}
     for name in a.get("algorithms", ["decentralized"]):
         wrapped, opt = wrap(name, {"hierarchical": False})
-        steps(wrapped, opt, 3)
+        _train_sgd(wrapped, opt, r, 3, device=dev)
         if r == 0:
             kept.append((wrapped, opt))
         t = time.monotonic()
         del wrapped, opt
         gc.collect()  # rank 0 still holds it: nothing freed there
         wrapped, opt = wrap("gradient_allreduce", {})
-        out["losses"].append(steps(wrapped, opt, 3))
+        out["losses"].append(_train_sgd(wrapped, opt, r, 3, device=dev))
         out["seconds"].append(time.monotonic() - t)
         del wrapped, opt
         gc.collect()

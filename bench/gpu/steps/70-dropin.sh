@@ -15,7 +15,8 @@
 # DROPIN_NPROC: ranks per launch (default: min(GPUs, 8); bench uses min(that, DROPIN_BENCH_NPROC=2)).
 # DROPIN_LIGHTNING_PATH: a folder put first on the lightning part's PYTHONPATH, holding a Lightning
 # older than the machine's (lightning-Bagua needs < 2.1; the GPU machine has 2.6 and installs
-# nothing), e.g. Lightning 2.0.9's src/lightning/{pytorch,fabric} from its git tag (python/README.md).
+# nothing), e.g. Lightning 2.0.9's src/lightning/{pytorch,fabric} from its git tag
+# (python/README.md).
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Logs under $OUT/dropin/; one line per case here.
 set -uo pipefail
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)}"
@@ -208,15 +209,20 @@ PYGEN
   ok=0; bad=""
   for log in "$D"/mnist-*.log; do
     acc=$(grep -oE 'Accuracy: [0-9]+/512' "$log" | tail -1 | grep -oE '[0-9]+/' | tr -d /)
-    if [ -n "$acc" ] && [ "$acc" -ge 460 ]; then ok=$((ok + 1)); else bad+="$(basename "$log" .log)(${acc:-no result}) "; fi
+    if [ -n "$acc" ] && [ "$acc" -ge 460 ]; then
+      ok=$((ok + 1))
+    else
+      bad+="$(basename "$log" .log)(${acc:-no result}) "
+    fi
   done
-  echo "mnist: $ok of $(ls "$D"/mnist-*.log | wc -l) cases reached >= 90% test accuracy; failed: ${bad:-none}"
+  echo "mnist: $ok of $(ls "$D"/mnist-*.log | wc -l) cases reached >= 90% test accuracy;" \
+    "failed: ${bad:-none}"
 fi
 
 if want lightning; then
   if [ -n "${DROPIN_LIGHTNING_PATH:-}" ]; then
     export PYTHONPATH="$DROPIN_LIGHTNING_PATH${PYTHONPATH:+:$PYTHONPATH}"
-    "$PY" -c 'import lightning; print("lightning: Lightning", lightning.__version__, "from", lightning.__file__)' \
+    "$PY" -c 'import lightning as L; print("lightning:", L.__version__, "from", L.__file__)' \
       2>&1 | tail -3
   fi
   if "$PY" -c 'import lightning_utilities; import lightning' 2>/dev/null \

@@ -93,7 +93,8 @@ if [[ "$PARTS" == *" default4 "* ]]; then
   else
     for net in bagua-net socket; do
       run "default4-$net" 200 --nproc 4 --net "$net" --models transformer,resnet50 \
-        --contestants ddp,gradient_allreduce,gradient_allreduce_bucket_copies --rounds 5 --round-steps 4
+        --contestants ddp,gradient_allreduce,gradient_allreduce_bucket_copies \
+        --rounds 5 --round-steps 4
     done
   fi
 fi
@@ -139,10 +140,11 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
             extra = ""
             if r["name"] == "gradient_allreduce" and "max_loss_diff_vs_ddp" in r:
                 extra = " loss diff vs ddp {:.1e}".format(r["max_loss_diff_vs_ddp"])
-            print("  {:32s} {:8.1f} ms {:5.2f}x  eval loss {:.3f} ({:.3f} of ddp) rank diff {:.0e}{}"
-                  .format(r["name"], r["step_ms"], r.get("speed_vs_ddp", float("nan")),
-                          r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
-                          r["weight_spread"], extra))
+            print("  {:32s} {:8.1f} ms {:5.2f}x  eval loss {:.3f} ({:.3f} of ddp) "
+                  "rank diff {:.0e}{}".format(
+                      r["name"], r["step_ms"], r.get("speed_vs_ddp", float("nan")),
+                      r["eval_loss"], r["eval_loss"] / base["eval_loss"] if base else 0,
+                      r["weight_spread"], extra))
             t = r.get("trace_ms_per_step")
             if t and t["buckets"] > 0:
                 print("    per step ms: hooks {:.2f} finish-wait {:.2f} copy-back {:.2f} | bucket "

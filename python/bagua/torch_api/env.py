@@ -82,7 +82,6 @@ def get_default_bucket_size():
     return _int_env("BAGUA_DEFAULT_BUCKET_SIZE", DEFAULT_BUCKET_SIZE)
 
 
-
 def get_bagua_service_port():
     """BAGUA_SERVICE_PORT (Bagua's autotune service; -1: none). Accepted for compatibility: the
     autotuner here is the C++ autotune library, which needs no service port."""
