@@ -480,5 +480,5 @@ def test_dropping_a_wrapped_model_frees_it_at_once():
         assert set(o) == {"with_bagua", "ddp_wrapper", "decentralized", "qadam",
                           "user_algorithm"}
         for kind, v in o.items():
-            assert v["alive"] == [False, False, False], (kind, v)
+            assert v["alive"] == [False, False, False], (kind, v["alive"], v["held_by"])
             assert v["lr"] == pytest.approx((0.01 if kind == "qadam" else 0.05) * 0.5 ** 3), kind

@@ -988,6 +988,51 @@ def drop_unevenly(a):
     return out
 
 
+def _holders(obj, depth=3):
+    """Who keeps ``obj`` alive, as readable chains (gc referrers, ``depth`` levels up): what a
+    failing lifetime test prints instead of a bare True."""
+    import gc
+    import types
+
+    def describe(o):
+        if isinstance(o, types.FrameType):
+            return "frame {}:{}".format(o.f_code.co_filename.rsplit("/", 1)[-1], o.f_code.co_name)
+        if isinstance(o, types.FunctionType):
+            return "function " + o.__qualname__
+        if isinstance(o, types.MethodType):
+            return "method " + getattr(o.__func__, "__qualname__", "?")
+        if isinstance(o, dict):
+            return "dict keys {}".format(sorted(map(str, o))[:8])
+        if isinstance(o, (list, tuple)):
+            return "{} of {}".format(type(o).__name__, len(o))
+        return type(o).__module__ + "." + type(o).__qualname__
+
+    seen = {id(obj)}  # ids of what was walked, and of this function's own lists
+    chains = []
+
+    def walk(o, path, level):
+        refs = gc.get_referrers(o)
+        seen.add(id(refs))
+        found = False
+        for r in refs:
+            if id(r) in seen or isinstance(r, types.FrameType) and r.f_code.co_name in (
+                    "walk", "_holders") or type(r).__name__ == "list_iterator":
+                continue
+            found = True
+            step = path + [describe(r)]
+            seen.add(id(step))
+            if level + 1 >= depth or not gc.is_tracked(r):
+                chains.append(" <- ".join(step))
+            else:
+                seen.add(id(r))
+                walk(r, step, level + 1)
+        if not found:
+            chains.append(" <- ".join(path) + " <- (nothing else: a cycle, or untracked)")
+
+    walk(obj, [describe(obj)], 0)
+    return chains[:12]
+
+
 @worker
 def freed_by_refcount(a):
     """Each way of wrapping, trained 3 steps (with a torch LR scheduler made after the wrap, as
@@ -1031,7 +1076,9 @@ def freed_by_refcount(a):
             refs = [weakref.ref(o) for o in (model, opt, inner)]
             lr = opt.param_groups[0]["lr"]
             del model, opt, algo, wrapped, inner, sched
-            out[kind] = {"alive": [ref() is not None for ref in refs], "lr": lr}
+            alive = [ref() is not None for ref in refs]
+            out[kind] = {"alive": alive, "lr": lr,
+                         "held_by": [_holders(ref()) for ref in refs if ref() is not None]}
     finally:
         gc.enable()
     return out

@@ -228,17 +228,18 @@ if want lightning; then
   if "$PY" -c 'import lightning_utilities; import lightning' 2>/dev/null \
       || "$PY" -c 'import lightning_utilities; import pytorch_lightning' 2>/dev/null; then
     # lightning-Bagua's tests, the standalone (multi-GPU) ones one process tree each, as its
-    # run_standalone_tests.sh does.
+    # run_standalone_tests.sh does. --rootdir=.: pytest >= 8.1 takes a pyproject.toml above (ours)
+    # as the root, and the ids it collects would not resolve from here.
     (cd "$UP/lightning-Bagua" && export PYTHONPATH="$UP/lightning-Bagua/src${PYTHONPATH:+:$PYTHONPATH}" \
       PL_RUN_STANDALONE_TESTS=1 && \
-      "$PY" -m pytest -q --collect-only -p no:cacheprovider tests > "$D/lightning-collect.log" 2>&1; \
+      "$PY" -m pytest -q --collect-only -p no:cacheprovider --rootdir=. tests > "$D/lightning-collect.log" 2>&1; \
       ids=$(grep '::' "$D/lightning-collect.log"); \
       [ -n "$ids" ] || { echo "lightning: no test collected:"; grep -E "Error|error" "$D/lightning-collect.log" | head -5; \
         "$PY" -c 'import sys, lightning as L; sys.exit(tuple(map(int, L.__version__.split(".")[:2])) >= (2, 1))' \
           2>/dev/null || echo "lightning: lightning_bagua needs Lightning < 2.1 (its strategy.py imports" \
           "lightning.pytorch.overrides.base and PrecisionPlugin, both removed in 2.1)"; }; \
       pass=0; fail=0; for id in $ids; do
-        if timeout 120 "$PY" -m pytest -q -p no:cacheprovider "$id" >> "$D/lightning.log" 2>&1; then
+        if timeout 120 "$PY" -m pytest -q -p no:cacheprovider --rootdir=. "$id" >> "$D/lightning.log" 2>&1; then
           pass=$((pass + 1)); else fail=$((fail + 1)); echo "lightning FAILED $id"; fi
       done; echo "lightning-Bagua tests: $pass passed, $fail failed")
   else
