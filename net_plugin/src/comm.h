@@ -24,7 +24,9 @@
 // wakes only parked streams among [0, active), and no more of them than the message has chunks.
 // isend wakes the send data threads only for messages with chunks, and the control thread only
 // when the caller could not write the control record itself (small messages go out from the
-// caller's thread and, on the receiver, are read by test(): no helper-thread hop).
+// caller's thread and, on the receiver, are read by test(): no helper-thread hop). The receive
+// control thread polls the control stream only when the caller's test() has not looked at it
+// for kCallerGrace, or when a Notifier is set (a caller that sleeps until signalled).
 // Locks: ctrlMu_ (control stream state; the caller only try_locks it), claimMu_ (send data
 // threads), Park::mu (parking), errorMu_ (first error), LiveCell::mu_ (writers of live settings
 // only). Never nested. Teardown: stop flag,
@@ -288,6 +290,12 @@ struct RecvComm::Impl : public CommCore {
   size_t ctrlInlineGot_ = 0;
   bool ctrlClosed_ = false;
   std::atomic<uint64_t> ctrlSeq_{0};  // next message whose record is expected
+  // When the caller's test() last looked at the control stream (steady clock, ns). While that is
+  // within kCallerGrace and no Notifier is set (NCCL polls test() on every outstanding request),
+  // the control thread stays off the socket: otherwise poll(2) woke it on every record, one
+  // context switch per message that the caller's own read made useless.
+  std::atomic<int64_t> callerSeenNs_{0};
+  static constexpr std::chrono::milliseconds kCallerGrace{2};
   Status truncation(const Slot* slot, uint64_t needed, const char* what);
 };
 

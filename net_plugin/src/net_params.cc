@@ -54,8 +54,8 @@ Status EngineOptions::validate() const {
     return BAGUA_ERROR(kInvalidArgument, "max chunk %llu above 1 GiB",
                        static_cast<unsigned long long>(maxChunkBytes));
   }
-  if (inlineBytes > 64 * 1024) {
-    return BAGUA_ERROR(kInvalidArgument, "inline limit %llu above 64 KiB",
+  if (inlineBytes > 4 * 1024 * 1024) {
+    return BAGUA_ERROR(kInvalidArgument, "inline limit %llu above 4 MiB",
                        static_cast<unsigned long long>(inlineBytes));
   }
   if (timeoutMs < 1 || helloTimeoutMs < 1 || spinUs < 0) {

@@ -71,6 +71,8 @@ void RecvComm::Impl::callerProgress() {
   if (ctrlSeq_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
     return;
   }
+  callerSeenNs_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                      std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(ctrlMu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return;
@@ -185,6 +187,18 @@ void RecvComm::Impl::controlLoop() {
         return;
       }
       continue;
+    }
+    if (notifier_.load(std::memory_order_acquire) == nullptr) {
+      // The caller's test() reads the stream while it polls its requests: sleep (woken by
+      // nothing, so no irecv or record costs a context switch) until it has been quiet for
+      // kCallerGrace. A stop is seen within that.
+      const auto seen = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(
+          callerSeenNs_.load(std::memory_order_relaxed)));
+      const auto quietAt = seen + kCallerGrace;
+      if (std::chrono::steady_clock::now() < quietAt) {
+        std::this_thread::sleep_until(quietAt);
+        continue;
+      }
     }
     pollfd p{fd, POLLIN, 0};
     ::poll(&p, 1, 100);  // bounded: also re-checks the stop flag

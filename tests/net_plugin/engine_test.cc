@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -397,6 +400,69 @@ TEST(Engine, FewChunkMessagesDoNotWaitForTheParkTimeout) {
     return;
   }
   EXPECT_LT(median, 8.0) << "messages waited for the parked streams' 20 ms re-check";
+}
+
+// Voluntary context switches of this process's threads named `name` (/proc/self/task/*/comm).
+static long switchesOf(const std::string& name) {
+  long total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string n;
+    std::getline(comm, n);
+    if (n != name) {
+      continue;
+    }
+    std::ifstream st(task.path() / "status");
+    std::string line;
+    while (std::getline(st, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+        total += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return total;
+}
+
+TEST(Engine, ReceiveControlThreadStaysOffTheStreamWhileTheCallerPolls) {
+  // NCCL's proxy polls test() on every outstanding request, and test() reads the control stream
+  // itself; the receive control thread used to be woken by poll(2) for every record all the same.
+  EngineOptions o = testOptions(2);
+  o.inlineBytes = 16 << 10;
+  o.spinUs = 0;
+  Pair p = connectPair(o);
+  ASSERT_TRUE(p.send && p.recv);
+  std::vector<uint8_t> sbuf(8 << 10), rbuf(8 << 10);  // inline: control stream only
+  fillPattern(sbuf, 3);
+  const int kMessages = 2000;
+  long before = switchesOf("bagua-net-rc");
+  for (int i = 0; i < kMessages; ++i) {
+    Result<Request*> r = p.recv->irecv(rbuf.data(), rbuf.size());
+    Result<Request*> s = p.send->isend(sbuf.data(), sbuf.size());
+    ASSERT_TRUE(r.isOk() && s.isOk());
+    size_t n = 0;
+    ASSERT_TRUE(waitRequest(*s, &n).isOk());
+    ASSERT_TRUE(waitRequest(*r, &n).isOk());
+    ASSERT_EQ(n, rbuf.size());
+  }
+  long woken = switchesOf("bagua-net-rc") - before;
+  EXPECT_EQ(firstMismatch(rbuf.data(), rbuf.size(), 3), -1);
+  std::printf("receive control thread: %ld voluntary context switches for %d messages\n", woken,
+              kMessages);
+  // One wake-up per 2 ms grace at most; before: about one per message.
+  EXPECT_LT(woken, kMessages / 4);
+}
+
+TEST(Engine, InlineLimitUpTo4MiBWhenBothSidesAgree) {
+  EngineOptions o = testOptions(4);
+  o.inlineBytes = 1 << 20;
+  ASSERT_TRUE(o.validate().isOk());
+  Pair p = connectPair(o);
+  ASSERT_TRUE(p.send && p.recv);
+  transfer(p, {1 << 20, 1000, (1 << 20) + 1, 1 << 20}, 2);  // inline, inline, chunked, inline
+  o.inlineBytes = (4 << 20) + 1;
+  Status s = o.validate();
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("above 4 MiB"), std::string::npos) << s.toString();
 }
 
 TEST(Engine, LargeMessages64MiBPlus) {

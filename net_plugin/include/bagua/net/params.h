@@ -47,11 +47,15 @@ struct NetParams : ParamCatalogue {
   BytesParam inlineBytes{*this,
                          "BAGUA_NET_INLINE_BYTES",
                          64 * 1024,
-                         {0, 64 * 1024},
+                         {0, 4 * 1024 * 1024},
                          "Messages up to this size travel inline on the control stream, "
                          "written by the caller's isend and read by the receiver's test() "
                          "(no helper-thread wake-up: ~12 us round trip at 2 KiB against "
-                         "~0.6 ms through a data stream on a 32-core host)."};
+                         "~0.6 ms through a data stream on a 32-core host). Set the same "
+                         "value on every rank (a receiver refuses larger inline payloads). "
+                         "An inline message takes one TCP flow, not the data streams: raise "
+                         "it only where CPU, not the link, is the limit (several ranks on "
+                         "one host)."};
   BytesParam socketBuffer{*this,
                           "BAGUA_NET_SOCKET_BUFFER",
                           4 << 20,
