@@ -175,3 +175,27 @@ def test_bagua_module_level_names():
     buckets = [[TensorDeclaration({"name": "A", "num_elements": 123, "dtype": TensorDtype.F32})]]
     assert hp.update({"buckets": buckets}) is hp and hp.buckets == buckets
     assert hp.is_hierarchical_reduce is False
+
+
+def test_init_device_keeps_a_selected_device_else_local_rank():
+    from bagua.torch_api.communication import _init_device
+
+    assert _init_device(0, 3, 8) == 3  # nothing selected: LOCAL_RANK's
+    assert _init_device(0, 9, 8) == 1  # more local ranks than GPUs: wraps around
+    assert _init_device(5, 0, 8) == 5  # selected before init (a launcher's own mapping): kept
+    assert _init_device(2, 2, 8) == 2
+
+
+def test_with_bagua_refuses_parameters_off_the_group_device():
+    from types import SimpleNamespace
+
+    from bagua.torch_api.data_parallel.bagua_distributed import _check_devices
+
+    on = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+    off = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))
+    stream = SimpleNamespace(device=torch.device("cuda", 1))
+    _check_devices([("a", on)], stream)
+    _check_devices([("a", off)], None)  # no CUDA stream: nothing to compare with
+    with pytest.raises(RuntimeError, match=r"parameter 'b' is on cuda:0 but the process group "
+                                           r"communicates on cuda:1.*set_device\(\) before"):
+        _check_devices([("a", on), ("b", off)], stream)

@@ -171,3 +171,18 @@ def test_a_model_freed_at_different_moments_on_each_rank_does_not_hold_the_other
     for o in outs:
         assert all(s < 20 for s in o["seconds"]), o["seconds"]
         assert all(l == l for losses in o["losses"] for l in losses)
+
+
+def test_a_model_on_another_device_than_the_group_is_refused_clearly():
+    # LOCAL_RANK's device at init (nothing selected before); a model on the other GPU is refused
+    # with an error naming both devices and the fix (NCCL crashed the process with an illegal
+    # memory access before: step 80's link10 on 2 GPUs, 2026-11-26); one on the group's device
+    # trains, weights equal on both ranks.
+    outs = harness.run("device_choice", 2, {}, timeout=120)
+    assert [o["device"] for o in outs] == [0, 1]
+    for o in outs:
+        assert "is on cuda:{} but the process group communicates on cuda:{}".format(
+            1 - o["device"], o["device"]) in o["wrong"], o["wrong"]
+        assert "torch.cuda.set_device() before bagua.init_process_group()" in o["wrong"]
+        assert all(l == l for l in o["losses"])
+    assert outs[0]["weights"] == outs[1]["weights"]

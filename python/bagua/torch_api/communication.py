@@ -179,6 +179,15 @@ def _torch_backend(local_world_size):
     return "gloo"
 
 
+def _init_device(current, local_rank, ngpu):
+    """The CUDA device of the default group's NCCL communicator: the one the script selected
+    before init (``torch.cuda.set_device``, as Bagua's docs ask), else LOCAL_RANK's. A script
+    that selected nothing is on device 0 on every rank, so 0 counts as "nothing selected" (Bagua
+    always took LOCAL_RANK, and a model on another device crashed in NCCL with an illegal
+    memory access; with_bagua now also refuses parameters on a device other than this one)."""
+    return current if current != 0 else local_rank % ngpu
+
+
 def _listen_host(addr):
     """Listen on MASTER_ADDR when it is an IP literal (as the core's env:// init does), else on
     every interface."""
@@ -199,7 +208,8 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
     MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, as set by every launcher), and
     arguments >= 0 override the environment. ``torch.distributed`` is initialised on the same
     store unless it already is (then its default store is used). A second call raises, as in
-    Bagua. Selects the CUDA device LOCAL_RANK when CUDA is available."""
+    Bagua. With CUDA, the device the script selected before (a non-zero
+    ``torch.cuda.current_device()``) stays, else LOCAL_RANK's is selected (``_init_device``)."""
     global _default_pg, _default_store, _owns_torch_pg, _init_count
     import torch.distributed as dist
 
@@ -276,7 +286,7 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
                 )
             )
         elif ext.HAVE_NCCL and ngpu > 0:
-            dev = host.local_rank % ngpu
+            dev = _init_device(torch.cuda.current_device(), host.local_rank, ngpu)
             torch.cuda.set_device(dev)
             nccl = host.new_group(
                 list(range(host.size)), "nccl", backend="nccl", hierarchical=True, cuda_device=dev

@@ -144,6 +144,22 @@ class _PatchedStep:
         return self.__func__(self._opt(), *args, **kwargs)
 
 
+def _check_devices(named_params, stream):
+    """CUDA parameters must live on the device of the group's NCCL communicator (its stream's):
+    NCCL would read another device's memory (an illegal memory access that kills the process)."""
+    want = getattr(stream, "device", None)
+    if want is None:
+        return
+    for n, p in named_params:
+        if p.is_cuda and p.device != want:
+            raise RuntimeError(
+                "bagua: parameter {!r} is on {} but the process group communicates on {} (the "
+                "device selected at init_process_group: the script's torch.cuda.set_device() "
+                "before it, else LOCAL_RANK's); move the model there (model.to({!r})) or call "
+                "torch.cuda.set_device() before bagua.init_process_group()".format(
+                    n, p.device, want, str(want)))
+
+
 def _grad_hook(p, fn):
     """Calls ``fn()`` once p's gradient is accumulated (returns (handle, keep-alive)). ``fn``
     must not hold ``p`` strongly: from torch 2.1 the hook lives on ``p`` itself (a cycle would
@@ -504,6 +520,8 @@ class _NativeEngine(_Engine):
         self._bound_dtypes = [p.dtype for p in self._bound[:len(self._params)]]
         self.is_cuda = any(p.is_cuda for p in self._params)
         group = ddp.process_group
+        if self.is_cuda:
+            _check_devices(self._named_params, getattr(group, "stream", None))
         _broadcast_optimizer_state(ddp.optimizers, group)
         self._python_device = self.is_cuda and CUDA_REDUCER == "python"
         if self._python_device:
