@@ -192,8 +192,8 @@ void RecvComm::Impl::controlLoop() {
       // The caller's test() reads the stream while it polls its requests: sleep (woken by
       // nothing, so no irecv or record costs a context switch) until it has been quiet for
       // kCallerGrace. A stop is seen within that.
-      const auto seen = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(
-          callerSeenNs_.load(std::memory_order_relaxed)));
+      const auto seen = std::chrono::steady_clock::time_point(
+          std::chrono::steady_clock::duration(callerSeenNs_.load(std::memory_order_relaxed)));
       const auto quietAt = seen + kCallerGrace;
       if (std::chrono::steady_clock::now() < quietAt) {
         std::this_thread::sleep_until(quietAt);
