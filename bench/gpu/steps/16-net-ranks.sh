@@ -68,7 +68,14 @@ run() {  # ranks, label, env assignments...
   echo "$n $label $before $after" >> "$CPU_TABLE"
 }
 PLUG=(LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua)
-for n in 4 2; do
+# NET_RANKS_N: the rank counts (default "4 2"). NET_RANKS_VARIANTS4 default: s4 / s2 (4 and 2
+# streams), c256k (256 KiB chunks), nocap / cb8m (the tuner's channel cap off / at 8 MiB), i512k
+# (messages up to 512 KiB inline on the control stream: no helper threads, one flow).
+NS="${NET_RANKS_N:-4 2}"
+VARIANTS4="${NET_RANKS_VARIANTS4-s4:BAGUA_NET_NSTREAMS=4 s2:BAGUA_NET_NSTREAMS=2 \
+c256k:BAGUA_NET_MIN_CHUNKSIZE=256K nocap:BAGUA_NET_TUNER_CHANNEL_BYTES=0 \
+cb8m:BAGUA_NET_TUNER_CHANNEL_BYTES=8M i512k:BAGUA_NET_INLINE_BYTES=512K}"
+for n in $NS; do
   run "$n" socket NCCL_NET_PLUGIN=none NCCL_NET=Socket
   run "$n" socket-4x4 NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
   if [ -f "$FS" ]; then
@@ -77,18 +84,19 @@ for n in 4 2; do
     echo "  fastsocket: not built ($FS missing): left out"
   fi
   run "$n" bagua "${PLUG[@]}"
-  if [ "$n" = 4 ]; then
-    run "$n" bagua-s4 "${PLUG[@]}" BAGUA_NET_NSTREAMS=4
-    run "$n" bagua-s2 "${PLUG[@]}" BAGUA_NET_NSTREAMS=2
-    run "$n" bagua-c256k "${PLUG[@]}" BAGUA_NET_MIN_CHUNKSIZE=256K
-    run "$n" bagua-nocap "${PLUG[@]}" BAGUA_NET_TUNER_CHANNEL_BYTES=0
-    run "$n" bagua-cb8m "${PLUG[@]}" BAGUA_NET_TUNER_CHANNEL_BYTES=8M
-  fi
+  # The variants, "label:VAR=value[,VAR=value...]" words: NET_RANKS_VARIANTS4 at 4 ranks,
+  # NET_RANKS_VARIANTS2 at 2 (default none).
+  if [ "$n" = 4 ]; then variants="$VARIANTS4"; else variants="${NET_RANKS_VARIANTS2:-}"; fi
+  for v in $variants; do
+    IFS=, read -r -a venv <<< "${v#*:}"
+    run "$n" "bagua-${v%%:*}" "${PLUG[@]}" "${venv[@]}"
+  done
 done
 
-for n in 4 2; do
+for n in $NS; do
   labels=()
-  for l in socket socket-4x4 fastsocket bagua bagua-s4 bagua-s2 bagua-c256k bagua-nocap bagua-cb8m; do
+  for l in socket socket-4x4 fastsocket bagua $(for v in $VARIANTS4 ${NET_RANKS_VARIANTS2:-}; do
+      echo "bagua-${v%%:*}"; done | sort -u); do
     [ -f "$OUT/ranks$n-$l.json" ] && labels+=("ranks$n-$l")
   done
   echo "--- $n ranks on one GPU (busbw GB/s, ratios against Socket)"
@@ -111,13 +119,14 @@ PY
 
 echo "--- CPU-only ring: 4 processes x 4 connections each way, loopback (bagua-net-bench --ring)"
 RING="$BUILD/tools/net_bench/bagua-net-bench"
-for mc in "" 256K; do
-  echo "  BAGUA_NET_MIN_CHUNKSIZE=${mc:-default}"
-  env ${mc:+BAGUA_NET_MIN_CHUNKSIZE=$mc} timeout 120 "$RING" --plugin "$PLUGIN_DIR/libnccl-net.so" \
+for e in "" BAGUA_NET_MIN_CHUNKSIZE=256K BAGUA_NET_INLINE_BYTES=512K; do
+  echo "  ${e:-defaults}"
+  tag=${e//=/-}
+  env $e timeout 120 "$RING" --plugin "$PLUGIN_DIR/libnccl-net.so" \
     --ring 4 --channels 4 --sizes 128K,512K,2M --cases socket,bagua:8,bagua:4,bagua:2 \
-    --bytes 256M --json "$OUT/16-ring${mc:+-$mc}.json" >> "$LOG" 2>&1 || echo "  ring rc=$?"
+    --bytes 256M --json "$OUT/16-ring${tag:+-$tag}.json" >> "$LOG" 2>&1 || echo "  ring rc=$?"
   python3 -c 'import json,sys
 for r in json.load(open(sys.argv[1]))["results"]:
     print("    %7d %-8s %6.2f GB/s %6.3f CPU s/GB (plugin threads %6.3f)" % (r["size"], r["case"], r["GBps"], r["cpu_s_per_GB"], r["plugin_cpu_s_per_GB"]))' \
-    "$OUT/16-ring${mc:+-$mc}.json" 2>/dev/null
+    "$OUT/16-ring${tag:+-$tag}.json" 2>/dev/null
 done
