@@ -76,7 +76,9 @@ def parse():
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's (and QAdam's) learning rate")
     ap.add_argument("--algo-warmup", type=int, default=0,
                     help="QAdam warm-up steps and PowerSGD's start iteration (default: the "
-                         "first round)")
+                         "first round). QAdam's losses need tens of steps: with a few, its "
+                         "variance frozen from 3 steps makes Bagua's update grow until it "
+                         "diverges (nan on GPT-2 with 4); step 80's long10 uses 30")
     ap.add_argument("--powersgd-rank", type=int, default=1)
     ap.add_argument("--bucket-mb", type=float, default=0,
                     help="bucket size for both (0: each one's default, DDP 25 MB, bagua 25 MiB)")
