@@ -118,7 +118,7 @@ void CommCore::abortNow(Status status) {
 void Notifier::notify() {
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   if (waiters_.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    { std::lock_guard<std::mutex> lock(mu_); }  // as Park::wakeAll: ordered, then notified
     cv_.notify_all();
   }
 }
@@ -162,7 +162,10 @@ void CommCore::contribute(Slot* slot, int64_t delta) {
 
 void Park::wakeAll() {
   if (sleepers.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lock(mu);
+    // Taking the lock orders this wake-up after a sleeper's predicate check (no lost wake-up);
+    // notifying after releasing it lets the woken thread take the lock at once instead of
+    // waking only to block on it again.
+    { std::lock_guard<std::mutex> lock(mu); }
     cv.notify_all();
   }
 }
