@@ -485,17 +485,19 @@ Status DistributedDataParallel::launchReadyBuckets() {
   for (size_t bi = nextBucket_; bi < buckets_.size() && pendingInBucket_[bi] == 0; ++bi) {
     BAGUA_RETURN_IF_ERROR(stager_->markReady(buckets_[bi]));
   }
-  std::lock_guard<std::mutex> lock(mu_);
   bool any = false;
-  const Clock::time_point now = Clock::now();
-  while (nextBucket_ < buckets_.size() && pendingInBucket_[nextBucket_] == 0) {
-    queue_.emplace_back(static_cast<int>(nextBucket_), now);
-    ++launched_;
-    ++nextBucket_;
-    any = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Clock::time_point now = Clock::now();
+    while (nextBucket_ < buckets_.size() && pendingInBucket_[nextBucket_] == 0) {
+      queue_.emplace_back(static_cast<int>(nextBucket_), now);
+      ++launched_;
+      ++nextBucket_;
+      any = true;
+    }
   }
   if (any) {
-    cv_.notify_all();
+    cv_.notify_all();  // after unlocking: the bucket thread takes the lock at once
   }
   return Status::ok();
 }
