@@ -100,6 +100,11 @@ def parse():
     ap.add_argument("--build", default=os.environ.get("BAGUA_BUILD", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=float, default=900, help="seconds per model")
     ap.add_argument("--json", default="", help="write every result here")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed rounds, one more block per contestant under "
+                         "torch.profiler: on CUDA, rank 0's ms per step of compute kernels, NCCL "
+                         "kernels, NCCL with no compute beside it (exposed) and GPU idle, and the "
+                         "top kernels (CPU: the top ops)")
     a = ap.parse_args()
     if a.nproc < 1:
         ap.error("--nproc must be >= 1")
@@ -187,7 +192,8 @@ def run_model(args, model, link):
              contestants, "--rounds", str(args.rounds), "--round-steps", str(args.round_steps),
              "--lr", str(args.lr), "--algo-warmup", str(warm), "--powersgd-rank",
              str(args.powersgd_rank), "--bucket-mb", str(args.bucket_mb), "--threads",
-             str(args.threads), "--batch", str(args.batch), "--out", out]
+             str(args.threads), "--batch", str(args.batch), "--out", out] + \
+        (["--profile"] if args.profile else [])
     master = link.addr(0) if link else "127.0.0.1"
     port = 29500 if link else free_port()
     procs = []
@@ -271,6 +277,18 @@ def table(args, res, link_desc):
                       r["name"], t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
                       "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r else "?",
                       t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
+    for r in rows:
+        p = r.get("profile")
+        if not p:
+            continue
+        if "compute_ms" in p:
+            print("  {} profile (ms per step, rank 0): wall {:.1f}, compute kernels {:.1f}, NCCL "
+                  "{:.1f} (exposed {:.1f}), GPU idle {:.1f}".format(
+                      r["name"], p["wall_ms"], p["compute_ms"], p["nccl_ms"],
+                      p["nccl_exposed_ms"], p["gpu_idle_ms"]))
+        else:
+            print("  {} profile (ms per step, rank 0): wall {:.1f}".format(r["name"], p["wall_ms"]))
+        print("    top: " + "; ".join("{} {:.2f}".format(n, v) for n, v in p["top"][:6]))
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:
         print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(

@@ -54,6 +54,7 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile", action="store_true")
     return ap.parse_args(argv)
 
 
@@ -160,6 +161,86 @@ def make_data(args, rank, dev, steps):
     return train, evals, None
 
 
+def _merge(intervals):
+    """Sorted, merged copy of (start, end) intervals."""
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _length(merged):
+    return sum(b - a for a, b in merged)
+
+
+def _overlap(x, y):
+    """Length of the intersection of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def gpu_timeline(kernels, wall_us, steps):
+    """Where a CUDA step's time went, from its kernels' (name, start_us, end_us): ms per step of
+    compute kernels, NCCL kernels, NCCL time with no compute kernel running (communication the
+    step waits for), and no kernel at all (the GPU idle: host-bound, or waiting for a peer)."""
+    nccl = _merge([(a, b) for n, a, b in kernels if "nccl" in n.lower()])
+    comp = _merge([(a, b) for n, a, b in kernels if "nccl" not in n.lower()])
+    busy = _merge([(a, b) for _, a, b in kernels])
+    per = 1e-3 / steps
+    return {"wall_ms": wall_us * per, "compute_ms": _length(comp) * per,
+            "nccl_ms": _length(nccl) * per,
+            "nccl_exposed_ms": (_length(nccl) - _overlap(nccl, comp)) * per,
+            "gpu_idle_ms": max(0.0, wall_us - _length(busy)) * per}
+
+
+def profile_block(c, args, dev, train, step_no):
+    """--profile: one more block of --round-steps steps under torch.profiler; rank 0's summary
+    (gpu_timeline on CUDA, plus the top kernels or CPU ops by time per step)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sync(dev)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.round_steps):
+            batch = train[step_no[c.name] % len(train)]
+            step_no[c.name] += 1
+            c.opt.zero_grad(set_to_none=True)
+            loss_of(args, c.wrapped, batch).backward()
+            c.opt.step()
+        sync(dev)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    events = prof.events()
+    if dev.type == "cuda":
+        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CUDA]
+        out = gpu_timeline(kernels, wall_us, args.round_steps)
+        by = {}
+        for n, a, b in kernels:
+            by[n] = by.get(n, 0.0) + (b - a)
+    else:
+        out = {"wall_ms": wall_us * 1e-3 / args.round_steps}
+        by = {}
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CPU:
+                by[e.name] = by.get(e.name, 0.0) + e.self_cpu_time_total
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:10]
+    out["top"] = [[n[:60], v * 1e-3 / args.round_steps] for n, v in top]
+    return out
+
+
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -215,6 +296,10 @@ def main():
                 per_round[c.name].append(dt)
                 cpu_round[c.name].append((time.process_time() - c0) / args.round_steps)
             losses[c.name] += [float(v) for v in got]
+    profiles = {}
+    if args.profile:  # after the timed rounds (extra steps for every contestant alike)
+        for c in cont:
+            profiles[c.name] = profile_block(c, args, dev, train, step_no)
 
     # Rank-averaged losses, evaluation, and the ranks' weight spread (rank 0's weights sent).
     results = []
@@ -252,6 +337,8 @@ def main():
                                         if k.endswith("_ns")}
             row["trace_ms_per_step"]["buckets"] = st["buckets"] / it
             row["buckets_in_place"] = [red.buckets_in_place, len(red.bucket_layout())]
+        if c.name in profiles:
+            row["profile"] = profiles[c.name]
         if c.name == "ddp":
             ref = curve
         results.append(row)

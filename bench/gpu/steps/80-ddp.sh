@@ -77,7 +77,8 @@ SECONDS=0
 # DDP_PARTS: which parts to run (default: the first two). default4: the default path with 4 ranks
 # sharing the GPU; all: every contestant over Bagua-Net and over Socket, no cap; long10: the
 # 10 Gbit/s link over 110 steps (the loss comparison at equal steps that the 16-20 steps of link10
-# cannot make), qadam and PowerSGD warming up for 30; hier (needs
+# cannot make), qadam and PowerSGD warming up for 30; profile: DDP and gradient_allreduce with
+# a torch.profiler block each (GPU timeline per step); hier (needs
 # DDP_GPUS=4): 2 "nodes" of 2 GPUs (one NCCL_HOSTID each: NVLink inside, the network between),
 # every algorithm flat against hierarchical (issue 22's run 3).
 PARTS=" ${DDP_PARTS:-default link10} "
@@ -103,6 +104,14 @@ if [[ "$PARTS" == *" all "* ]]; then
   # cap: issue 22's run 2 on real GPUs (DDP_GPUS=2|4).
   for net in bagua-net socket; do
     run "all-$net" 260 --net "$net" --models transformer,resnet50 --rounds 5 --round-steps 4
+  done
+fi
+if [[ "$PARTS" == *" profile "* ]]; then
+  # Where gradient_allreduce's step goes against DDP's (issue 18's GPT-2 gap): one more block
+  # each under torch.profiler, rank 0's GPU timeline (compute, NCCL, NCCL exposed, idle).
+  for net in bagua-net socket; do
+    run "profile-$net" 150 --net "$net" --models transformer,resnet50 \
+      --contestants ddp,gradient_allreduce --rounds 4 --round-steps 4 --profile
   done
 fi
 if [[ "$PARTS" == *" long10 "* ]]; then
@@ -153,5 +162,10 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
                           t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
                           "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r
                           else "?", t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
+            p = r.get("profile")
+            if p and "compute_ms" in p:
+                print("    profile ms/step: wall {:.1f} compute {:.1f} nccl {:.1f} (exposed {:.1f}) "
+                      "idle {:.1f}".format(p["wall_ms"], p["compute_ms"], p["nccl_ms"],
+                                           p["nccl_exposed_ms"], p["gpu_idle_ms"]))
 PY
 echo "80-ddp: ${SECONDS}s"
