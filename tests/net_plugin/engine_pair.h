@@ -91,6 +91,22 @@ inline Status waitRequest(Request* r, size_t* size, double seconds = 30) {
   return s;
 }
 
+// One message: posts a receive of all of `rbuf` and a send of all of `sbuf`, waits for both;
+// returns the size received (0 after a failure, which is reported).
+inline size_t exchangeOne(Pair& p, const std::vector<uint8_t>& sbuf, std::vector<uint8_t>& rbuf) {
+  Result<Request*> r = p.recv->irecv(rbuf.data(), rbuf.size());
+  Result<Request*> s = p.send->isend(sbuf.data(), sbuf.size());
+  EXPECT_TRUE(r.isOk() && s.isOk());
+  if (!r.isOk() || !s.isOk()) {
+    return 0;
+  }
+  size_t n = 0;
+  EXPECT_TRUE(waitRequest(*s, &n).isOk());
+  n = 0;
+  EXPECT_TRUE(waitRequest(*r, &n).isOk());
+  return n;
+}
+
 // Sends `sizes` in order with up to `window` in flight on each side; checks every byte.
 inline void transfer(Pair& p, const std::vector<size_t>& sizes, size_t window,
                      size_t recvSlack = 0) {

@@ -30,6 +30,7 @@ namespace bagua::net {
 namespace {
 
 using testing::connectPair;
+using testing::exchangeOne;
 using testing::fillPattern;
 using testing::firstMismatch;
 using testing::Pair;
@@ -382,12 +383,7 @@ TEST(Engine, FewChunkMessagesDoNotWaitForTheParkTimeout) {
   std::vector<double> ms;
   for (int i = 0; i < 200; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    Result<Request*> r = p.recv->irecv(rbuf.data(), rbuf.size());
-    Result<Request*> s = p.send->isend(sbuf.data(), sbuf.size());
-    ASSERT_TRUE(r.isOk() && s.isOk());
-    size_t n = 0;
-    ASSERT_TRUE(waitRequest(*s, &n).isOk());
-    ASSERT_TRUE(waitRequest(*r, &n).isOk());
+    ASSERT_EQ(exchangeOne(p, sbuf, rbuf), rbuf.size());
     ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -438,13 +434,7 @@ TEST(Engine, ReceiveControlThreadStaysOffTheStreamWhileTheCallerPolls) {
   long before = switchesOf("bagua-net-rc");
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kMessages; ++i) {
-    Result<Request*> r = p.recv->irecv(rbuf.data(), rbuf.size());
-    Result<Request*> s = p.send->isend(sbuf.data(), sbuf.size());
-    ASSERT_TRUE(r.isOk() && s.isOk());
-    size_t n = 0;
-    ASSERT_TRUE(waitRequest(*s, &n).isOk());
-    ASSERT_TRUE(waitRequest(*r, &n).isOk());
-    ASSERT_EQ(n, rbuf.size());
+    ASSERT_EQ(exchangeOne(p, sbuf, rbuf), rbuf.size());
   }
   long woken = switchesOf("bagua-net-rc") - before;
   const double ms =
