@@ -164,8 +164,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "80-ddp-*.json"))):
                           else "?", t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
             p = r.get("profile")
             if p and "compute_ms" in p:
-                print("    profile ms/step: wall {:.1f} compute {:.1f} nccl {:.1f} (exposed {:.1f}) "
-                      "idle {:.1f}".format(p["wall_ms"], p["compute_ms"], p["nccl_ms"],
-                                           p["nccl_exposed_ms"], p["gpu_idle_ms"]))
+                print("    profile ms/step: wall {:.1f} compute {:.1f} nccl {:.1f} "
+                      "(exposed {:.1f}) idle {:.1f}".format(
+                          p["wall_ms"], p["compute_ms"], p["nccl_ms"], p["nccl_exposed_ms"],
+                          p["gpu_idle_ms"]))
 PY
 echo "80-ddp: ${SECONDS}s"
