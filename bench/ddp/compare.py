@@ -289,6 +289,9 @@ def table(args, res, link_desc):
         else:
             print("  {} profile (ms per step, rank 0): wall {:.1f}".format(r["name"], p["wall_ms"]))
         print("    top: " + "; ".join("{} {:.2f}".format(n, v) for n, v in p["top"][:6]))
+        if p.get("top_host"):
+            print("    top host ops: " + "; ".join("{} {:.2f}".format(n, v)
+                                                  for n, v in p["top_host"][:6]))
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:
         print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(

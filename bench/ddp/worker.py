@@ -223,6 +223,15 @@ def profile_block(c, args, dev, train, step_no):
         sync(dev)
         wall_us = (time.perf_counter() - t0) * 1e6
     events = prof.events()
+
+    def top(by):
+        best = sorted(by.items(), key=lambda kv: -kv[1])[:10]
+        return [[n[:60], v * 1e-3 / args.round_steps] for n, v in best]
+
+    host = {}  # host ops by self time (hooks, launches, the optimizer's loop)
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
     if dev.type == "cuda":
         kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events
                    if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -230,14 +239,10 @@ def profile_block(c, args, dev, train, step_no):
         by = {}
         for n, a, b in kernels:
             by[n] = by.get(n, 0.0) + (b - a)
+        out["top"] = top(by)
+        out["top_host"] = top(host)
     else:
-        out = {"wall_ms": wall_us * 1e-3 / args.round_steps}
-        by = {}
-        for e in events:
-            if e.device_type == torch.autograd.DeviceType.CPU:
-                by[e.name] = by.get(e.name, 0.0) + e.self_cpu_time_total
-    top = sorted(by.items(), key=lambda kv: -kv[1])[:10]
-    out["top"] = [[n[:60], v * 1e-3 / args.round_steps] for n, v in top]
+        out = {"wall_ms": wall_us * 1e-3 / args.round_steps, "top": top(host)}
     return out
 
 
