@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <thread>
@@ -40,6 +41,10 @@ struct RingOptions {
   int window = 8;
   uint64_t bytesPerConn = 256 << 20;
   std::string json;
+  int repeat = 1;
+  // Per case: the plugin it loads ("" = --plugin's); "bagua:8@PATH" names another build, so two
+  // builds compare case by case in one run (with --repeat, interleaved).
+  std::vector<std::string> casePlugins;
 };
 
 struct RankResult {
@@ -53,12 +58,15 @@ void usage() {
   std::printf(
       "usage: bagua-net-bench --ring N [--channels C] [--sizes 512K,2M] [--cases socket,bagua:8]\n"
       "                       [--window 8] [--bytes 256M] [--plugin PATH] [--json FILE]\n"
+      "                       [--repeat R]\n"
       "N processes (2..16) on loopback in a ring, each sending to the next and receiving from\n"
       "the previous one over C connections (NCCL's channels), messages of each size with\n"
       "--window in flight, --bytes per connection. Cases: socket (one TCP socket per\n"
       "connection), bagua:S (the plugin, S streams), rr:S (equal split). Prints the ranks'\n"
       "aggregate send rate and CPU seconds per GB sent (all threads, and the plugin's helper\n"
-      "threads alone).\n");
+      "threads alone). A plugin case may name its own build: bagua:8@/path/libnccl-net.so.\n"
+      "--repeat R runs every size R times, the cases interleaved within each repetition, and\n"
+      "prints each case's median with the range (the host's load drifts between runs).\n");
 }
 
 RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
@@ -74,9 +82,22 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
       o.sizes = parseSizeList(args.value());
     } else if (a == "--cases") {
       o.cases.clear();
+      o.casePlugins.clear();
       for (const std::string& c : splitList(args.value())) {
-        o.cases.push_back(parseCase(c));
+        const size_t at = c.find('@');
+        Case k = parseCase(c.substr(0, at));
+        std::string path = at == std::string::npos ? "" : c.substr(at + 1);
+        if (!path.empty()) {
+          if (!k.plugin) {
+            die("--cases " + c + ": only plugin cases (bagua:S, rr:S) take @PATH");
+          }
+          k.label = c.substr(0, at) + "@" + path.substr(path.rfind('/') + 1);
+        }
+        o.cases.push_back(k);
+        o.casePlugins.push_back(path);
       }
+    } else if (a == "--repeat") {
+      o.repeat = args.intValue();
     } else if (a == "--window") {
       o.window = args.intValue();
     } else if (a == "--bytes") {
@@ -95,9 +116,12 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
     }
   }
   if (o.ranks < 2 || o.ranks > 16 || o.channels < 1 || o.channels > 16 || o.window < 1 ||
-      o.window > 32 || o.bytesPerConn == 0 || o.sizes.empty() || o.cases.empty()) {
-    die("--ring 2..16, --channels 1..16, --window 1..32, --bytes > 0, sizes and cases given");
+      o.window > 32 || o.bytesPerConn == 0 || o.sizes.empty() || o.cases.empty() || o.repeat < 1 ||
+      o.repeat > 50) {
+    die("--ring 2..16, --channels 1..16, --window 1..32, --bytes > 0, --repeat 1..50, sizes and "
+        "cases given");
   }
+  o.casePlugins.resize(o.cases.size());
   return o;
 }
 
@@ -244,9 +268,9 @@ void progressLoop(ncclNet_v11_t* net, const std::vector<void*>& sends,
   }
 }
 
-void pluginRank(const RingOptions& o, const Case& kase, uint64_t size, int toPrev, int toNext,
-                RankResult* out) {
-  Plugin p(o.plugin, kase.streams, kase.schedule);
+void pluginRank(const RingOptions& o, const Case& kase, const std::string& plugin, uint64_t size,
+                int toPrev, int toNext, RankResult* out) {
+  Plugin p(plugin, kase.streams, kase.schedule);
   ncclNet_v11_t* net = p.net();
   const size_t n = static_cast<size_t>(o.channels);
   std::vector<void*> listens(n);
@@ -312,7 +336,8 @@ struct Aggregate {
   double pluginCpuPerGb = 0;
 };
 
-Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
+Aggregate runCase(const RingOptions& o, const Case& kase, const std::string& plugin,
+                  uint64_t size) {
   const int n = o.ranks;
   // links[k]: between rank k (end 0, its "next" side) and rank k+1 (end 1, its "prev" side).
   std::vector<std::array<int, 2>> links(static_cast<size_t>(n));
@@ -338,7 +363,7 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
       if (!kase.plugin) {
         socketRank(o, size, toPrev, toNext, &res);
       } else {
-        pluginRank(o, kase, size, toPrev, toNext, &res);
+        pluginRank(o, kase, plugin, size, toPrev, toNext, &res);
       }
       int fd = results[static_cast<size_t>(r)][1];
       if (::write(fd, &res, sizeof(res)) != static_cast<ssize_t>(sizeof(res))) {
@@ -399,8 +424,11 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
 
 int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
   RingOptions o = parseArgs(argc, argv, defaultPlugin);
-  if (access(o.plugin.c_str(), R_OK) != 0) {
-    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
+  for (std::string& path : o.casePlugins) {
+    path = path.empty() ? o.plugin : path;
+    if (access(path.c_str(), R_OK) != 0) {
+      die("plugin not found at " + path + " (build net_plugin or pass --plugin)");
+    }
   }
   if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {
     setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
@@ -410,6 +438,9 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
       "Ring of %d processes over loopback, %d connections each way per rank, %d in flight\n",
       o.ranks, o.channels, o.window);
   std::printf("  %u CPU cores; %s per connection\n\n", cores, fmtBytes(o.bytesPerConn).c_str());
+  if (o.repeat > 1) {
+    std::printf("%d repetitions, cases interleaved: median [min - max]\n", o.repeat);
+  }
   std::printf("%8s %10s %10s %12s %14s\n", "size", "case", "GB/s", "CPU s/GB", "plugin s/GB");
   FILE* js = nullptr;
   if (!o.json.empty()) {
@@ -423,18 +454,47 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
                  o.ranks, o.channels, cores);
   }
   bool first = true;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
   for (uint64_t size : o.sizes) {
-    for (const Case& kase : o.cases) {
-      Aggregate a = runCase(o, kase, size);
-      std::printf("%8s %10s %10.3f %12.3f %14.3f\n", fmtBytes(size).c_str(), kase.label.c_str(),
+    std::vector<std::vector<Aggregate>> runs(o.cases.size());
+    for (int rep = 0; rep < o.repeat; ++rep) {
+      for (size_t k = 0; k < o.cases.size(); ++k) {
+        runs[k].push_back(runCase(o, o.cases[k], o.casePlugins[k], size));
+      }
+    }
+    for (size_t k = 0; k < o.cases.size(); ++k) {
+      std::vector<double> gbps, cpu, pcpu;
+      for (const Aggregate& a : runs[k]) {
+        gbps.push_back(a.gbps);
+        cpu.push_back(a.cpuPerGb);
+        pcpu.push_back(a.pluginCpuPerGb);
+      }
+      Aggregate a{median(gbps), median(cpu), median(pcpu)};
+      std::printf("%8s %10s %10.3f %12.3f %14.3f", fmtBytes(size).c_str(), o.cases[k].label.c_str(),
                   a.gbps, a.cpuPerGb, a.pluginCpuPerGb);
+      if (o.repeat > 1) {
+        std::printf(
+            "   [%.3f - %.3f GB/s, %.3f - %.3f s/GB]", *std::min_element(gbps.begin(), gbps.end()),
+            *std::max_element(gbps.begin(), gbps.end()), *std::min_element(cpu.begin(), cpu.end()),
+            *std::max_element(cpu.begin(), cpu.end()));
+      }
+      std::printf("\n");
       std::fflush(stdout);
       if (js != nullptr) {
+        std::string each;
+        for (double g : gbps) {
+          each += (each.empty() ? "" : ", ") + strPrintf("%.4f", g);
+        }
         std::fprintf(js,
                      "%s\n  {\"case\": \"%s\", \"size\": %llu, \"GBps\": %.4f, "
-                     "\"cpu_s_per_GB\": %.4f, \"plugin_cpu_s_per_GB\": %.4f}",
-                     first ? "" : ",", kase.label.c_str(), static_cast<unsigned long long>(size),
-                     a.gbps, a.cpuPerGb, a.pluginCpuPerGb);
+                     "\"cpu_s_per_GB\": %.4f, \"plugin_cpu_s_per_GB\": %.4f, "
+                     "\"GBps_runs\": [%s]}",
+                     first ? "" : ",", o.cases[k].label.c_str(),
+                     static_cast<unsigned long long>(size), a.gbps, a.cpuPerGb, a.pluginCpuPerGb,
+                     each.c_str());
         first = false;
       }
     }
