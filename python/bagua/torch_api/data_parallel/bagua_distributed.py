@@ -146,7 +146,8 @@ class _PatchedStep:
 
 def _check_devices(named_params, stream):
     """CUDA parameters must live on the device of the group's NCCL communicator (its stream's):
-    NCCL would read another device's memory (an illegal memory access that kills the process)."""
+    NCCL would read another device's memory (an illegal memory access that kills the process).
+    Both engines call it before their first collective (and the native one at every rebuild)."""
     want = getattr(stream, "device", None)
     if want is None:
         return
@@ -520,8 +521,7 @@ class _NativeEngine(_Engine):
         self._bound_dtypes = [p.dtype for p in self._bound[:len(self._params)]]
         self.is_cuda = any(p.is_cuda for p in self._params)
         group = ddp.process_group
-        if self.is_cuda:
-            _check_devices(self._named_params, getattr(group, "stream", None))
+        _check_devices(self._named_params, getattr(group, "stream", None))
         _broadcast_optimizer_state(ddp.optimizers, group)
         self._python_device = self.is_cuda and CUDA_REDUCER == "python"
         if self._python_device:
@@ -836,6 +836,7 @@ class _PythonEngine(_Engine):
     def _init(self):
         ddp = self.ddp
         group = ddp.process_group
+        _check_devices(list(ddp.module.named_parameters()), getattr(group, "stream", None))
         with torch.no_grad():
             for _, p in ddp.bagua_build_params():
                 comm.broadcast(p.data if p.data.is_contiguous() else p.data.contiguous(), 0,
