@@ -215,11 +215,7 @@ def profile_block(c, args, dev, train, step_no):
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for _ in range(args.round_steps):
-            batch = train[step_no[c.name] % len(train)]
-            step_no[c.name] += 1
-            c.opt.zero_grad(set_to_none=True)
-            loss_of(args, c.wrapped, batch).backward()
-            c.opt.step()
+            train_step(c, args, train, step_no)
         sync(dev)
         wall_us = (time.perf_counter() - t0) * 1e6
     events = prof.events()
@@ -244,6 +240,17 @@ def profile_block(c, args, dev, train, step_no):
     else:
         out = {"wall_ms": wall_us * 1e-3 / args.round_steps, "top": top(host)}
     return out
+
+
+def train_step(c, args, train, step_no):
+    """One training step of contestant c on its next batch; the loss (not read: no host sync)."""
+    batch = train[step_no[c.name] % len(train)]
+    step_no[c.name] += 1
+    c.opt.zero_grad(set_to_none=True)
+    loss = loss_of(args, c.wrapped, batch)
+    loss.backward()
+    c.opt.step()
+    return loss.detach()
 
 
 def sync(dev):
@@ -286,13 +293,7 @@ def main():
             c0 = time.process_time()
             got = []
             for _ in range(args.round_steps):
-                batch = train[step_no[c.name] % len(train)]
-                step_no[c.name] += 1
-                c.opt.zero_grad(set_to_none=True)
-                loss = loss_of(args, c.wrapped, batch)
-                loss.backward()
-                c.opt.step()
-                got.append(loss.detach())
+                got.append(train_step(c, args, train, step_no))
             sync(dev)
             dt = (time.perf_counter() - t0) / args.round_steps
             if r == 0 and c.reducer() is not None:
