@@ -132,6 +132,7 @@ struct Case {
   bool plugin = false;
   int streams = 1;
   const char* schedule = "dynamic";
+  std::string pluginPath;  // --ring: "bagua:8@PATH" loads another build ("" = --plugin's)
 };
 
 inline Case parseCase(const std::string& text) {

@@ -41,10 +41,7 @@ struct RingOptions {
   int window = 8;
   uint64_t bytesPerConn = 256 << 20;
   std::string json;
-  int repeat = 1;
-  // Per case: the plugin it loads ("" = --plugin's); "bagua:8@PATH" names another build, so two
-  // builds compare case by case in one run (with --repeat, interleaved).
-  std::vector<std::string> casePlugins;
+  int repeat = 1;  // a case may name its own build (Case::pluginPath): A/B in one run
 };
 
 struct RankResult {
@@ -82,19 +79,17 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
       o.sizes = parseSizeList(args.value());
     } else if (a == "--cases") {
       o.cases.clear();
-      o.casePlugins.clear();
       for (const std::string& c : splitList(args.value())) {
         const size_t at = c.find('@');
         Case k = parseCase(c.substr(0, at));
-        std::string path = at == std::string::npos ? "" : c.substr(at + 1);
-        if (!path.empty()) {
+        if (at != std::string::npos && at + 1 < c.size()) {
           if (!k.plugin) {
             die("--cases " + c + ": only plugin cases (bagua:S, rr:S) take @PATH");
           }
-          k.label = c.substr(0, at) + "@" + path.substr(path.rfind('/') + 1);
+          k.pluginPath = c.substr(at + 1);
+          k.label = c.substr(0, at) + "@" + k.pluginPath.substr(k.pluginPath.rfind('/') + 1);
         }
         o.cases.push_back(k);
-        o.casePlugins.push_back(path);
       }
     } else if (a == "--repeat") {
       o.repeat = args.intValue();
@@ -121,7 +116,11 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
     die("--ring 2..16, --channels 1..16, --window 1..32, --bytes > 0, --repeat 1..50, sizes and "
         "cases given");
   }
-  o.casePlugins.resize(o.cases.size());
+  for (Case& k : o.cases) {
+    if (k.plugin && k.pluginPath.empty()) {
+      k.pluginPath = o.plugin;
+    }
+  }
   return o;
 }
 
@@ -268,9 +267,9 @@ void progressLoop(ncclNet_v11_t* net, const std::vector<void*>& sends,
   }
 }
 
-void pluginRank(const RingOptions& o, const Case& kase, const std::string& plugin, uint64_t size,
-                int toPrev, int toNext, RankResult* out) {
-  Plugin p(plugin, kase.streams, kase.schedule);
+void pluginRank(const RingOptions& o, const Case& kase, uint64_t size, int toPrev, int toNext,
+                RankResult* out) {
+  Plugin p(kase.pluginPath, kase.streams, kase.schedule);
   ncclNet_v11_t* net = p.net();
   const size_t n = static_cast<size_t>(o.channels);
   std::vector<void*> listens(n);
@@ -336,8 +335,7 @@ struct Aggregate {
   double pluginCpuPerGb = 0;
 };
 
-Aggregate runCase(const RingOptions& o, const Case& kase, const std::string& plugin,
-                  uint64_t size) {
+Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
   const int n = o.ranks;
   // links[k]: between rank k (end 0, its "next" side) and rank k+1 (end 1, its "prev" side).
   std::vector<std::array<int, 2>> links(static_cast<size_t>(n));
@@ -363,7 +361,7 @@ Aggregate runCase(const RingOptions& o, const Case& kase, const std::string& plu
       if (!kase.plugin) {
         socketRank(o, size, toPrev, toNext, &res);
       } else {
-        pluginRank(o, kase, plugin, size, toPrev, toNext, &res);
+        pluginRank(o, kase, size, toPrev, toNext, &res);
       }
       int fd = results[static_cast<size_t>(r)][1];
       if (::write(fd, &res, sizeof(res)) != static_cast<ssize_t>(sizeof(res))) {
@@ -424,10 +422,12 @@ Aggregate runCase(const RingOptions& o, const Case& kase, const std::string& plu
 
 int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
   RingOptions o = parseArgs(argc, argv, defaultPlugin);
-  for (std::string& path : o.casePlugins) {
-    path = path.empty() ? o.plugin : path;
-    if (access(path.c_str(), R_OK) != 0) {
-      die("plugin not found at " + path + " (build net_plugin or pass --plugin)");
+  if (access(o.plugin.c_str(), R_OK) != 0) {
+    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
+  }
+  for (const Case& k : o.cases) {
+    if (k.plugin && access(k.pluginPath.c_str(), R_OK) != 0) {
+      die("plugin not found at " + k.pluginPath + " (its case names it)");
     }
   }
   if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {
@@ -462,7 +462,7 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
     std::vector<std::vector<Aggregate>> runs(o.cases.size());
     for (int rep = 0; rep < o.repeat; ++rep) {
       for (size_t k = 0; k < o.cases.size(); ++k) {
-        runs[k].push_back(runCase(o, o.cases[k], o.casePlugins[k], size));
+        runs[k].push_back(runCase(o, o.cases[k], size));
       }
     }
     for (size_t k = 0; k < o.cases.size(); ++k) {
