@@ -51,9 +51,15 @@ cpu_children() {
 }
 CPU_TABLE="$OUT/16-net-ranks-cpu.txt"
 : > "$CPU_TABLE"
+# NET_RANKS_SKIP: an extended regex over "ranks<N>-<label>" of runs to leave out (for repeats of
+# a few cases, e.g. '^ranks4-(socket-4x4|fastsocket)$'); NET_RANKS_RING=0 leaves out the ring.
 run() {  # ranks, label, env assignments...
   local n="$1" label="$2"; shift 2
   local before after
+  if [ -n "${NET_RANKS_SKIP:-}" ] && grep -qE "$NET_RANKS_SKIP" <<< "ranks$n-$label"; then
+    echo "  ranks $n $label: left out (NET_RANKS_SKIP)"
+    return
+  fi
   cpu_children
   before=$CPU_NOW
   echo "===== ranks $n $label: $*" >> "$LOG"
@@ -117,6 +123,7 @@ for line in open(table):
     print(f"  ranks {n} {label:11s} {cpu:7.1f} s CPU for {gb:6.1f} GB: {cpu / gb:.3f} s/GB")
 PY
 
+[ "${NET_RANKS_RING:-1}" = 0 ] && exit 0
 echo "--- CPU-only ring: 4 processes x 4 connections each way, loopback (bagua-net-bench --ring)"
 RING="$BUILD/tools/net_bench/bagua-net-bench"
 for e in "" BAGUA_NET_MIN_CHUNKSIZE=256K BAGUA_NET_INLINE_BYTES=512K; do
