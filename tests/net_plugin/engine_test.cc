@@ -223,7 +223,7 @@ TEST(Params, DefaultsEnvAndStrictParsing) {
     Result<EngineOptions> o = EngineOptions::fromParams();
     ASSERT_TRUE(o.isOk()) << o.status().toString();
     EXPECT_EQ(o->nStreams, 8);
-    EXPECT_EQ(o->minChunkBytes, 64u << 10);
+    EXPECT_EQ(o->minChunkBytes, 256u << 10);
     EXPECT_EQ(o->inlineBytes, 64u << 10);
   }
   {

@@ -87,7 +87,7 @@ inline constexpr uint64_t kMultiRailNotSentLowat = 256 * 1024;
 // Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
 struct EngineOptions {
   int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
-  uint64_t minChunkBytes = 64 * 1024;    // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  uint64_t minChunkBytes = 256 * 1024;   // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
   uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
   uint64_t inlineBytes = 64 * 1024;      // messages up to this go on the control stream
   uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
