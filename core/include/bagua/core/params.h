@@ -117,6 +117,14 @@ struct CoreParams : ParamCatalogue {
         "our own single-socket TCP mesh (with shm rings between local ranks when "
         "BAGUA_HOST_SHM is on); for comparison"}},
       "host backend: transport under the collectives"};
+  EnumParam ncclStreamPriority{
+      *this,
+      "BAGUA_NCCL_STREAM_PRIORITY",
+      "high",
+      {{"high", "the device's highest stream priority: collectives' blocks are scheduled "
+                "before pending compute blocks"},
+       {"normal", "the default priority, as torch's ProcessGroupNCCL streams"}},
+      "NCCL backend: priority of each communicator's stream"};
   IntParam hostNetStreams{*this,
                           "BAGUA_HOST_NET_STREAMS",
                           2,

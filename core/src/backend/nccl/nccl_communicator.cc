@@ -687,6 +687,8 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
                        "NCCL backend: rank %d wants CUDA device %d but %d device(s) are visible",
                        rank, device, devices);
   }
+  // Before the rendezvous: a bad value fails every rank here, none waits for it.
+  BAGUA_ASSIGN_OR_RETURN(const std::string priority, coreParams().ncclStreamPriority.get());
   BAGUA_CHECK_CUDA(cudaSetDevice(device));
   ncclUniqueId id;
   if (rank == 0) {
@@ -724,7 +726,8 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
   int lo = 0, hi = 0;
   cudaError_t ce = cudaDeviceGetStreamPriorityRange(&lo, &hi);
   if (ce == cudaSuccess) {
-    ce = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, hi);
+    ce = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
+                                      priority == "high" ? hi : lo);
   }
   if (ce == cudaSuccess) {
     ce = cudaMalloc(&scratch, sizeof(int32_t));
