@@ -726,8 +726,7 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
   int lo = 0, hi = 0;
   cudaError_t ce = cudaDeviceGetStreamPriorityRange(&lo, &hi);
   if (ce == cudaSuccess) {
-    ce = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
-                                      priority == "high" ? hi : lo);
+    ce = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority == "high" ? hi : lo);
   }
   if (ce == cudaSuccess) {
     ce = cudaMalloc(&scratch, sizeof(int32_t));
