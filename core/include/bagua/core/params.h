@@ -121,8 +121,9 @@ struct CoreParams : ParamCatalogue {
       *this,
       "BAGUA_NCCL_STREAM_PRIORITY",
       "high",
-      {{"high", "the device's highest stream priority: collectives' blocks are scheduled "
-                "before pending compute blocks"},
+      {{"high",
+        "the device's highest stream priority: collectives' blocks are scheduled "
+        "before pending compute blocks"},
        {"normal", "the default priority, as torch's ProcessGroupNCCL streams"}},
       "NCCL backend: priority of each communicator's stream"};
   IntParam hostNetStreams{*this,
