@@ -223,6 +223,7 @@ struct SendComm::Impl : public CommCore {
 
   Result<Request*> isend(const void* data, size_t size);
   std::vector<uint64_t> bytesPerStream() const;
+  uint64_t chunksPosted() const { return rrCursor_; }
   Status setLive(const LiveSettings& settings);
   // The comm's, else the process's, else the options' values; activeStreams in [1, nStreams()].
   LiveSettings resolveLive() const;

@@ -23,6 +23,7 @@ Result<EngineOptions> EngineOptions::fromParams() {
   o.nStreams = static_cast<int>(streams);
   BAGUA_ASSIGN_OR_RETURN(o.minChunkBytes, p.minChunk.get());
   BAGUA_ASSIGN_OR_RETURN(o.maxChunkBytes, p.maxChunk.get());
+  BAGUA_ASSIGN_OR_RETURN(o.loneChunkBytes, p.loneChunk.get());
   BAGUA_ASSIGN_OR_RETURN(o.inlineBytes, p.inlineBytes.get());
   BAGUA_ASSIGN_OR_RETURN(o.socketBufferBytes, p.socketBuffer.get());
   BAGUA_ASSIGN_OR_RETURN(o.notSentLowatBytes, p.notSentLowat.get());

@@ -93,10 +93,18 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   // One snapshot of the live settings per message (see LiveSettings).
   const LiveSettings live = resolveLive();
   const int active = roundRobin ? nStreams() : live.activeStreams;
+  // A message that finds every earlier chunk claimed has the streams to itself: with a lone
+  // chunk size set, it is cut finer (latency), while queued messages keep the larger minimum
+  // (fewer hops per byte). The cursor is read without the lock: a hint, either cut is correct.
+  uint64_t minChunk = live.minChunkBytes;
+  if (!roundRobin && options_.loneChunkBytes > 0 &&
+      claimSeq_.load(std::memory_order_acquire) == seq) {
+    minChunk = std::min(minChunk, options_.loneChunkBytes);
+  }
   // Round-robin splits evenly with no upper clamp (the NCCL Socket / Bagua-Net rule).
   slot->chunk = isInline
                     ? 0
-                    : wire::chunkBytesFor(size, active, live.minChunkBytes,
+                    : wire::chunkBytesFor(size, active, minChunk,
                                           roundRobin ? wire::kMaxChunkWire : live.maxChunkBytes);
   slot->active.store(active, std::memory_order_relaxed);
   slot->done.store(false, std::memory_order_relaxed);
@@ -377,6 +385,9 @@ void SendComm::setNotifier(Notifier* notifier) {
 }
 std::vector<uint64_t> SendComm::bytesPerStream() const {
   return impl_->bytesPerStream();
+}
+uint64_t SendComm::chunksPosted() const {
+  return impl_->chunksPosted();
 }
 std::vector<SocketAddress> SendComm::streamPeers() const {
   return impl_->dataPeers();

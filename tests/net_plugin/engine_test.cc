@@ -864,6 +864,30 @@ TEST(Live, ActiveStreamsChangeBetweenMessages) {
   }
 }
 
+// BAGUA_NET_LONE_CHUNKSIZE: a message posted when every earlier chunk is already claimed (here:
+// one message at a time) is cut down to the lone size, not to the minimum; off (0), the minimum
+// holds. 1 MiB messages with min = max = 1 MiB over 4 streams: 1 chunk each without it, 4 of
+// 256 KiB (an even split, above the 128 KiB lone size) with it; every byte arrives either way.
+TEST(Engine, LoneMessagesAreCutDownToTheLoneChunkSize) {
+  constexpr size_t kMessage = 1 << 20;
+  for (uint64_t lone : {uint64_t{0}, uint64_t{128} << 10}) {
+    EngineOptions o = testOptions(4);
+    o.minChunkBytes = kMessage;
+    o.maxChunkBytes = kMessage;
+    o.loneChunkBytes = lone;
+    Pair p = connectPair(o);
+    ASSERT_TRUE(p.send && p.recv);
+    const uint64_t before = p.send->chunksPosted();
+    transfer(p, {kMessage, kMessage, kMessage, kMessage + 3}, 1);
+    const uint64_t chunks = p.send->chunksPosted() - before;
+    if (lone == 0) {
+      EXPECT_EQ(chunks, 3u + 2u) << "the minimum holds: one chunk per 1 MiB, two for 1 MiB + 3";
+    } else {
+      EXPECT_EQ(chunks, 4u * 3 + 4u) << "each lone message split over the 4 streams";
+    }
+  }
+}
+
 // Chunk bounds changed between messages: with min = max = the message size a message is one
 // chunk (exactly one stream carries it); with small chunks it spreads again.
 TEST(Live, ChunkBoundsChangeBetweenMessages) {

@@ -9,8 +9,10 @@
 #                /work/shared/tools/build_fastsocket.sh and carried here
 #   bagua        Bagua-Net, defaults; at 4 ranks also, to tell the suspected causes of the loss at 4
 #                ranks apart: bagua-s4 / bagua-s2 (4 and 2 streams per connection: fewer helper
-#                threads per rank), bagua-c256k (BAGUA_NET_MIN_CHUNKSIZE=256K: ring slices of
-#                128-512 KiB cut into fewer, larger chunks, fewer thread hops per message),
+#                threads per rank), bagua-c64k (BAGUA_NET_MIN_CHUNKSIZE=64K, the default
+#                until session 9: ring slices of 128-512 KiB cut into more, smaller chunks),
+#                bagua-lone64k (BAGUA_NET_LONE_CHUNKSIZE=64K: only a message posted with
+#                nothing queued is cut that fine),
 #                bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0: NCCL's own channel count),
 #                bagua-cb8m (BAGUA_NET_TUNER_CHANNEL_BYTES=8M: fewer channels, so larger ring
 #                slices, up to 32 MiB)
@@ -75,11 +77,13 @@ run() {  # ranks, label, env assignments...
 }
 PLUG=(LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua)
 # NET_RANKS_N: the rank counts (default "4 2"). NET_RANKS_VARIANTS4 default: s4 / s2 (4 and 2
-# streams), c256k (256 KiB chunks), nocap / cb8m (the tuner's channel cap off / at 8 MiB), i512k
+# streams), c64k (64 KiB chunks, the default before session 9), lone64k (64 KiB chunks only for a
+# message posted with nothing queued), nocap / cb8m (the tuner's channel cap off / at 8 MiB), i512k
 # (messages up to 512 KiB inline on the control stream: no helper threads, one flow).
 NS="${NET_RANKS_N:-4 2}"
 VARIANTS4="${NET_RANKS_VARIANTS4-s4:BAGUA_NET_NSTREAMS=4 s2:BAGUA_NET_NSTREAMS=2 \
-c256k:BAGUA_NET_MIN_CHUNKSIZE=256K nocap:BAGUA_NET_TUNER_CHANNEL_BYTES=0 \
+c64k:BAGUA_NET_MIN_CHUNKSIZE=64K lone64k:BAGUA_NET_LONE_CHUNKSIZE=64K \
+nocap:BAGUA_NET_TUNER_CHANNEL_BYTES=0 \
 cb8m:BAGUA_NET_TUNER_CHANNEL_BYTES=8M i512k:BAGUA_NET_INLINE_BYTES=512K}"
 for n in $NS; do
   run "$n" socket NCCL_NET_PLUGIN=none NCCL_NET=Socket
@@ -126,7 +130,7 @@ PY
 [ "${NET_RANKS_RING:-1}" = 0 ] && exit 0
 echo "--- CPU-only ring: 4 processes x 4 connections each way, loopback (bagua-net-bench --ring)"
 RING="$BUILD/tools/net_bench/bagua-net-bench"
-for e in "" BAGUA_NET_MIN_CHUNKSIZE=256K BAGUA_NET_INLINE_BYTES=512K; do
+for e in "" BAGUA_NET_MIN_CHUNKSIZE=64K BAGUA_NET_LONE_CHUNKSIZE=64K; do
   echo "  ${e:-defaults}"
   tag=${e//=/-}
   env $e timeout 120 "$RING" --plugin "$PLUGIN_DIR/libnccl-net.so" \

@@ -89,6 +89,9 @@ struct EngineOptions {
   int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
   uint64_t minChunkBytes = 256 * 1024;   // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
   uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
+  // Smallest chunk of a message posted with nothing queued before it, if below minChunkBytes
+  // (BAGUA_NET_LONE_CHUNKSIZE); 0: off.
+  uint64_t loneChunkBytes = 0;
   uint64_t inlineBytes = 64 * 1024;      // messages up to this go on the control stream
   uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
   // TCP_NOTSENT_LOWAT of every stream (BAGUA_NET_NOTSENT_LOWAT); 0 = the kernel's default
@@ -295,6 +298,8 @@ class SendComm {
   const SocketAddress& peer() const;
   // Payload bytes each data stream has sent so far (how the schedule spread the chunks).
   std::vector<uint64_t> bytesPerStream() const;
+  // Data chunks the messages posted so far were cut into (caller's thread, or after it).
+  uint64_t chunksPosted() const;
   // The remote address each data stream is connected to (its rail).
   std::vector<SocketAddress> streamPeers() const;
   // This comm's own live settings (beat the process-wide ones; all zero clears the override).

@@ -43,6 +43,15 @@ struct NetParams : ParamCatalogue {
                       "H100s. There 64K is faster for 1-4 MiB all-reduces (1.3-1.7x): "
                       "set it where such sizes dominate and cores are free, or where "
                       "one message must spread over many capped flows."};
+  BytesParam loneChunk{*this,
+                       "BAGUA_NET_LONE_CHUNKSIZE",
+                       0,
+                       {0, uint64_t{1} << 30},
+                       "Smallest chunk of a message that finds every chunk of the earlier "
+                       "messages already taken by a stream (nothing queued: the message "
+                       "alone decides how long the streams take), if below "
+                       "MIN_CHUNKSIZE; 0: off. For latency-bound mid-sized all-reduces on "
+                       "hosts with free cores (64K there); not yet measured on GPUs."};
   BytesParam maxChunk{*this,
                       "BAGUA_NET_MAX_CHUNKSIZE",
                       1024 * 1024,
