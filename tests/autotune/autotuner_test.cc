@@ -692,6 +692,9 @@ TEST(TransportKnobs, HostEngineKnobsSwitchLiveOnEveryRankTogether) {
       ASSERT_EQ(a.segmentBytes, b.segmentBytes) << "rank " << r << " iteration " << i;
       ASSERT_EQ(a.activeStreams, b.activeStreams) << "rank " << r << " iteration " << i;
       ASSERT_EQ(a.engineChunkBytes, b.engineChunkBytes) << "rank " << r << " iteration " << i;
+      // The engine's parameters stay what the environment gave (the net_chunk_bytes knob's
+      // starting point): BAGUA_NET_MIN_CHUNKSIZE's default here.
+      ASSERT_EQ(a.engineMinChunkBytes, size_t{256} << 10) << "rank " << r << " iteration " << i;
       // What is in force is what the tuner decided (applied at the decision, before the next
       // iteration's collectives); before its first decision, the parameters' values.
       if (!logs[r].decided[i]) {

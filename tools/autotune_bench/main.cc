@@ -184,9 +184,9 @@ struct Tx {
 };
 
 // The engine's own rule for a segment-sized message at `streams` streams (an even split, at least
-// BAGUA_NET_MIN_CHUNKSIZE's 64 KiB default): the chunk size the default setting stands for.
+// BAGUA_NET_MIN_CHUNKSIZE's 256 KiB default): the chunk size the default setting stands for.
 uint64_t defaultChunk(uint64_t segment, int streams) {
-  return std::max<uint64_t>(segment / static_cast<uint64_t>(streams), 64 << 10);
+  return std::max<uint64_t>(segment / static_cast<uint64_t>(streams), 256 << 10);
 }
 
 struct Model {

@@ -39,10 +39,11 @@ struct HostTuning {
 
 struct HostTuningState {
   size_t segmentBytes = 0;
-  std::string transport;        // "engine" or "socket"
-  int establishedStreams = 0;   // engine: data streams per connection; socket: 0
-  int activeStreams = 0;        // engine: streams carrying new messages; socket: 0
-  size_t engineChunkBytes = 0;  // engine: chunk size set live (0: the engine's parameters)
+  std::string transport;           // "engine" or "socket"
+  int establishedStreams = 0;      // engine: data streams per connection; socket: 0
+  int activeStreams = 0;           // engine: streams carrying new messages; socket: 0
+  size_t engineChunkBytes = 0;     // engine: chunk size set live (0: the engine's parameters)
+  size_t engineMinChunkBytes = 0;  // engine: the parameters' smallest chunk
 };
 
 // Applies `tuning` on `comm` (a host-backend communicator; anything else is InvalidArgument) and

@@ -63,6 +63,7 @@ class EngineTransport final : public TransportBase {
   int establishedStreams() const override { return streams_; }
   int activeStreams() const override { return active_.load(std::memory_order_relaxed); }
   uint64_t engineChunkBytes() const override { return chunk_.load(std::memory_order_relaxed); }
+  uint64_t engineMinChunkBytes() const override { return minChunk_; }
   // Sender side only (the engine's receiver takes chunks of any size from any stream), so no
   // agreement is needed; set on every send comm of this rank.
   Status setEngineLive(int streams, uint64_t chunkBytes) override {
@@ -134,6 +135,7 @@ class EngineTransport final : public TransportBase {
   int streams_ = 1;  // established per connection (set by connect)
   std::atomic<int> active_{1};
   std::atomic<uint64_t> chunk_{0};                     // 0: the engine's parameters
+  uint64_t minChunk_ = 0;                              // the parameters' (set by connect)
   net::Notifier notifier_;                             // outlives the comms (declared before them)
   std::vector<std::unique_ptr<net::SendComm>> sends_;  // indexed by peer; null for self
   std::vector<std::unique_ptr<net::RecvComm>> recvs_;
@@ -144,6 +146,7 @@ Status EngineTransport::connect(Store& store, const EngineTransportOptions& opti
   BAGUA_ASSIGN_OR_RETURN(net::EngineOptions eo, net::EngineOptions::fromParams());
   eo.nStreams = std::clamp(options.streams, 1, net::kMaxStreams);
   streams_ = eo.nStreams;
+  minChunk_ = eo.minChunkBytes;
   active_.store(eo.nStreams, std::memory_order_relaxed);
   eo.socketBufferBytes = options.socketBuffer;
   eo.timeoutMs = std::max<int64_t>(eo.timeoutMs, 1000);

@@ -116,6 +116,7 @@ HostTuningState HostCommunicator::tuning() const {
   st.establishedStreams = transport_->establishedStreams();
   st.activeStreams = transport_->activeStreams();
   st.engineChunkBytes = transport_->engineChunkBytes();
+  st.engineMinChunkBytes = transport_->engineMinChunkBytes();
   st.transport = st.establishedStreams > 0 ? "engine" : "socket";
   return st;
 }

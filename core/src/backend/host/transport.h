@@ -70,10 +70,12 @@ class Transport {
   virtual void setPieceBytes(size_t /*bytes*/) {}
   // Data streams per connection that the transport established (0: it has no streams to tune),
   // how many of them carry new messages (1..established) and the chunk size set live (0: the
-  // engine's parameters). setEngineLive: 0 keeps a value; sender side only.
+  // engine's parameters) and the parameters' smallest chunk (BAGUA_NET_MIN_CHUNKSIZE).
+  // setEngineLive: 0 keeps a value; sender side only.
   virtual int establishedStreams() const { return 0; }
   virtual int activeStreams() const { return 0; }
   virtual uint64_t engineChunkBytes() const { return 0; }
+  virtual uint64_t engineMinChunkBytes() const { return 0; }
   [[nodiscard]] virtual Status setEngineLive(int streams, uint64_t chunkBytes) {
     return BAGUA_ERROR(kFailedPrecondition,
                        "engine streams (%d) / chunk size (%llu) can only be set on the engine "
