@@ -256,7 +256,7 @@ struct SendComm::Impl : public CommCore {
   std::mutex claimMu_;
   std::atomic<uint64_t> claimSeq_{0};  // written under claimMu_
   uint64_t claimOffset_ = 0;           // guarded by claimMu_
-  uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin)
+  uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin base)
   std::atomic<uint64_t> streamBytes_[kMaxStreams] = {};  // payload per data stream (stats)
   LiveCell live_;                                        // this comm's override
 };
