@@ -194,12 +194,11 @@ std::optional<Knob> netChunkKnob(core::ProcessGroup& group, const TransportKnobR
     }
     Knob k;
     k.dimension = Dimension::logInteger("net_chunk_bytes", lo, hi);
-    // What the engine's default rule gives for a segment-sized message: an even split over the
-    // active streams, at least the smallest chunk (BAGUA_NET_MIN_CHUNKSIZE).
-    const int64_t even = static_cast<int64_t>(st->segmentBytes) / std::max(1, st->activeStreams);
-    k.initial = st->engineChunkBytes > 0
-                    ? static_cast<int64_t>(st->engineChunkBytes)
-                    : std::max<int64_t>(even, static_cast<int64_t>(st->engineMinChunkBytes));
+    // What is in force: the live chunk, else the engine's rule for a segment-sized piece.
+    k.initial = static_cast<int64_t>(
+        st->engineChunkBytes > 0
+            ? st->engineChunkBytes
+            : core::engineDefaultChunkBytes(*st, st->segmentBytes, st->activeStreams));
     k.initial = std::clamp(k.initial, lo, hi);
     k.apply = [&group](int64_t v) {
       core::HostTuning t;

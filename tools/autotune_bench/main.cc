@@ -183,12 +183,6 @@ struct Tx {
   uint64_t chunk = 0;
 };
 
-// The engine's own rule for a segment-sized message at `streams` streams (an even split, at least
-// BAGUA_NET_MIN_CHUNKSIZE's 256 KiB default): the chunk size the default setting stands for.
-uint64_t defaultChunk(uint64_t segment, int streams) {
-  return std::max<uint64_t>(segment / static_cast<uint64_t>(streams), 256 << 10);
-}
-
 struct Model {
   std::vector<std::vector<float>> data, grad;
   std::vector<Parameter> params, buffers;
@@ -309,8 +303,16 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     h.engineChunkBytes = t.chunk;
     return setHostTuning(*pg, h, std::chrono::minutes(2));
   };
+  // The chunk the default setting stands for: the engine's own rule, from its starting state.
+  HostTuningState start;
+  if (a.engine) {
+    BAGUA_ASSIGN_OR_RETURN(start, hostTuning(*pg));
+  }
+  auto defaultChunk = [&](uint64_t segment) {
+    return engineDefaultChunkBytes(start, segment, a.netStreams);
+  };
   const uint64_t seg0 = static_cast<uint64_t>(a.segmentKib * 1024);
-  const Tx defaultTx{seg0, a.netStreams, defaultChunk(seg0, a.netStreams)};
+  const Tx defaultTx{seg0, a.netStreams, defaultChunk(seg0)};
   const std::vector<uint64_t> gridSegments =
       a.engine ? [&] {
         std::vector<uint64_t> v;
@@ -334,8 +336,8 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
     return withBagua(m.params, m.buffers, {}, algo, *pg, o);
   };
   auto fixed = [&](uint64_t bytes, uint64_t segment) -> Result<double> {
-    BAGUA_RETURN_IF_ERROR(setTx(
-        segment == 0 ? defaultTx : Tx{segment, a.netStreams, defaultChunk(segment, a.netStreams)}));
+    BAGUA_RETURN_IF_ERROR(
+        setTx(segment == 0 ? defaultTx : Tx{segment, a.netStreams, defaultChunk(segment)}));
     auto algo = std::make_shared<Tunable>(std::make_shared<GradientAllReduce>());
     BAGUA_ASSIGN_OR_RETURN(auto d, makeReducer(a.defaultKib, algo));
     BAGUA_RETURN_IF_ERROR(algo->schedule(1, layoutFor(*d, bytes)));

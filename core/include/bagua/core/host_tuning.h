@@ -20,6 +20,7 @@
 // Thread safety: like issuing any collective (see communicator.h); hostTuning() from any thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <string>
@@ -45,6 +46,13 @@ struct HostTuningState {
   size_t engineChunkBytes = 0;     // engine: chunk size set live (0: the engine's parameters)
   size_t engineMinChunkBytes = 0;  // engine: the parameters' smallest chunk
 };
+
+// The chunk the engine cuts a `segment`-byte piece into over `streams` streams while no chunk
+// size is set live: an even split, at least the parameters' smallest chunk (its size rule; the
+// largest chunk does not bind at segment sizes).
+inline size_t engineDefaultChunkBytes(const HostTuningState& state, size_t segment, int streams) {
+  return std::max(segment / static_cast<size_t>(std::max(1, streams)), state.engineMinChunkBytes);
+}
 
 // Applies `tuning` on `comm` (a host-backend communicator; anything else is InvalidArgument) and
 // waits up to `timeout` for it. Collective: see the contract above.
