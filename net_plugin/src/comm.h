@@ -126,7 +126,8 @@ class CommCore {
   CommCore& operator=(const CommCore&) = delete;
 
   Status testSlot(Slot* slot, bool* done, size_t* size);
-  // Progress the caller's thread may make on the control stream inside test() (non-blocking).
+  // Progress the caller's thread may make on the control stream inside test() (non-blocking);
+  // called on every test(), done or not.
   virtual void callerProgress() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }

@@ -68,11 +68,13 @@ Status RecvComm::Impl::truncation(const Slot* slot, uint64_t needed, const char*
 }
 
 void RecvComm::Impl::callerProgress() {
+  // Seen on every test(), also when every record is already consumed (by this caller or by the
+  // control thread): the caller is polling, so the control thread stays off the stream.
+  callerSeenNs_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                      std::memory_order_relaxed);
   if (ctrlSeq_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
     return;
   }
-  callerSeenNs_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                      std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(ctrlMu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return;
