@@ -126,9 +126,11 @@ class CommCore {
   CommCore& operator=(const CommCore&) = delete;
 
   Status testSlot(Slot* slot, bool* done, size_t* size);
-  // Progress the caller's thread may make on the control stream inside test() (non-blocking);
-  // called on every test(), done or not.
+  // Progress the caller's thread may make on the control stream inside test() (non-blocking),
+  // while the request is not done.
   virtual void callerProgress() {}
+  // A test() that found its request done.
+  virtual void callerPolled() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }
   // getpeername of every data stream.
@@ -280,6 +282,10 @@ struct RecvComm::Impl : public CommCore {
   // *waitingForPost when a record waits for its irecv.
   Status pumpControl(bool* waitingForPost);
   void callerProgress() override;
+  void callerPolled() override {
+    callerSeenNs_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                        std::memory_order_relaxed);
+  }
 
   // Control stream parse state, guarded by ctrlMu_ (the control thread or the caller's test()).
   std::mutex ctrlMu_;

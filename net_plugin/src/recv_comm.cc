@@ -70,8 +70,7 @@ Status RecvComm::Impl::truncation(const Slot* slot, uint64_t needed, const char*
 void RecvComm::Impl::callerProgress() {
   // Seen on every test(), also when every record is already consumed (by this caller or by the
   // control thread): the caller is polling, so the control thread stays off the stream.
-  callerSeenNs_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                      std::memory_order_relaxed);
+  callerPolled();
   if (ctrlSeq_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
     return;
   }
