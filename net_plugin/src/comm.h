@@ -129,7 +129,7 @@ class CommCore {
   // Progress the caller's thread may make on the control stream inside test() (non-blocking),
   // while the request is not done.
   virtual void callerProgress() {}
-  // A test() that found its request done.
+  // Every test(), before any progress: the caller is polling.
   virtual void callerPolled() {}
   int nStreams() const { return static_cast<int>(data_.size()); }
   const SocketAddress& peer() const { return peer_; }

@@ -68,9 +68,6 @@ Status RecvComm::Impl::truncation(const Slot* slot, uint64_t needed, const char*
 }
 
 void RecvComm::Impl::callerProgress() {
-  // Seen on every test(), also when every record is already consumed (by this caller or by the
-  // control thread): the caller is polling, so the control thread stays off the stream.
-  callerPolled();
   if (ctrlSeq_.load(std::memory_order_acquire) >= posted_.load(std::memory_order_acquire)) {
     return;
   }

@@ -426,7 +426,7 @@ TEST(Engine, ReceiveControlThreadStaysOffTheStreamWhileTheCallerPolls) {
   // Under CPU load (CI's sanitizer run, `yes` on both cores of the VM) it then still woke for
   // 11-19% of the records (215-389 of 2000): once it had consumed a record first, the caller's
   // test() found the request done and did not count as seen, so it kept winning; every test()
-  // counts now (5-21 under the same load).
+  // counts now (4-85 with `yes` on four threads, within the bound).
   EngineOptions o = testOptions(2);
   o.inlineBytes = 16 << 10;
   o.spinUs = 0;
