@@ -15,7 +15,8 @@
 // the payload straight into the posted buffer at the chunk's offset).
 // Completion: each slot has an atomic byte/token count; whichever thread makes it reach zero
 // marks the slot done (release); test() observes it (acquire) and recycles the slot.
-// Idle threads spin for spinUs, then park (Park: condition variable, bounded 20 ms re-check).
+// Idle threads spin for spinUs, then park (Park: condition variable, bounded re-check every
+// parkRecheckMs, 20 ms).
 // Live settings (LiveSettings): isend takes one snapshot (LiveCell, a seqlock over atomics) of
 // the comm's and the process's settings and records the active stream count and chunk size in
 // the slot; a send data thread only claims chunks of a message whose active count exceeds its
@@ -190,8 +191,8 @@ class CommCore {
   std::atomic<Notifier*> notifier_{nullptr};
 };
 
-// Spins for spinUs, then parks on `park` (bounded 20 ms re-checks: a missed wake-up costs at most
-// that).
+// Spins for spinUs, then parks on `park` (bounded re-checks every parkRecheckMs: a missed wake-up
+// costs at most that).
 template <typename Pred>
 bool CommCore::waitUntil(Pred pred, Park& park) {
   if (pred()) {
@@ -211,7 +212,7 @@ bool CommCore::waitUntil(Pred pred, Park& park) {
   std::unique_lock<std::mutex> lock(park.mu);
   park.sleepers.fetch_add(1, std::memory_order_seq_cst);
   while (!pred() && !stopping_.load(std::memory_order_seq_cst)) {
-    park.cv.wait_for(lock, std::chrono::milliseconds(20));
+    park.cv.wait_for(lock, std::chrono::milliseconds(options_.parkRecheckMs));
   }
   park.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   return !stopping_.load(std::memory_order_acquire);

@@ -162,8 +162,6 @@ TEST(Convergence, EveryAlgorithmNearAllReduce) {
     EXPECT_NEAR(o.initial, base.initial, 1e-6f) << c.name << ": same start after the broadcast";
     EXPECT_LE(o.final, base.final + c.margin)
         << c.name << ": " << o.final << " vs all-reduce " << base.final;
-    std::printf("convergence %-28s loss %.4f -> %.4f (all-reduce %.4f)\n", c.name, o.initial,
-                o.final, base.final);
   }
 }
 

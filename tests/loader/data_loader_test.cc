@@ -307,10 +307,11 @@ TEST(DataLoader, AStuckReadTimesOutAndShutdownStillCompletes) {
   ASSERT_FALSE(b.isOk());
   EXPECT_EQ(b.status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_NE(b.status().message().find("BAGUA_LOADER_TIMEOUT"), std::string::npos);
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  // Bounds against a hang only: the read stalls 0.6 s, the timeout is 0.05 s.
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
   auto t1 = Clock::now();
   l->reset();  // joins the worker still inside the stalled read
-  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(5));
+  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(10));
 }
 
 TEST(DataLoader, RestartingAnEpochMidwayGivesTheNewEpochExactly) {
@@ -398,7 +399,7 @@ TEST(DataLoader, DestroyingWithAFullPrefetchWindowIsPrompt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto t0 = Clock::now();
   l->reset();
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10)) << "a bound against a hang";
 }
 
 TEST(DataLoader, WorksOverACachingDataset) {

@@ -294,15 +294,16 @@ TEST(Engine, RoundRobinScheduleDeliversEveryByte) {
 
 // One slow flow among fast ones (stream 0 paced by the kernel to 2 MiB/s): the dynamic schedule
 // routes chunks around it, the equal split (NCCL Socket's and the old Bagua-Net's rule) has to
-// wait for it. Checked on how the bytes were spread (exact for the equal split) and on time.
-// The pace is far below what the other streams carry even on a 2-core VM at load average 20
-// (~20 MB/s there; at 16 MB/s, the earlier pace, the test failed under such load because the
-// "fast" streams were hardly faster than the slow one).
+// wait for it. Asserted on how the bytes were spread, never on time: the equal split gives every
+// stream the same share exactly, the dynamic schedule leaves the slow stream less than its share.
+// The pace is far below what the other streams carry even on a 2-core VM at load average 20, so
+// the fast streams claim the chunks the slow one cannot take. (How much time this saves is a
+// benchmark's question: bagua-net-bench --slow-stream.)
 TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
   constexpr size_t kMessage = 2 << 20;
   constexpr size_t kMessages = 8;
   std::vector<size_t> sizes(kMessages, kMessage);
-  auto run = [&](Schedule schedule, std::vector<uint64_t>* perStream) {
+  auto run = [&](Schedule schedule) {
     EngineOptions o = testOptions(4);
     o.maxChunkBytes = 256 << 10;
     o.socketBufferBytes = 128 << 10;  // back-pressure from the slow stream comes early
@@ -311,17 +312,13 @@ TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
     Pair p = connectPair(o);
     EXPECT_TRUE(p.send && p.recv);
     if (!p.send || !p.recv) {
-      return 0.0;
+      return std::vector<uint64_t>{};
     }
-    auto t0 = std::chrono::steady_clock::now();
     transfer(p, sizes, 4);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    *perStream = p.send->bytesPerStream();
-    return seconds;
+    return p.send->bytesPerStream();
   };
-  std::vector<uint64_t> dyn, rr;
-  double tDyn = run(Schedule::kDynamic, &dyn);
-  double tRr = run(Schedule::kRoundRobin, &rr);
+  std::vector<uint64_t> dyn = run(Schedule::kDynamic);
+  std::vector<uint64_t> rr = run(Schedule::kRoundRobin);
   ASSERT_EQ(dyn.size(), 4u);
   ASSERT_EQ(rr.size(), 4u);
   uint64_t total = kMessage * kMessages;
@@ -331,14 +328,6 @@ TEST(Engine, DynamicScheduleRoutesAroundASlowStream) {
   }
   EXPECT_LT(dyn[0], total / 5) << "dynamic scheduling should give the slow stream less than its "
                                << "equal share; it sent " << dyn[0] << " of " << total << " bytes";
-  // The equal split must push 4 MiB through the paced stream: about 2 s at 2 MiB/s, less the
-  // initial window the kernel sends before pacing bites (10 segments of up to 64 KiB on loopback,
-  // 0.6 MiB, so >= 1.7 s; CI measured 1.86 s). 1.5 s still proves the stream was slow; dynamic
-  // must be far faster.
-  EXPECT_GE(tRr, 1.5);
-  EXPECT_LT(tDyn, 0.8 * tRr) << "dynamic " << tDyn << " s, equal split " << tRr << " s";
-  std::printf("slow stream: dynamic %.3f s (stream 0 sent %.1f%%), equal split %.3f s\n", tDyn,
-              100.0 * static_cast<double>(dyn[0]) / static_cast<double>(total), tRr);
 }
 
 // BAGUA_NET_SEND_RATE_MBPS (link emulation for bench/ddp): two connections of one process,
@@ -361,42 +350,33 @@ TEST(Engine, SendRateCapIsOneClockPerProcess) {
   const double floor = bytes * 8 / 64e6;
   EXPECT_GE(seconds, 0.95 * floor) << "the cap let " << bytes << " bytes through in " << seconds
                                    << " s (64 Mbit/s needs " << floor << " s)";
-  EXPECT_LT(seconds, 10 * floor) << "paced far below the cap";
-  std::printf("send-rate cap 64 Mbit/s: %.0f bytes over 2 comms in %.3f s (%.1f Mbit/s)\n", bytes,
-              seconds, bytes * 8 / seconds / 1e6);
+  EXPECT_LT(seconds, 10 * floor) << "paced far below the cap";  // a bound against a hang only
 }
 
 // isend wakes only as many parked streams as a message has chunks. A lost wake-up would not lose
-// data (parked threads re-check every 20 ms) but would hold a message ~20 ms: the median of 200
-// two-chunk messages sent one at a time must stay well under that (8 ms bound; 0.07-0.12 ms on
-// the 2-core VM at load average 10, 17 ms with the wake-up removed). Not asserted in sanitizer
-// builds (instrumented code).
+// data (parked threads re-check for work every parkRecheckMs) but would hold the message until
+// the re-check. Here the re-check is 30 s, so a single lost wake-up among 200 two-chunk messages
+// sent one at a time shows as a message that takes seconds; each must finish within 5 s (a bound
+// against that stall, not a speed claim: they take about 0.1 ms).
 TEST(Engine, FewChunkMessagesDoNotWaitForTheParkTimeout) {
   EngineOptions o = testOptions(8);
   o.minChunkBytes = 64 << 10;
   o.maxChunkBytes = 1 << 20;
   o.spinUs = 0;  // the default: idle streams park at once, so every message needs its wake-ups
+  o.parkRecheckMs = 30000;
   Pair p = connectPair(o);
   ASSERT_TRUE(p.send && p.recv);
   std::vector<uint8_t> sbuf(128 << 10), rbuf(128 << 10);  // 2 chunks, 6 streams stay idle
   fillPattern(sbuf, 5);
-  std::vector<double> ms;
+  double slowest = 0;
   for (int i = 0; i < 200; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_EQ(exchangeOne(p, sbuf, rbuf), rbuf.size());
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    slowest = std::max(
+        slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   EXPECT_EQ(firstMismatch(rbuf.data(), rbuf.size(), 5), -1);
-  std::sort(ms.begin(), ms.end());
-  double median = ms[ms.size() / 2];
-  std::printf("128 KiB over 8 streams, one at a time: median %.2f ms, p90 %.2f ms\n", median,
-              ms[ms.size() * 9 / 10]);
-  if (bagua::processEnv("BAGUA_TEST_SANITIZED").value_or("0") == "1") {
-    std::printf("sanitizer build: the 8 ms bound on the median is not asserted\n");
-    return;
-  }
-  EXPECT_LT(median, 8.0) << "messages waited for the parked streams' 20 ms re-check";
+  EXPECT_LT(slowest, 5.0) << "a message waited for the parked streams' re-check (lost wake-up)";
 }
 
 // Voluntary context switches of this process's threads named `name` (/proc/self/task/*/comm).
@@ -422,11 +402,11 @@ static long switchesOf(const std::string& name) {
 
 TEST(Engine, ReceiveControlThreadStaysOffTheStreamWhileTheCallerPolls) {
   // NCCL's proxy polls test() on every outstanding request, and test() reads the control stream
-  // itself; the receive control thread used to be woken by poll(2) for every record all the same.
-  // Under CPU load (CI's sanitizer run, `yes` on both cores of the VM) it then still woke for
-  // 11-19% of the records (215-389 of 2000): once it had consumed a record first, the caller's
-  // test() found the request done and did not count as seen, so it kept winning; every test()
-  // counts now (4-85 with `yes` on four threads, within the bound).
+  // itself; the receive control thread steps in only after the caller has not been seen for a
+  // grace period. Asserted per message: the thread may wake for a small share of the records
+  // (the caller descheduled past the grace on a loaded host: 4-85 of 2000 with `yes` on four
+  // threads of the 2-core VM), never for most of them (one per record without the rule, 1909 of
+  // 2000; 215-389 when a test() that found its request done did not count as seen).
   EngineOptions o = testOptions(2);
   o.inlineBytes = 16 << 10;
   o.spinUs = 0;
@@ -436,19 +416,13 @@ TEST(Engine, ReceiveControlThreadStaysOffTheStreamWhileTheCallerPolls) {
   fillPattern(sbuf, 3);
   const int kMessages = 2000;
   long before = switchesOf("bagua-net-rc");
-  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kMessages; ++i) {
     ASSERT_EQ(exchangeOne(p, sbuf, rbuf), rbuf.size());
   }
   long woken = switchesOf("bagua-net-rc") - before;
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(firstMismatch(rbuf.data(), rbuf.size(), 3), -1);
-  std::printf("receive control thread: %ld voluntary context switches for %d messages in %.0f ms\n",
-              woken, kMessages, ms);
-  // At most one wake-up per 2 ms grace while the caller polls (however slow the machine);
-  // before: one per message (1909 of 2000 in ~50 ms).
-  EXPECT_LE(woken, static_cast<long>(ms / 2) + 50);
+  EXPECT_LE(woken, kMessages / 10) << "the receive control thread woke for " << woken << " of "
+                                   << kMessages << " records while the caller polled";
 }
 
 TEST(Engine, ChunkedMessagesCostAboutOneWakeUpPerChunkOnEachSide) {
@@ -489,7 +463,6 @@ TEST(Engine, ChunkedMessagesCostAboutOneWakeUpPerChunkOnEachSide) {
     sender.join();
     getrusage(RUSAGE_SELF, &after);
     double perMessage = double(after.ru_nvcsw - before.ru_nvcsw) / kMessages;
-    std::printf("2 MiB in 8 chunks: %.1f voluntary context switches per message\n", perMessage);
     best = std::min(best, perMessage);
   }
   EXPECT_EQ(firstMismatch(rbuf.data(), rbuf.size(), 9), -1);

@@ -100,6 +100,10 @@ struct EngineOptions {
   uint64_t notSentLowatBytes = 0;
   int64_t timeoutMs = 30000;               // dead-peer bound: TCP_USER_TIMEOUT + keepalive
   int64_t spinUs = 0;                      // helper threads spin this long before parking
+  // A parked helper thread re-checks for work this often even if nobody wakes it: the most a
+  // lost wake-up can cost. Not a tuning knob (wake-ups are not lost); tests raise it so that a
+  // lost one would show as a stall.
+  int64_t parkRecheckMs = 20;
   int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
   Schedule schedule = Schedule::kDynamic;  // BAGUA_NET_SCHEDULE
   // Fault injection for benchmarks and tests (BAGUA_NET_SLOW_STREAM_RATE): when non-zero, data
