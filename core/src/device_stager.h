@@ -157,7 +157,7 @@ class DeviceStager {
 
   CUstream_st* const trainerStream_;
   // The device of the first device bucket; one device per process.
-  int copyDevice_ = -1;
+  [[maybe_unused]] int copyDevice_ = -1;  // unused where CUDA is left out
   Layout current_;
   Layout next_;  // allocated, not yet committed
 };

@@ -238,7 +238,8 @@ TEST_F(Links, UnevenLinksAsOneDevice) {
   std::vector<Row> rows = bench(links, "bagua:8", "8M", kFused);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_GT(share(rows[0], "bn1"), 0.05) << "the slow link carries its part";
-  EXPECT_LT(share(rows[0], "bn1"), 0.35) << "the slow link carries less than the equal split's half";
+  EXPECT_LT(share(rows[0], "bn1"), 0.35)
+      << "the slow link carries less than the equal split's half";
 }
 
 }  // namespace

@@ -98,8 +98,8 @@ struct EngineOptions {
   // (unbounded), except on a connection over several rails, whose sender uses
   // kMultiRailNotSentLowat.
   uint64_t notSentLowatBytes = 0;
-  int64_t timeoutMs = 30000;               // dead-peer bound: TCP_USER_TIMEOUT + keepalive
-  int64_t spinUs = 0;                      // helper threads spin this long before parking
+  int64_t timeoutMs = 30000;  // dead-peer bound: TCP_USER_TIMEOUT + keepalive
+  int64_t spinUs = 0;         // helper threads spin this long before parking
   // A parked helper thread re-checks for work this often even if nobody wakes it: the most a
   // lost wake-up can cost. Not a tuning knob (wake-ups are not lost); tests raise it so that a
   // lost one would show as a stall.
