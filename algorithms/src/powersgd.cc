@@ -131,6 +131,7 @@ Status validatePowerSgdOptions(const PowerSgdOptions& o) {
 Result<PowerSgdOptions> parsePowerSgdArgs(const std::map<std::string, std::string>& args) {
   PowerSgdOptions o;
   static const std::vector<std::string> kKeys = {"error_feedback",
+                                                 "hierarchical",
                                                  "min_compression_rate",
                                                  "orthogonalization_epsilon",
                                                  "quantize_factors",
@@ -159,6 +160,14 @@ Result<PowerSgdOptions> parsePowerSgdArgs(const std::map<std::string, std::strin
       o.seed = static_cast<uint64_t>(s);
     } else if (k == "quantize_factors") {
       BAGUA_ASSIGN_OR_RETURN(o.quantizeFactors, parseBool(k, v));
+    } else if (k == "hierarchical") {
+      // Accepted for front ends that pass it to every algorithm (the demos); flat only.
+      BAGUA_ASSIGN_OR_RETURN(bool h, parseBool(k, v));
+      if (h) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "powersgd: hierarchical=true is not implemented (the factors are "
+                           "all-reduced over the whole group); pass hierarchical=false");
+      }
     } else {
       std::string list;
       for (const std::string& a : kKeys) {

@@ -211,6 +211,8 @@ TEST(PowerSgdSettings, DefaultsAndStrictParsing) {
   expectBad({{"warm_start", "yes"}}, "warm_start");
   expectBad({{"quantize_factors", "2"}}, "quantize_factors");
   expectBad({{"seed", "-3"}}, "seed");
+  expectBad({{"hierarchical", "true"}}, "hierarchical=true");
+  EXPECT_TRUE(createAlgorithm("powersgd", {{"hierarchical", "false"}}).isOk());
   expectBad({{"rnak", "2"}}, "'rnak'");
   expectBad({{"rnak", "2"}}, "rank");  // the accepted keys are listed
 

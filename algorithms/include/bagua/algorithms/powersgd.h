@@ -72,7 +72,8 @@ struct PowerSgdOptions {
 
 // Builds the options from Algorithm.init-style string arguments (rank, start_iter,
 // min_compression_rate, error_feedback, warm_start, orthogonalization_epsilon, seed,
-// quantize_factors), strictly: an unknown key or a bad value is InvalidArgument naming it.
+// quantize_factors; hierarchical=false is accepted and true refused, for front ends that pass
+// it to every algorithm), strictly: an unknown key or a bad value is InvalidArgument naming it.
 Result<PowerSgdOptions> parsePowerSgdArgs(const std::map<std::string, std::string>& args);
 
 // The random start of Q, the same on every rank and on host and device: element `index` (of the
