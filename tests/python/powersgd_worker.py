@@ -104,7 +104,19 @@ def converge(a):
             "final": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])}
 
 
-WORKERS = {"reference_run": reference_run, "converge": converge}
+def wrap_error(a):
+    """The error a wrap with these arguments raises (None if it wraps)."""
+    bagua.init_process_group()
+    model = ConvNet().to(device())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        model.with_bagua([opt], Algorithm.init("powersgd", **a["kwargs"]))
+    except Exception as e:  # the reducer's InvalidArgument, as the extension raises it
+        return {"error": "{}: {}".format(type(e).__name__, e)}
+    return {"error": None}
+
+
+WORKERS = {"reference_run": reference_run, "converge": converge, "wrap_error": wrap_error}
 
 
 def main():

@@ -93,6 +93,15 @@ def test_native_factory_names_the_setting():
         ext.Algorithm("powersgd", {"ranks": "2"})
 
 
+def test_rank_larger_than_every_matrix_fails_at_the_wrap():
+    # ConvNet's matrices: 8 x 27, 32 x 128, 4 x 32: min(rows, cols) is at most 32.
+    out = run("wrap_error", 1, {"kwargs": {"rank": 33}})[0]
+    assert out["error"] is not None and "rank=33" in out["error"], out["error"]
+    assert "fc1.weight" in out["error"] and "rank <= 32" in out["error"], out["error"]
+    assert run("wrap_error", 1, {"kwargs": {"rank": 32, "min_compression_rate": 0}})[0] == {
+        "error": None}
+
+
 # ---- the reference ------------------------------------------------------------------------------
 
 M64 = (1 << 64) - 1
