@@ -645,11 +645,13 @@ class PowerSgdImpl final : public core::AlgorithmImpl {
     // quantised factors (from the second compressed step, once there are column norms to
     // scale by), P through ByteGrad's exchange and the rest in full precision.
     const bool quantised = o_.quantizeFactors && st.normsReady;
+    pending_.clear();
     if (!quantised) {
-      BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
-      BAGUA_RETURN_IF_ERROR(c.allReduce(p, p, l.pElems + l.uncompressedElems, core::DataType::kF32,
-                                        core::ReduceOp::kSum)
-                                ->wait(timeout));
+      BAGUA_RETURN_IF_ERROR(beforeCollective(x, c, timeout));
+      BAGUA_RETURN_IF_ERROR(afterCollective(x, c,
+                                            c.allReduce(p, p, l.pElems + l.uncompressedElems,
+                                                        core::DataType::kF32, core::ReduceOp::kSum),
+                                            timeout));
     } else {
       if (l.uncompressedElems > 0) {
         BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
@@ -667,9 +669,9 @@ class PowerSgdImpl final : public core::AlgorithmImpl {
                                             false, o_.seed, gen));
     BAGUA_RETURN_IF_ERROR(ps::backProject(x, l, flat, p, st.partials.f32(), q));
     if (!quantised) {
-      BAGUA_RETURN_IF_ERROR(detail::sync(x, timeout));
-      BAGUA_RETURN_IF_ERROR(
-          c.allReduce(q, q, l.qElems, core::DataType::kF32, core::ReduceOp::kSum)->wait(timeout));
+      BAGUA_RETURN_IF_ERROR(beforeCollective(x, c, timeout));
+      BAGUA_RETURN_IF_ERROR(afterCollective(
+          x, c, c.allReduce(q, q, l.qElems, core::DataType::kF32, core::ReduceOp::kSum), timeout));
       BAGUA_RETURN_IF_ERROR(detail::divideInPlace(x, q, n, l.qElems));
     } else {
       BAGUA_RETURN_IF_ERROR(ps::scaleColumns(x, l, q, st.norms.f32(), ps::Factor::kQ, false));
@@ -682,7 +684,38 @@ class PowerSgdImpl final : public core::AlgorithmImpl {
     }
     BAGUA_RETURN_IF_ERROR(ps::reconstruct(x, l, flat, err, p, q));
     st.qReady = true;
+    for (core::WorkPtr& w : pending_) {  // device-ordered collectives: their status
+      BAGUA_RETURN_IF_ERROR(w->wait(timeout));
+    }
+    pending_.clear();
     return detail::sync(x, timeout);
+  }
+
+  // Before a collective reads what this thread's device work wrote: ordered on the device when
+  // the communicator has a stream (NCCL: no host wait between the kernels and the collective),
+  // else waited for on the host. Bucket thread only.
+  Status beforeCollective(const detail::Exec& x, core::Communicator& c,
+                          std::chrono::milliseconds timeout) {
+    if (x.device && deviceOrdered_) {
+      Status s = detail::psgd::streamBefore(x, c);
+      if (s.code() != StatusCode::kFailedPrecondition) {
+        return s;
+      }
+      deviceOrdered_ = false;  // a communicator without a stream: host waits from now on
+    }
+    return detail::sync(x, timeout);
+  }
+
+  // After issuing collective `w`: device-ordered, this thread's later kernels wait for it on the
+  // device and its status is collected at the end of the step; else it is waited for now.
+  Status afterCollective(const detail::Exec& x, core::Communicator& c, core::WorkPtr w,
+                         std::chrono::milliseconds timeout) {
+    if (x.device && deviceOrdered_) {
+      BAGUA_RETURN_IF_ERROR(detail::psgd::streamAfter(x, c));
+      pending_.push_back(std::move(w));
+      return Status::ok();
+    }
+    return w->wait(timeout);
   }
 
   PowerSgd* owner_;
@@ -693,6 +726,8 @@ class PowerSgdImpl final : public core::AlgorithmImpl {
   std::map<int, std::shared_ptr<BucketState>> buckets_;
   std::map<int, Home> homes_;  // by parameter index
   std::atomic<int64_t> steps_{0};
+  bool deviceOrdered_ = true;           // bucket thread: see beforeCollective
+  std::vector<core::WorkPtr> pending_;  // bucket thread: this step's device-ordered collectives
 };
 
 Result<std::unique_ptr<core::AlgorithmImpl>> PowerSgd::reify(core::ProcessGroup& group) {

@@ -335,4 +335,36 @@ Status scaleColumns(const Exec& x, const Layout& l, float* buf, const float* nor
                                                   count(tiles), isP ? 0 : 1, divide));
 }
 
+Status streamBefore(const Exec& x, core::Communicator& c) {
+  if (!x.device) {
+    return Status::ok();
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(onDevice(cudakernels::setDevice(x.deviceIndex), "cudaSetDevice"));
+  void* ev = nullptr;
+  BAGUA_RETURN_IF_ERROR(
+      onDevice(cudakernels::eventRecord(&ev, cudakernels::perThreadStream()), "cudaEventRecord"));
+  // The communicator's stream waits for the event's capture; the event itself can go.
+  Status s = c.afterEvent(static_cast<CUevent_st*>(ev));
+  cudakernels::eventDestroy(ev);
+  return s;
+#else
+  (void)c;
+  return BAGUA_ERROR(kFailedPrecondition, "powersgd: device ordering: built without CUDA");
+#endif
+}
+
+Status streamAfter(const Exec& x, core::Communicator& c) {
+  if (!x.device) {
+    return Status::ok();
+  }
+#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_RETURN_IF_ERROR(onDevice(cudakernels::setDevice(x.deviceIndex), "cudaSetDevice"));
+  return c.orderStream(static_cast<CUstream_st*>(cudakernels::perThreadStream()));
+#else
+  (void)c;
+  return BAGUA_ERROR(kFailedPrecondition, "powersgd: device ordering: built without CUDA");
+#endif
+}
+
 }  // namespace bagua::algo::detail::psgd

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bagua/base/status.h"
+#include "bagua/core/communicator.h"
 #include "cuda/powersgd_kernels.h"
 #include "vec_ops.h"
 
@@ -71,5 +72,13 @@ struct Layout {
 // finite).
 [[nodiscard]] Status scaleColumns(const Exec& x, const Layout& l, float* buf, const float* norms,
                                   Factor which, bool divide);
+
+// Device ordering without host waits, for a communicator with a device stream (NCCL):
+// streamBefore() makes the collective issued next on `c` wait, on the device, for the work this
+// thread enqueued so far; streamAfter() makes this thread's later work wait for every collective
+// issued on `c` so far. FailedPrecondition from a communicator without a stream (the caller then
+// waits on the host: sync() before, Work::wait() after). No-ops on the host.
+[[nodiscard]] Status streamBefore(const Exec& x, core::Communicator& c);
+[[nodiscard]] Status streamAfter(const Exec& x, core::Communicator& c);
 
 }  // namespace bagua::algo::detail::psgd
