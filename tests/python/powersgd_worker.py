@@ -34,6 +34,11 @@ def batch(rank, step, n=8):
     return x, y
 
 
+def _init():
+    if not bagua.is_initialized():
+        bagua.init_process_group()
+
+
 def device():
     if os.environ.get("PSGD_DEVICE") == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
@@ -43,7 +48,7 @@ def device():
 def reference_run(a):
     """Steps with PowerSGD, recording per step this rank's local gradients (an unwrapped copy at
     the same weights), the reduced gradients the wrap wrote and the algorithm's state."""
-    bagua.init_process_group()
+    _init()
     r = bagua.get_rank()
     dev = device()
     torch.manual_seed(0)
@@ -73,7 +78,7 @@ def reference_run(a):
 def converge(a):
     """Trains ConvNet on class-template images with the named algorithm; the held-out loss
     before and after, and the final weights."""
-    bagua.init_process_group()
+    _init()
     r, n = bagua.get_rank(), bagua.get_world_size()
     dev = device()
     torch.manual_seed(0)
@@ -106,7 +111,7 @@ def converge(a):
 
 def wrap_error(a):
     """The error a wrap with these arguments raises (None if it wraps)."""
-    bagua.init_process_group()
+    _init()
     model = ConvNet().to(device())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     try:
@@ -117,6 +122,16 @@ def wrap_error(a):
 
 
 WORKERS = {"reference_run": reference_run, "converge": converge, "wrap_error": wrap_error}
+
+
+def bundle(a):
+    """Several of the functions above in one launch (importing torch dominates a launch on a
+    loaded machine): {name: result} for a["items"] = {name: {"func": ..., "args": ...}}, in
+    order."""
+    return {k: WORKERS[v["func"]](v.get("args", {})) for k, v in a["items"].items()}
+
+
+WORKERS["bundle"] = bundle
 
 
 def main():

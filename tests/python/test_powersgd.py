@@ -95,13 +95,33 @@ def test_native_factory_names_the_setting():
         ext.Algorithm("powersgd", {"ranks": "2"})
 
 
-def test_rank_larger_than_every_matrix_fails_at_the_wrap():
+REFERENCE_KW = {"rank": 2, "start_iter": 1, "seed": 7}
+
+
+@pytest.fixture(scope="module")
+def host_runs():
+    """Every 2-rank scenario of this file in one launch (see powersgd_worker.bundle)."""
+    items = {
+        "reference": {"func": "reference_run", "args": {"kwargs": REFERENCE_KW, "steps": 4}},
+        "allreduce": {"func": "converge", "args": {"algorithm": "gradient_allreduce",
+                                                   "steps": 60}},
+        "powersgd": {"func": "converge", "args": {"algorithm": "powersgd", "steps": 60,
+                                                  "kwargs": {"rank": 2, "start_iter": 5}}},
+        # Last: a wrap that fails (on every rank, after the wrap's broadcasts).
+        "rank_too_large": {"func": "wrap_error", "args": {"kwargs": {"rank": 33}}},
+        "rank_largest": {"func": "wrap_error",
+                         "args": {"kwargs": {"rank": 32, "min_compression_rate": 0}}},
+    }
+    outs = run("bundle", 2, {"items": items}, timeout=240)
+    return {k: [o[k] for o in outs] for k in items}
+
+
+def test_rank_larger_than_every_matrix_fails_at_the_wrap(host_runs):
     # ConvNet's matrices: 8 x 27, 32 x 128, 4 x 32: min(rows, cols) is at most 32.
-    out = run("wrap_error", 1, {"kwargs": {"rank": 33}})[0]
-    assert out["error"] is not None and "rank=33" in out["error"], out["error"]
-    assert "fc1.weight" in out["error"] and "rank <= 32" in out["error"], out["error"]
-    assert run("wrap_error", 1, {"kwargs": {"rank": 32, "min_compression_rate": 0}})[0] == {
-        "error": None}
+    for out in host_runs["rank_too_large"]:
+        assert out["error"] is not None and "rank=33" in out["error"], out["error"]
+        assert "fc1.weight" in out["error"] and "rank <= 32" in out["error"], out["error"]
+    assert host_runs["rank_largest"] == [{"error": None}] * 2
 
 
 # ---- the reference ------------------------------------------------------------------------------
@@ -205,15 +225,9 @@ def check_against_reference(outs, kw, rtol):
     return worst, compressed_seen
 
 
-@pytest.fixture(scope="module")
-def host_run():
-    kw = {"rank": 2, "start_iter": 1, "seed": 7}
-    return kw, run("reference_run", 2, {"kwargs": kw, "steps": 4})
-
-
-def test_two_ranks_match_the_reference(host_run):
-    kw, outs = host_run
-    worst, seen = check_against_reference(outs, kw, 2e-5)
+def test_two_ranks_match_the_reference(host_runs):
+    outs = host_runs["reference"]
+    worst, seen = check_against_reference(outs, REFERENCE_KW, 2e-5)
     # The conv weight (8 x 27, folded) and fc1 compressed; fc2 (4 x 32) too small at rank 2.
     assert seen == {"conv.weight", "fc1.weight"}
     snap = outs[0]["records"][-1]["snapshot"]
@@ -223,10 +237,8 @@ def test_two_ranks_match_the_reference(host_run):
     print("powersgd from python: worst difference {:.2e} of the scale".format(worst))
 
 
-def test_training_converges_like_allreduce():
-    base = run("converge", 2, {"algorithm": "gradient_allreduce", "steps": 60})
-    psgd = run("converge", 2, {"algorithm": "powersgd", "steps": 60,
-                               "kwargs": {"rank": 2, "start_iter": 5}})
+def test_training_converges_like_allreduce(host_runs):
+    base, psgd = host_runs["allreduce"], host_runs["powersgd"]
     for outs in (base, psgd):
         assert torch.equal(outs[0]["final"], outs[1]["final"])
     b, p = base[0], psgd[0]
@@ -242,9 +254,9 @@ def test_training_converges_like_allreduce():
                     reason="needs 2 visible CUDA GPUs (found {})".format(
                         torch.cuda.device_count() if torch.cuda.is_available() else 0))
 def test_cuda_two_ranks_match_the_reference():
-    kw = {"rank": 2, "start_iter": 1, "seed": 7}
-    outs = run("reference_run", 2, {"kwargs": kw, "steps": 4}, env={"PSGD_DEVICE": "cuda"})
+    outs = run("reference_run", 2, {"kwargs": REFERENCE_KW, "steps": 4},
+               env={"PSGD_DEVICE": "cuda"})
     # Float accumulation in the device kernels (tree order) instead of the host's double.
-    worst, seen = check_against_reference(outs, kw, 1e-4)
+    worst, seen = check_against_reference(outs, REFERENCE_KW, 1e-4)
     assert seen == {"conv.weight", "fc1.weight"}
     print("powersgd on CUDA from python: worst difference {:.2e} of the scale".format(worst))
