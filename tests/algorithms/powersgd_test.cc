@@ -86,8 +86,6 @@ TEST_P(PowerSgdReference, EveryStepMatchesDoublePrecision) {
   EXPECT_NE(runs[0].layouts[0], runs[0].layouts[1]);
   double worst = 0.0;
   EXPECT_EQ(checkReference(runs, o, kSteps, kTol, &worst), "") << c.label;
-  std::printf("powersgd %s: worst difference to the double reference %.2e of the scale\n", c.label,
-              worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PowerSgdReference,
@@ -118,9 +116,7 @@ TEST(PowerSgdQuantized, WithinBoundOfTheExactStepAndAbsorbedByTheError) {
   double worst = 0.0;
   EXPECT_EQ(checkQuantized(runs, o, kSteps, kTol, 0.05, &worst), "");
   // Quantisation really happened (an exact step would be within kTol).
-  EXPECT_GT(worst, 1e-4);
-  std::printf("powersgd quantised factors: worst relative error of P Q^T %.4f (bound 0.05)\n",
-              worst);
+  EXPECT_GT(worst, 1e-4) << "worst relative error of P Q^T " << worst;
 }
 
 // ---- Exact resume ------------------------------------------------------------------------------
