@@ -95,8 +95,13 @@ class Args {
 }  // namespace
 
 std::vector<std::string> algorithmNames() {
-  return {"gradient_allreduce",          "bytegrad", "decentralized",
-          "low_precision_decentralized", "qadam",    "async"};
+  return {"gradient_allreduce",
+          "bytegrad",
+          "decentralized",
+          "low_precision_decentralized",
+          "qadam",
+          "async",
+          "powersgd"};
 }
 
 Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name,
@@ -143,6 +148,10 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
     BAGUA_ASSIGN_OR_RETURN(int interval, a.getInt("sync_interval_ms", 500, 0));
     BAGUA_ASSIGN_OR_RETURN(int warmup, a.getInt("warmup_steps", 0, 0));
     out = std::make_shared<AsyncModelAverage>(interval, warmup);
+  } else if (name == "powersgd") {
+    // Its own strict parser (floats, 64-bit seed; unknown keys listed).
+    BAGUA_ASSIGN_OR_RETURN(PowerSgdOptions o, parsePowerSgdArgs(args));
+    return std::shared_ptr<core::Algorithm>(std::make_shared<PowerSgd>(o));
   } else {
     std::string list;
     for (const std::string& n : algorithmNames()) {

@@ -20,6 +20,7 @@ Mlp::Mlp(const MlpConfig& config) : config_(config) {
     return static_cast<int>(storage_.size() - 2);
   };
   std::vector<std::pair<std::string, int>> made;
+  std::vector<std::vector<size_t>> shapes;
   for (int i = 0; i < nLayers; ++i) {
     Layer l;
     l.in = config.sizes[i];
@@ -28,6 +29,8 @@ Mlp::Mlp(const MlpConfig& config) : config_(config) {
     made.push_back(
         {"fc" + std::to_string(i) + ".weight", addParam(static_cast<size_t>(l.in) * l.out, scale)});
     made.push_back({"fc" + std::to_string(i) + ".bias", addParam(l.out, 0.0f)});
+    shapes.push_back({static_cast<size_t>(l.out), static_cast<size_t>(l.in)});
+    shapes.push_back({static_cast<size_t>(l.out)});
     l.weight = static_cast<int>(made.size()) - 2;
     l.bias = static_cast<int>(made.size()) - 1;
     layers_.push_back(l);
@@ -38,6 +41,8 @@ Mlp::Mlp(const MlpConfig& config) : config_(config) {
     made.push_back({"aux.weight", addParam(static_cast<size_t>(aux_.in) * aux_.out,
                                            std::sqrt(1.0f / static_cast<float>(aux_.in)))});
     made.push_back({"aux.bias", addParam(aux_.out, 0.0f)});
+    shapes.push_back({static_cast<size_t>(aux_.out), static_cast<size_t>(aux_.in)});
+    shapes.push_back({static_cast<size_t>(aux_.out)});
     aux_.weight = static_cast<int>(made.size()) - 2;
     aux_.bias = static_cast<int>(made.size()) - 1;
   }
@@ -48,6 +53,7 @@ Mlp::Mlp(const MlpConfig& config) : config_(config) {
     p.data = storage_[s].data();
     p.grad = storage_[s + 1].data();
     p.numel = storage_[s].size();
+    p.shape = shapes[i];
     p.dtype = DataType::kF32;
     const size_t idx = i;
     p.setGrad = [this, idx](void* g) { params_[idx].grad = g; };

@@ -189,6 +189,32 @@ class PyAlgorithm {
     check(s);
   }
   int64_t rounds() { return async("rounds")->rounds(); }
+  // PowerSgd::snapshot() as a dict (tests, debugging): steps, compressing, elements_per_step,
+  // uncompressed_elements, tensors: {name: {rows, cols, rank, error, q}}.
+  pyb::dict powerSgdSnapshot() {
+    auto* p = dynamic_cast<algo::PowerSgd*>(algo_.get());
+    if (p == nullptr) {
+      throw std::runtime_error("snapshot(): only powersgd has this state");
+    }
+    auto s = take(p->snapshot());
+    pyb::dict d;
+    d["steps"] = s.steps;
+    d["compressing"] = s.compressing;
+    d["elements_per_step"] = s.elementsPerStep;
+    d["uncompressed_elements"] = s.uncompressedElements;
+    pyb::dict tensors;
+    for (const auto& [name, t] : s.tensors) {
+      pyb::dict e;
+      e["rows"] = t.rows;
+      e["cols"] = t.cols;
+      e["rank"] = t.rank;
+      e["error"] = t.error;
+      e["q"] = t.q;
+      tensors[pyb::str(name)] = e;
+    }
+    d["tensors"] = tensors;
+    return d;
+  }
   pyb::dict replicas() {
     auto* lp = dynamic_cast<algo::LowPrecisionDecentralized*>(algo_.get());
     if (lp == nullptr) {
@@ -236,8 +262,15 @@ class PyReducer {
             double bucketCapMb, bool findUnused, bool broadcastBuffers, bool rebuildBuckets,
             const std::vector<std::string>& ignore, int64_t firstBucketBytes, uintptr_t cudaStream,
             int autotuneRequest, const std::string& autotuneModel, bool launchWithoutWaiting,
-            const std::vector<uintptr_t>& gradHomes)
+            const std::vector<uintptr_t>& gradHomes, const std::vector<std::vector<size_t>>& shapes)
       : group_(std::move(group)), params_(toParams(params)), buffers_(toParams(buffers)) {
+    if (!shapes.empty() && shapes.size() != params_.size()) {
+      throw pyb::value_error("Reducer: " + std::to_string(shapes.size()) + " shapes for " +
+                             std::to_string(params_.size()) + " parameters");
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      params_[i].shape = shapes[i];  // the tensors' dims, for powersgd's matrices
+    }
     if (!gradHomes.empty() && gradHomes.size() != params_.size()) {
       throw pyb::value_error("Reducer: " + std::to_string(gradHomes.size()) +
                              " gradient homes for " + std::to_string(params_.size()) +
@@ -405,22 +438,25 @@ void bindDdp(pyb::module_& m) {
       .def("abort", &PyAlgorithm::abort)
       .def("resume", &PyAlgorithm::resume)
       .def("rounds", &PyAlgorithm::rounds)
-      .def("replicas", &PyAlgorithm::replicas);
+      .def("replicas", &PyAlgorithm::replicas)
+      .def("powersgd_snapshot", &PyAlgorithm::powerSgdSnapshot);
   m.def("algorithm_names", [] { return algo::algorithmNames(); });
 
   pyb::class_<PyReducer>(m, "Reducer")
-      .def(pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
-                     PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
-                     const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&,
-                     bool, const std::vector<uintptr_t>&>(),
-           pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
-           pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
-           pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
-           pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
-           pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "",
-           pyb::arg("launch_without_waiting") = true,
-           pyb::arg("grad_homes") = std::vector<uintptr_t>{}, pyb::keep_alive<1, 5>(),
-           pyb::keep_alive<1, 6>())
+      .def(
+          pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
+                    PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
+                    const std::vector<std::string>&, int64_t, uintptr_t, int, const std::string&,
+                    bool, const std::vector<uintptr_t>&, const std::vector<std::vector<size_t>>&>(),
+          pyb::arg("group"), pyb::arg("params"), pyb::arg("buffers"), pyb::arg("algorithm"),
+          pyb::arg("qadam"), pyb::arg("bucket_cap_mb"), pyb::arg("find_unused_parameters"),
+          pyb::arg("broadcast_buffers"), pyb::arg("rebuild_buckets"), pyb::arg("ignore"),
+          pyb::arg("first_bucket_bytes") = 0, pyb::arg("cuda_stream") = 0,
+          pyb::arg("autotune") = -1, pyb::arg("autotune_model") = "",
+          pyb::arg("launch_without_waiting") = true,
+          pyb::arg("grad_homes") = std::vector<uintptr_t>{},
+          pyb::arg("shapes") = std::vector<std::vector<size_t>>{}, pyb::keep_alive<1, 5>(),
+          pyb::keep_alive<1, 6>())
       .def("set_grad", &PyReducer::setGrad)
       .def("set_grads", &PyReducer::setGrads)
       .def("mark_ready", &PyReducer::markReady)

@@ -1,5 +1,6 @@
 // The algorithms on CUDA tensors over NCCL (2 ranks as threads, one GPU each), each checked
-// against the same training run on the host backend: ByteGrad, shift_one decentralized and
+// against the same training run on the host backend (PowerSGD: against its double-precision
+// reference, powersgd_reference.h, as on the host): ByteGrad, shift_one decentralized and
 // low-precision decentralized must match it bit for bit (the CUDA kernels do the CPU's float
 // operations in the same order and the exchanges are point to point); all-reduce based ones
 // within a stated tolerance (NCCL's reduction order and AVG are its own). Skipped, with the
@@ -20,6 +21,7 @@
 #include "bagua/algorithms/qadam.h"
 #include "bagua/core/ddp.h"
 #include "multi_rank.h"
+#include "powersgd_reference.h"
 
 namespace bagua::algo {
 namespace {
@@ -720,6 +722,116 @@ TEST(GpuAlgorithms, AsyncAveragesDeviceWeightsAndShutsDownCleanly) {
       }
     }
   }
+}
+
+// ---- PowerSGD -----------------------------------------------------------------------------------
+
+// powersgd_reference.h's model trained on CUDA tensors over NCCL (device) or on the host backend.
+std::string runPowerSgd(bool device, const PowerSgdOptions& o, int steps,
+                        std::vector<psgdtest::RankRun>& runs) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  runs.assign(kWorld, {});
+  auto res = bagua::testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = kWorld;
+        po.backend = device ? core::Backend::kNccl : core::Backend::kHost;
+        po.hierarchical = false;
+        po.cudaDevice = device ? r : -1;
+        po.rendezvousTimeout = 60000ms;
+        po.collectiveTimeout = 60000ms;
+        auto pg = core::ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        std::vector<void*> mem;
+        DeviceFreeAll freeGuard{mem};  // after the reducer inside runRank is gone
+        psgdtest::Memory m;
+        core::Device dev;
+        if (device) {
+          cudaSetDevice(r);
+          dev = {core::DeviceType::kCuda, r};
+          m.alloc = [&mem](size_t bytes) {
+            void* p = nullptr;
+            if (cudaMalloc(&p, bytes) != cudaSuccess) {
+              return static_cast<void*>(nullptr);
+            }
+            cudaMemset(p, 0, bytes);
+            mem.push_back(p);
+            return p;
+          };
+          m.toDevice = [](void* d, const void* h, size_t b) {
+            cudaMemcpy(d, h, b, cudaMemcpyHostToDevice);
+          };
+          m.toHost = [](void* h, const void* d, size_t b) {
+            cudaMemcpy(h, d, b, cudaMemcpyDeviceToHost);
+          };
+        }
+        return psgdtest::runRank(**pg, r, steps, std::make_shared<PowerSgd>(o), m, dev, runs[r]);
+      },
+      120000ms);
+  return bagua::testing::joinFailures(res);
+}
+
+// Every step against the double-precision reference (the device kernels accumulate in float,
+// in tree order: 2e-4 of each tensor's scale), ranks bitwise equal, and within the same bound of
+// the host backend's run; the cases cover ranks 1-3, error feedback off (with the zero-gradient
+// redraw), no warm start and a positive epsilon.
+TEST(GpuAlgorithms, PowerSgdMatchesDoublePrecisionReference) {
+  REQUIRE_TWO_GPUS();
+  constexpr int kPsgdSteps = 5;
+  struct Case {
+    const char* label;
+    int rank;
+    bool errorFeedback;
+    bool warmStart;
+    int64_t startIter;
+    float eps;
+  };
+  for (const Case& c :
+       {Case{"r1", 1, true, true, 0, 0.0f}, Case{"r2_start1", 2, true, true, 1, 0.0f},
+        Case{"r1_noef", 1, false, true, 0, 0.0f}, Case{"r2_nowarm", 2, true, false, 1, 0.0f},
+        Case{"r3_eps", 3, true, true, 0, 1e-3f}}) {
+    PowerSgdOptions o;
+    o.rank = c.rank;
+    o.errorFeedback = c.errorFeedback;
+    o.warmStart = c.warmStart;
+    o.startIter = c.startIter;
+    o.orthogonalizationEpsilon = c.eps;
+    o.seed = 4321;
+    std::vector<psgdtest::RankRun> dev, host;
+    ASSERT_EQ(runPowerSgd(true, o, kPsgdSteps, dev), "") << c.label;
+    ASSERT_EQ(runPowerSgd(false, o, kPsgdSteps, host), "") << c.label;
+    double worst = 0.0;
+    EXPECT_EQ(psgdtest::checkReference(dev, o, kPsgdSteps, 2e-4, &worst), "") << c.label;
+    for (int step = 0; step < kPsgdSteps; ++step) {
+      for (size_t t = 0; t < psgdtest::model().size(); ++t) {
+        const auto& h = host[0].grads[step][t];
+        const psgdtest::Diff d =
+            psgdtest::diff(dev[0].grads[step][t], std::vector<double>(h.begin(), h.end()));
+        EXPECT_LE(d.maxAbs, 2e-4 * std::max(d.scale, 1e-3))
+            << c.label << " step " << step << " " << psgdtest::model()[t].name
+            << ": device vs host";
+      }
+    }
+  }
+}
+
+// Quantised factors on the device: ranks bitwise equal, the first compressed step exact, later
+// ones within 5% of the exact step from the run's own state, error + applied gradient = M.
+TEST(GpuAlgorithms, PowerSgdQuantizedFactorsWithinBound) {
+  REQUIRE_TWO_GPUS();
+  PowerSgdOptions o;
+  o.rank = 2;
+  o.startIter = 1;
+  o.quantizeFactors = true;
+  std::vector<psgdtest::RankRun> dev;
+  ASSERT_EQ(runPowerSgd(true, o, 5, dev), "");
+  double worst = 0.0;
+  EXPECT_EQ(psgdtest::checkQuantized(dev, o, 5, 2e-4, 0.05, &worst), "");
+  EXPECT_GT(worst, 1e-4) << "worst relative error of P Q^T " << worst;
 }
 
 }  // namespace

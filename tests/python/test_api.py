@@ -96,7 +96,7 @@ def test_algorithm_classes_and_defaults():
         algorithms.Algorithm.init("nope")
     assert sorted(algorithms.GlobalAlgorithmRegistry) == sorted(
         ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
-         "qadam", "async"])
+         "qadam", "async", "powersgd"])
 
 
 def test_with_bagua_and_ddp_signatures():

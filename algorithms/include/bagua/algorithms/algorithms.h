@@ -12,6 +12,10 @@
 //                                hold_zero_variance=true|false (sets the optimizer's
 //                                QAdamOptions::holdZeroVariance; absent: left as it is)
 //   async                        peer_selection_mode=all, sync_interval_ms=500, warmup_steps=0
+//   powersgd                     rank=1, start_iter=10, min_compression_rate=2,
+//                                error_feedback=true, warm_start=true,
+//                                orthogonalization_epsilon=0, seed=0, quantize_factors=false
+//                                (powersgd.h)
 //
 // Thread model: see each class and algorithms/README.md. Algorithms are declarations: reify()
 // is called by the reducer (collectively, on every rank) when it is created and on each reset.
@@ -24,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bagua/algorithms/powersgd.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/status.h"
 #include "bagua/core/algorithm.h"

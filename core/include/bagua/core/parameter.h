@@ -33,6 +33,10 @@ struct Parameter {
   // at its home is not copied in, and the reduced gradient is not copied back to it. The
   // reducer writes there during backward and finishBackward. Not with gradient_as_bucket_view.
   void* gradHome = nullptr;
+  // Optional: the tensor's dimensions, outermost first (their product is numel). Empty: unknown,
+  // seen as one dimension of numel. Algorithms that view gradients as matrices (powersgd: the
+  // first dimension by the product of the others) read it; the reducer itself does not.
+  std::vector<size_t> shape;
 
   size_t bytes() const { return numel * dataTypeSize(dtype); }
 };

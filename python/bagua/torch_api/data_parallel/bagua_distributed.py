@@ -568,7 +568,8 @@ class _NativeEngine(_Engine):
                 int(stream), autotune=AUTOTUNE,
                 autotune_model="with_bagua{}".format(_reducers_made),
                 launch_without_waiting=LAUNCH_WITHOUT_WAITING,
-                grad_homes=self._home_ptrs(self._homes))
+                grad_homes=self._home_ptrs(self._homes),
+                shapes=[list(p.shape) for _, p in self._named_params])
         self._communicated = set(self._reducer.communicated())
         self._keep = self._keep_views()
         # The layout the homes were last laid out for (None: check at the next forward).
