@@ -41,7 +41,7 @@ const T* dev(const Buffer& b) {
   return reinterpret_cast<const T*>(const_cast<Buffer&>(b).u8());
 }
 
-int count(const std::vector<Tile>& tiles) {
+[[maybe_unused]] int count(const std::vector<Tile>& tiles) {
   return static_cast<int>(tiles.size());
 }
 
@@ -195,7 +195,7 @@ Status orthogonalize(const Exec& x, const Layout& l, float* buf, Factor which, f
 }
 
 Status backProject(const Exec& x, const Layout& l, const float* flat, const float* p,
-                   float* partials, float* q) {
+                   [[maybe_unused]] float* partials, float* q) {
   if (!x.device) {
     std::vector<double>& acc = l.hostAcc;
     for (const Matrix& m : l.matrices) {
@@ -328,7 +328,7 @@ Status scaleColumns(const Exec& x, const Layout& l, float* buf, const float* nor
     }
     return Status::ok();
   }
-  const std::vector<Tile>& tiles = isP ? l.pElemTiles : l.qElemTiles;
+  [[maybe_unused]] const std::vector<Tile>& tiles = isP ? l.pElemTiles : l.qElemTiles;
   BAGUA_PSGD_DEVICE(x, "column scaling",
                     cudakernels::psgdScaleColumns(buf, norms, dev<Matrix>(l.dMatrices),
                                                   dev<Tile>(isP ? l.dPElemTiles : l.dQElemTiles),
