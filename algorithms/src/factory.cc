@@ -1,6 +1,9 @@
+#include <optional>
 #include <set>
 
 #include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/auto_select.h"
+#include "bagua/algorithms/params.h"
 #include "bagua/algorithms/qadam.h"
 
 namespace bagua::algo {
@@ -72,6 +75,13 @@ class Args {
                        key.c_str(), v.c_str(), list.c_str());
   }
 
+  // The text of `key`, or nullopt when it is absent.
+  std::optional<std::string> getString(const std::string& key) {
+    accepted_.insert(key);
+    auto it = args_.find(key);
+    return it == args_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+
   Status checkNoneLeft() const {
     for (const auto& [k, v] : args_) {
       if (accepted_.count(k) == 0) {
@@ -95,8 +105,13 @@ class Args {
 }  // namespace
 
 std::vector<std::string> algorithmNames() {
-  return {"gradient_allreduce",          "bytegrad", "decentralized",
-          "low_precision_decentralized", "qadam",    "async"};
+  return {"gradient_allreduce",
+          "bytegrad",
+          "decentralized",
+          "low_precision_decentralized",
+          "qadam",
+          "async",
+          "auto"};
 }
 
 Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name,
@@ -143,6 +158,18 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
     BAGUA_ASSIGN_OR_RETURN(int interval, a.getInt("sync_interval_ms", 500, 0));
     BAGUA_ASSIGN_OR_RETURN(int warmup, a.getInt("warmup_steps", 0, 0));
     out = std::make_shared<AsyncModelAverage>(interval, warmup);
+  } else if (name == "auto") {
+    // pin: the argument, else BAGUA_ALGORITHM (empty: measure and choose).
+    std::optional<std::string> pin = a.getString("pin");
+    std::string source = "pin";
+    if (!pin) {
+      BAGUA_ASSIGN_OR_RETURN(pin, algorithmsParams().pinnedAlgorithm.get());
+      source = "BAGUA_ALGORITHM";
+    }
+    BAGUA_ASSIGN_OR_RETURN(int64_t probeDefault, algorithmsParams().autoProbeSteps.get());
+    BAGUA_ASSIGN_OR_RETURN(int probe, a.getInt("probe_steps", static_cast<int>(probeDefault), 1));
+    BAGUA_RETURN_IF_ERROR(a.checkNoneLeft());
+    BAGUA_ASSIGN_OR_RETURN(out, AutoSelect::create(*pin, source, probe));
   } else {
     std::string list;
     for (const std::string& n : algorithmNames()) {

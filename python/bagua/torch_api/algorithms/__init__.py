@@ -2,12 +2,13 @@
 
 from .base import Algorithm, AlgorithmImpl, GlobalAlgorithmRegistry  # noqa: F401
 from . import bytegrad, decentralized, gradient_allreduce  # noqa: F401
-from . import q_adam, async_model_average  # noqa: F401
+from . import q_adam, async_model_average, auto  # noqa: F401
 from .gradient_allreduce import GradientAllReduceAlgorithm
 from .bytegrad import ByteGradAlgorithm
 from .decentralized import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
 from .q_adam import QAdamAlgorithm, QAdamOptimizer  # noqa: F401
 from .async_model_average import AsyncModelAverageAlgorithm
+from .auto import AutoAlgorithm
 
 GlobalAlgorithmRegistry.register("gradient_allreduce", GradientAllReduceAlgorithm,
                                  description="Gradient AllReduce Algorithm")
@@ -20,3 +21,5 @@ GlobalAlgorithmRegistry.register("low_precision_decentralized",
 GlobalAlgorithmRegistry.register("qadam", QAdamAlgorithm, description="QAdam Algorithm")
 GlobalAlgorithmRegistry.register("async", AsyncModelAverageAlgorithm,
                                  description="Asynchronous Model Average Algorithm")
+GlobalAlgorithmRegistry.register("auto", AutoAlgorithm,
+                                 description="Measures the link, then picks the algorithm")

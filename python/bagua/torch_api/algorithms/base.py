@@ -178,6 +178,7 @@ _IMPL_NAMES = {
     "low_precision_decentralized": "LowPrecisionDecentralizedAlgorithmImpl",
     "qadam": "QAdamAlgorithmImpl",
     "async": "AsyncModelAverageAlgorithmImpl",
+    "auto": "AutoAlgorithmImpl",
 }
 _IMPLS = {}
 
