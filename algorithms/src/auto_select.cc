@@ -197,11 +197,11 @@ Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
         elems += lowRankElements(n, rank);
       }
     }
-    // P, then Q, then the uncompressed tensors: three dependent collectives per bucket; the
+    // P with the uncompressed tensors, then Q: two dependent collectives per bucket; the
     // factor products and the error feedback pass over the gradient about as often as the
     // codec does.
     add("powersgd rank " + std::to_string(rank), "powersgd", {{"rank", std::to_string(rank)}},
-        elems * eb, 3, codec,
+        elems * eb, 2, codec,
         rank == 4 ? kAutoStepsFactorPowerSgdRank4 : kAutoStepsFactorPowerSgdRank1);
   }
 

@@ -398,9 +398,14 @@ def main():
             if args.tta:
                 tta_report.table(res, link_desc)
                 if args.plot:
-                    res["plot"] = "{}-{}.png".format(args.plot, model)
-                    tta_report.plot(res, res["plot"], link_desc)
-                    print("plot: {}".format(res["plot"]))
+                    path = "{}-{}.png".format(args.plot, model)
+                    try:
+                        tta_report.plot(res, path, link_desc)
+                        res["plot"] = path
+                        print("plot: {}".format(path))
+                    except ImportError as e:  # the JSON still has every point to draw later
+                        print("plot: not drawn ({}); tta_report.py --plot draws it from the "
+                              "JSON".format(e))
             else:
                 table(args, res, link_desc)
             everything.append(res)

@@ -6,6 +6,9 @@ over this one's (> 1 is faster), speed_vs_best_torch = the same against the fast
 contestants (DDP and its hooks) that reached the target, and metric_vs_ddp_at_cap = the relative
 difference of the metric at the step cap against DDP's, signed so that > 0 is better.
 A contestant that did not reach the target has no speed; the table says "not reached".
+
+From a saved run (compare.py --tta --json FILE), e.g. where the run's Python has no matplotlib:
+    python3 bench/ddp/tta_report.py FILE [--plot PREFIX]   # the tables again, PREFIX-<model>.png
 """
 
 import math
@@ -130,3 +133,27 @@ def plot(res, path, link_desc):
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def main():
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="tables and plots of a compare.py --tta JSON")
+    ap.add_argument("json")
+    ap.add_argument("--plot", default="", help="PNG path prefix: PREFIX-<model>.png")
+    a = ap.parse_args()
+    with open(a.json) as f:
+        runs = json.load(f)["runs"]
+    for res in runs:
+        if res.get("mode") != "tta":
+            continue
+        table(res, res["link"])
+        if a.plot:
+            path = "{}-{}.png".format(a.plot, res["model"])
+            plot(res, path, res["link"])
+            print("plot: {}".format(path))
+
+
+if __name__ == "__main__":
+    main()

@@ -44,7 +44,8 @@ if ! ext_ok; then
   [ -n "$target" ] && timeout 120 ninja -C "$BUILD" "$target" >> "$LOG" 2>&1
 fi
 ext_ok || { echo "82-tta: extension not importable by $PY (see 82-tta.log)"; exit 1; }
-"$PY" -c 'import matplotlib' 2> /dev/null || echo "82-tta: no matplotlib for $PY: no plot"
+"$PY" -c 'import matplotlib' 2> /dev/null ||
+  echo "82-tta: no matplotlib for $PY: no PNG here (bench/ddp/tta_report.py JSON --plot PREFIX draws it)"
 
 MODEL=${TTA_MODEL:-transformer}
 LINK=$TTA_LINK
