@@ -267,8 +267,7 @@ Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
   return d;
 }
 
-// ---- The probing implementation
-// ------------------------------------------------------------------
+// ---- The probing implementation -----------------------------------------------------------------
 
 class AutoProbeImpl final : public core::AlgorithmImpl {
  public:
@@ -403,8 +402,7 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
   double codecRate_ = 0;
 };
 
-// ---- AutoSelect
-// ----------------------------------------------------------------------------------
+// ---- AutoSelect ---------------------------------------------------------------------------------
 
 Result<std::shared_ptr<AutoSelect>> AutoSelect::create(const std::string& pin,
                                                        const std::string& pinSource,

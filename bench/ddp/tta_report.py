@@ -9,6 +9,10 @@ A contestant that did not reach the target has no speed; the table says "not rea
 
 From a saved run (compare.py --tta --json FILE), e.g. where the run's Python has no matplotlib:
     python3 bench/ddp/tta_report.py FILE [--plot PREFIX]   # the tables again, PREFIX-<model>.png
+    python3 bench/ddp/tta_report.py FILE --lm-margin 0.5   # another target, from the same points
+Every evaluation point is in the JSON, so a target other than the run's is derived exactly as
+the run would have: the first evaluation that reaches it (not with --stop-at-target runs, whose
+contestants stopped at the run's target).
 """
 
 import math
@@ -38,6 +42,23 @@ def derive(res):
                 rel = -rel
         r["metric_vs_ddp_at_cap"] = rel
     return ddp, best
+
+
+def retarget(res, target):
+    """Sets the run's target to ``target`` and re-derives every contestant's first evaluation
+    that reaches it."""
+    task = res["task"]
+    if res.get("stop_at_target"):
+        raise ValueError("a --stop-at-target run stopped at its own target: no other target")
+    task["target"] = target
+    if "floor" in task:
+        task["margin"] = target - task["floor"]
+    for r in res["results"]:
+        r["reached_step"] = r["reached_wall_s"] = None
+        for step, wall, m in r["evals"][1:]:
+            if (m <= target) if task["better"] == "lower" else (m >= target):
+                r["reached_step"], r["reached_wall_s"] = step, wall
+                break
 
 
 def _fmt(v, spec, missing="-"):
@@ -142,12 +163,20 @@ def main():
     ap = argparse.ArgumentParser(description="tables and plots of a compare.py --tta JSON")
     ap.add_argument("json")
     ap.add_argument("--plot", default="", help="PNG path prefix: PREFIX-<model>.png")
+    ap.add_argument("--lm-margin", type=float, default=None,
+                    help="transformer: the target at this many nats above the loss floor")
+    ap.add_argument("--target-acc", type=float, default=None,
+                    help="resnet50: the target top-1 accuracy in %%")
     a = ap.parse_args()
     with open(a.json) as f:
         runs = json.load(f)["runs"]
     for res in runs:
         if res.get("mode") != "tta":
             continue
+        if res["model"] == "transformer" and a.lm_margin is not None:
+            retarget(res, res["task"]["floor"] + a.lm_margin)
+        elif res["model"] == "resnet50" and a.target_acc is not None:
+            retarget(res, a.target_acc)
         table(res, res["link"])
         if a.plot:
             path = "{}-{}.png".format(a.plot, res["model"])

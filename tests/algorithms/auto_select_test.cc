@@ -251,8 +251,7 @@ TEST(AutoFactory, PinnedByTheEnvironmentOrTheArgument) {
   }
 }
 
-// ---- The whole path: two ranks, host backend
-// ------------------------------------------------------
+// ---- The whole path: two ranks, host backend ----------------------------------------------------
 
 constexpr int kIn = 16;
 constexpr int kClasses = 4;

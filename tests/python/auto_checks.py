@@ -1,7 +1,8 @@
 """algorithm="auto": the rule through ``AutoAlgorithm.choose`` with injected link speeds and
 gradient volumes; two ranks training with auto (a choice made, the same on every rank, the
-ranks' weights equal after it); pinning by argument and by BAGUA_ALGORITHM, and unknown pins
-failing with the setting's name."""
+ranks' weights equal after it); pinning by argument, the argument beating BAGUA_ALGORITHM, and
+unknown pins (argument or BAGUA_ALGORITHM) failing with the setting's name. The environment pin
+training is the C++ suite's (algorithms_auto)."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
 import torch
 
 import harness
@@ -82,7 +84,8 @@ def test_registry_and_arguments():
     assert AutoAlgorithm().decision()["algorithm"] == ""
 
 
-def run_ranks(world, args, env=None, timeout=120):
+def run_ranks(world, scenarios, env=None, timeout=150):
+    """Each rank's list of scenario results (auto_worker.py, one process a rank)."""
     port = harness.free_port()
     with tempfile.TemporaryDirectory(prefix="bagua_auto_") as out:
         procs = []
@@ -93,7 +96,8 @@ def run_ranks(world, args, env=None, timeout=120):
             e.pop("BAGUA_ALGORITHM", None)
             e.update(env or {})
             procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "auto_worker.py"), out, json.dumps(args)],
+                [sys.executable, os.path.join(HERE, "auto_worker.py"), out,
+                 json.dumps(scenarios)],
                 env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         failed = []
         outputs = []
@@ -103,36 +107,46 @@ def run_ranks(world, args, env=None, timeout=120):
                 failed.append("rank {}: exit {}{}".format(r, rc, " (timed out)" if timed_out
                                                           else ""))
         assert not failed, "; ".join(failed) + "\n" + "\n".join(o[-3000:] for o in outputs)
-        return harness.load_ranks(out, world), outputs
+        return harness.load_ranks(out, world)
 
 
-def test_two_ranks_probe_choose_and_agree():
-    res, _ = run_ranks(2, {"kwargs": {"probe_steps": 2}, "steps": 14})
-    d0, d1 = res[0]["decision"], res[1]["decision"]
+@pytest.fixture(scope="module")
+def two_ranks():
+    """One launch of 2 ranks: auto measuring and choosing, pinned by argument, a bad pin."""
+    return run_ranks(2, [{"kwargs": {"probe_steps": 2}, "steps": 14},
+                         {"kwargs": {"pin": "bytegrad"}, "steps": 4},
+                         {"kwargs": {"pin": "decentralized"}, "steps": 1}])
+
+
+def test_two_ranks_probe_choose_and_agree(two_ranks):
+    r0, r1 = two_ranks[0][0], two_ranks[1][0]
+    d0, d1 = r0["decision"], r1["decision"]
     assert d0["algorithm"] in ("gradient_allreduce", "bytegrad", "powersgd"), d0
     assert d0["reason"].startswith("chose "), d0["reason"]
     assert (d0["algorithm"], d0["args"], d0["reason"]) == (d1["algorithm"], d1["args"],
                                                            d1["reason"])
+    assert [c["label"] for c in d0["candidates"]][:2] == ["gradient_allreduce", "bytegrad"]
     if d0["algorithm"] != "powersgd":  # exact averaging: the ranks stay bitwise equal
-        assert torch.equal(res[0]["weights"], res[1]["weights"])
-    for r in res:
+        assert torch.equal(r0["weights"], r1["weights"])
+    for r in (r0, r1):
         assert all(torch.isfinite(torch.tensor(r["losses"])))
 
 
-def test_pinned_by_argument_and_environment():
-    res, _ = run_ranks(2, {"kwargs": {"pin": "bytegrad"}, "steps": 4})
-    assert res[0]["decision"]["reason"] == "pinned to bytegrad by pin"
-    assert torch.equal(res[0]["weights"], res[1]["weights"])
-    res, _ = run_ranks(2, {"steps": 4}, env={"BAGUA_ALGORITHM": "gradient_allreduce"})
-    assert res[0]["decision"]["algorithm"] == "gradient_allreduce"
-    assert res[0]["decision"]["reason"] == "pinned to gradient_allreduce by BAGUA_ALGORITHM"
+def test_pinned_by_argument(two_ranks):
+    r0, r1 = two_ranks[0][1], two_ranks[1][1]
+    assert r0["decision"]["algorithm"] == "bytegrad"
+    assert r0["decision"]["reason"] == "pinned to bytegrad by pin"
+    assert torch.equal(r0["weights"], r1["weights"])
 
 
-def test_unknown_pins_name_the_setting():
-    res, _ = run_ranks(1, {"kwargs": {"pin": "decentralized"}, "steps": 1})
-    err = res[0].get("error", "")
+def test_unknown_pins_name_the_setting(two_ranks):
+    err = two_ranks[0][2].get("error", "")
     assert "pin='decentralized' is not an algorithm auto can pin" in err, err
-    res, _ = run_ranks(1, {"steps": 1}, env={"BAGUA_ALGORITHM": "bytegard"})
+    # BAGUA_ALGORITHM is read once a process: its own launch (one rank), where the argument
+    # still beats it.
+    res = run_ranks(1, [{"steps": 1}, {"kwargs": {"pin": "gradient_allreduce"}, "steps": 2}],
+                    env={"BAGUA_ALGORITHM": "bytegard"})[0]
     err = res[0].get("error", "")
     assert "BAGUA_ALGORITHM='bytegard'" in err and "gradient_allreduce, bytegrad, powersgd" in err, \
         err
+    assert res[1]["decision"]["reason"] == "pinned to gradient_allreduce by pin", res[1]
