@@ -83,8 +83,8 @@ def parse():
     ap.add_argument("--models", default="transformer,resnet50",
                     help="comma-separated: transformer, resnet50")
     ap.add_argument("--preset", default="",
-                    help="model size: tiny, small, gpt2 (transformer), resnet50 (resnet); "
-                         "default tiny on CPU, gpt2 / resnet50 on CUDA")
+                    help="model size: tiny, mid, small, gpt2 (transformer); tiny, small, "
+                         "resnet50 (resnet); default tiny on CPU, gpt2 / resnet50 on CUDA")
     ap.add_argument("--contestants", default=None,
                     help="comma-separated, default all: " + ", ".join(ALL) + " (with --tta: " +
                          ", ".join(TTA_ALL) + "); also " + ", ".join(MORE))

@@ -15,9 +15,9 @@
 #   TTA_MAX_STEPS, TTA_CONTESTANTS, TTA_EXTRA (more compare.py arguments): override the cell's
 #   defaults below.
 # Models (sized so that a cell fits its call; bench/ddp/README.md, "Time to accuracy"):
-#   transformer: preset small, GPT-2's layout at 4 layers, width 256, 1024-token vocabulary,
-#                128-token context (3.5 M parameters, 14 MB of gradients), 8 sequences per
-#                rank; target: eval loss within 0.35 nats of the Markov chain's loss floor
+#   transformer: preset mid, GPT-2's layout at 4 layers, width 256, on a 256-token Markov
+#                chain, 128-token context (3.3 M parameters, 13 MB of gradients), 16 sequences
+#                per rank; target: eval loss within 0.35 nats of the chain's loss floor
 #   resnet50:    preset small, ResNet-50's bottleneck layout at width 16 (a quarter of
 #                ResNet-50's) on 64-pixel images of 10 classes (1.5 M parameters), 32 images
 #                per rank; target: 95% top-1 on held-out images
@@ -63,8 +63,8 @@ esac
 # The cell's defaults: step caps that every contestant runs to (the metric at the cap), sized
 # from the slowest contestants' step time on that link.
 if [ "$MODEL" = transformer ]; then
-  ARGS=(--preset small --lr 2e-3 --lm-margin 0.35)
-  case "$LINK" in 1gbit) STEPS=240 ;; *) STEPS=300 ;; esac
+  ARGS=(--preset mid --lr 2e-3 --lm-margin 0.35)
+  case "$LINK" in 1gbit) STEPS=200 ;; *) STEPS=250 ;; esac
 else
   ARGS=(--preset small --batch 32 --lr 5e-3 --target-acc 95)
   case "$LINK" in 1gbit) STEPS=160 ;; *) STEPS=200 ;; esac
