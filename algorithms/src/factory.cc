@@ -1,6 +1,9 @@
+#include <optional>
 #include <set>
 
 #include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/auto_select.h"
+#include "bagua/algorithms/params.h"
 #include "bagua/algorithms/qadam.h"
 
 namespace bagua::algo {
@@ -72,6 +75,13 @@ class Args {
                        key.c_str(), v.c_str(), list.c_str());
   }
 
+  // The text of `key`, or nullopt when it is absent.
+  std::optional<std::string> getString(const std::string& key) {
+    accepted_.insert(key);
+    auto it = args_.find(key);
+    return it == args_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+
   Status checkNoneLeft() const {
     for (const auto& [k, v] : args_) {
       if (accepted_.count(k) == 0) {
@@ -101,7 +111,8 @@ std::vector<std::string> algorithmNames() {
           "low_precision_decentralized",
           "qadam",
           "async",
-          "powersgd"};
+          "powersgd",
+          "auto"};
 }
 
 Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name,
@@ -152,6 +163,18 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
     // Its own strict parser (floats, 64-bit seed; unknown keys listed).
     BAGUA_ASSIGN_OR_RETURN(PowerSgdOptions o, parsePowerSgdArgs(args));
     return std::shared_ptr<core::Algorithm>(std::make_shared<PowerSgd>(o));
+  } else if (name == "auto") {
+    // pin: the argument, else BAGUA_ALGORITHM (empty: measure and choose).
+    std::optional<std::string> pin = a.getString("pin");
+    std::string source = "pin";
+    if (!pin) {
+      BAGUA_ASSIGN_OR_RETURN(pin, algorithmsParams().pinnedAlgorithm.get());
+      source = "BAGUA_ALGORITHM";
+    }
+    BAGUA_ASSIGN_OR_RETURN(int64_t probeDefault, algorithmsParams().autoProbeSteps.get());
+    BAGUA_ASSIGN_OR_RETURN(int probe, a.getInt("probe_steps", static_cast<int>(probeDefault), 1));
+    BAGUA_RETURN_IF_ERROR(a.checkNoneLeft());
+    BAGUA_ASSIGN_OR_RETURN(out, AutoSelect::create(*pin, source, probe));
   } else {
     std::string list;
     for (const std::string& n : algorithmNames()) {

@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
 """Bagua's algorithms against torch DDP (and DDP's compression hooks), same model, same data,
-same ranks, same transport, one command, one table (issue 18).
+same ranks, same transport, one command, one table.
 
     python3 bench/ddp/compare.py --device cpu --nproc 2                   # loopback
     python3 bench/ddp/compare.py --device cpu --nproc 2 --link 10gbit     # netns + tc htb
     python3 bench/ddp/compare.py --device cuda --nproc 2 --share-gpu --net bagua-net --link 10gbit
+    python3 bench/ddp/compare.py --tta --device cpu --nproc 2 --link 1gbit --plot /tmp/tta
+
+--tta measures time to accuracy instead of step time (tta.py, tta_report.py): every contestant
+trains until its evaluation metric reaches a target, or --max-steps; the table gives the wall
+time and steps to the target, the speed against DDP and against the fastest torch contestant,
+and the metric at the cap; --plot writes the metric against wall time as PNG.
 
 Contestants (--contestants, default all): torch DDP; DDP + bf16 compression hook (fp16 on CPU:
 gloo has no bf16 all-reduce in torch 1.13); DDP + PowerSGD hook; bagua's gradient_allreduce,
@@ -42,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import netlink  # noqa: E402
+import tta_report  # noqa: E402
 
 ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
        "decentralized", "low_precision_decentralized"]
@@ -55,6 +62,15 @@ EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied",
          "gradient_allreduce_bucket_copies",
          "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
          "low_precision_decentralized_hier"]
+# --tta's default contestants: torch DDP, its bf16 hook (fp16 on CPU) and PowerSGD hook at
+# ranks 1 and 4, our six algorithms, our powersgd at ranks 1 and 4 (skipped, saying so, where it
+# is not registered), and auto.
+TTA_ALL = ["ddp", "ddp_bf16", "ddp_powersgd1", "ddp_powersgd4", "gradient_allreduce",
+           "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async",
+           "powersgd1", "powersgd4", "auto"]
+# Accepted in both modes: PowerSGD at a rank named by the digit, async (its averaging thread
+# paused between its blocks), powersgd (at --powersgd-rank), auto.
+MORE = ["ddp_powersgd1", "ddp_powersgd4", "async", "powersgd", "powersgd1", "powersgd4", "auto"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
 
@@ -67,25 +83,30 @@ def parse():
     ap.add_argument("--models", default="transformer,resnet50",
                     help="comma-separated: transformer, resnet50")
     ap.add_argument("--preset", default="",
-                    help="model size: tiny, small, gpt2 (transformer), resnet50 (resnet); "
-                         "default tiny on CPU, gpt2 / resnet50 on CUDA")
-    ap.add_argument("--contestants", default=",".join(ALL),
-                    help="comma-separated, default all: " + ", ".join(ALL))
+                    help="model size: tiny, mid, small, gpt2 (transformer); tiny, small, "
+                         "resnet50 (resnet); default tiny on CPU, gpt2 / resnet50 on CUDA")
+    ap.add_argument("--contestants", default=None,
+                    help="comma-separated, default all: " + ", ".join(ALL) + " (with --tta: " +
+                         ", ".join(TTA_ALL) + "); also " + ", ".join(MORE))
     ap.add_argument("--rounds", type=int, default=5, help="rounds; the first is not timed")
     ap.add_argument("--round-steps", type=int, default=4, help="steps per contestant per round")
-    ap.add_argument("--lr", type=float, default=1e-3, help="Adam's (and QAdam's) learning rate")
+    ap.add_argument("--lr", type=float, default=0,
+                    help="Adam's (and QAdam's) learning rate (default 1e-3; with --tta 5e-3)")
     ap.add_argument("--algo-warmup", type=int, default=0,
-                    help="QAdam warm-up steps and PowerSGD's start iteration (default: the "
-                         "first round). QAdam's losses need tens of steps: with a few, its "
-                         "variance frozen from 3 steps makes Bagua's update grow until it "
-                         "diverges (nan on GPT-2 with 4); step 80's long10 uses 30")
+                    help="QAdam warm-up steps and PowerSGD's start iteration, torch's hook's and "
+                         "ours, and async's warm-up with --tta (default: the first round; with "
+                         "--tta a tenth of --max-steps). QAdam's losses need tens of steps: "
+                         "with a few, its variance frozen from 3 steps makes Bagua's update grow "
+                         "until it diverges (nan on GPT-2 with 4); step 80's long10 uses 30")
     ap.add_argument("--powersgd-rank", type=int, default=1)
     ap.add_argument("--bucket-mb", type=float, default=0,
                     help="bucket size for both (0: each one's default, DDP 25 MB, bagua 25 MiB)")
     ap.add_argument("--batch", type=int, default=0, help="per-rank batch (0: the preset's)")
     ap.add_argument("--link", default="none", help="'none' or " + netlink.RATE_HELP)
-    ap.add_argument("--net", default="socket", choices=["socket", "bagua-net"],
-                    help="CUDA: NCCL's transport between ranks (network path: P2P/SHM off)")
+    ap.add_argument("--net", default="socket", choices=["socket", "bagua-net", "nvlink"],
+                    help="CUDA: NCCL's transport between ranks: socket or bagua-net take the "
+                         "network path (P2P/SHM off); nvlink leaves NCCL its defaults inside "
+                         "the host (P2P over NVLink; one rank per GPU, no --link)")
     ap.add_argument("--share-gpu", action="store_true",
                     help="CUDA: every rank on cuda:0 (start MPS first), NCCL_HOSTID per rank")
     ap.add_argument("--nodes", type=int, default=0,
@@ -100,6 +121,27 @@ def parse():
     ap.add_argument("--build", default=os.environ.get("BAGUA_BUILD", os.path.join(ROOT, "build")))
     ap.add_argument("--timeout", type=float, default=900, help="seconds per model")
     ap.add_argument("--json", default="", help="write every result here")
+    tta = ap.add_argument_group("time to accuracy (--tta)")
+    tta.add_argument("--tta", action="store_true",
+                     help="train every contestant to a target metric (or --max-steps) instead "
+                          "of timing steps")
+    tta.add_argument("--max-steps", type=int, default=300,
+                     help="step cap (rounded up to a multiple of --eval-every; default 300)")
+    tta.add_argument("--eval-every", type=int, default=10,
+                     help="steps between evaluations (default 10): the resolution of the time "
+                          "to target")
+    tta.add_argument("--eval-batches", type=int, default=16,
+                     help="held-out batches per evaluation (default 16)")
+    tta.add_argument("--lm-margin", type=float, default=0.35,
+                     help="transformer target: eval loss <= the Markov chain's loss floor + "
+                          "this, in nats per token (default 0.35)")
+    tta.add_argument("--target-acc", type=float, default=95.0,
+                     help="resnet50 target: top-1 accuracy in %% on held-out images (default "
+                          "95)")
+    tta.add_argument("--stop-at-target", action="store_true",
+                     help="stop a contestant at its target (saves time; no metric at the cap)")
+    tta.add_argument("--plot", default="",
+                     help="PNG path prefix: PREFIX-<model>.png, the metric against wall time")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, one more block per contestant under "
                          "torch.profiler: on CUDA, rank 0's ms per step of compute kernels, NCCL "
@@ -118,9 +160,23 @@ def parse():
     for m in a.models.split(","):
         if m not in ("transformer", "resnet50"):
             ap.error("--models: {!r} is not one of transformer, resnet50".format(m))
+    if a.contestants is None:
+        a.contestants = ",".join(TTA_ALL if a.tta else ALL)
     for c in a.contestants.split(","):
-        if c not in ALL + EXTRA:
-            ap.error("--contestants: {!r} is not one of {}".format(c, ", ".join(ALL + EXTRA)))
+        if c not in ALL + EXTRA + MORE:
+            ap.error("--contestants: {!r} is not one of {}".format(
+                c, ", ".join(ALL + EXTRA + MORE)))
+    if a.lr <= 0:
+        a.lr = 5e-3 if a.tta else 1e-3
+    if a.tta:
+        if a.max_steps < 1 or a.eval_every < 1 or a.eval_batches < 1:
+            ap.error("--max-steps, --eval-every and --eval-batches must be >= 1")
+        if a.profile:
+            ap.error("--profile times steps: not with --tta")
+        if not a.algo_warmup:
+            a.algo_warmup = max(2, a.max_steps // 10)
+    elif a.plot or a.stop_at_target:
+        ap.error("--plot and --stop-at-target go with --tta")
     if a.link != "none":
         try:
             netlink.parse_rate(a.link)
@@ -128,6 +184,8 @@ def parse():
             ap.error(str(e))
         if a.device == "cuda" and a.net != "bagua-net":
             ap.error("--link on CUDA caps Bagua-Net's send rate: add --net bagua-net")
+    if a.net == "nvlink" and (a.device != "cuda" or a.share_gpu or a.nodes):
+        ap.error("--net nvlink: CUDA ranks on their own GPUs, without --share-gpu or --nodes")
     return a
 
 
@@ -160,6 +218,10 @@ def rank_env(args, rank, master, port):
     env.update(NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
     if not args.share_gpu:
         env["BAGUA_BENCH_CUDA_DEVICE"] = str(rank)  # every rank its own GPU of this host
+    if args.net == "nvlink":  # one host as NCCL sees it: P2P (NVLink) and SHM as it picks
+        env.update(NCCL_NET_PLUGIN="none", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(args.nproc))
+        return env
     if local:
         env["NCCL_HOSTID"] = "bagua-bench-node{}".format(rank // local)
     else:
@@ -194,6 +256,11 @@ def run_model(args, model, link):
              str(args.powersgd_rank), "--bucket-mb", str(args.bucket_mb), "--threads",
              str(args.threads), "--batch", str(args.batch), "--out", out] + \
         (["--profile"] if args.profile else [])
+    if args.tta:
+        wargs += ["--tta", "--max-steps", str(args.max_steps), "--eval-every",
+                  str(args.eval_every), "--eval-batches", str(args.eval_batches), "--lm-margin",
+                  str(args.lm_margin), "--target-acc", str(args.target_acc)] + \
+            (["--stop-at-target"] if args.stop_at_target else [])
     master = link.addr(0) if link else "127.0.0.1"
     port = 29500 if link else free_port()
     procs = []
@@ -303,7 +370,9 @@ def main():
     # A SIGTERM (timeout, the GPU script) unwinds: the ranks and the namespaces get cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     link = None
-    if args.link == "none":
+    if args.net == "nvlink":
+        link_desc = "NVLink (NCCL P2P inside the host, no cap)"
+    elif args.link == "none":
         link_desc = ("loopback (NCCL {}{})".format(args.net, ", one GPU shared"
                                                    if args.share_gpu else "")
                      if args.device == "cuda" else
@@ -326,7 +395,19 @@ def main():
         for model in args.models.split(","):
             res = run_model(args, model, link)
             res["link"] = link_desc
-            table(args, res, link_desc)
+            if args.tta:
+                tta_report.table(res, link_desc)
+                if args.plot:
+                    path = "{}-{}.png".format(args.plot, model)
+                    try:
+                        tta_report.plot(res, path, link_desc)
+                        res["plot"] = path
+                        print("plot: {}".format(path))
+                    except ImportError as e:  # the JSON still has every point to draw later
+                        print("plot: not drawn ({}); tta_report.py --plot draws it from the "
+                              "JSON".format(e))
+            else:
+                table(args, res, link_desc)
             everything.append(res)
     if args.json:
         with open(args.json, "w") as f:

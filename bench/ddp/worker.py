@@ -24,12 +24,13 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
-DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd")
+DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
                "gradient_allreduce_copied", "gradient_allreduce_bucket_copies",
                "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
-               "low_precision_decentralized_hier")
+               "low_precision_decentralized_hier", "async", "powersgd", "powersgd1", "powersgd4",
+               "auto")
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
 # end before starting the next (the reducer before issue 18); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
@@ -37,6 +38,15 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).
 # Any algorithm with _hier: hierarchical=True (the others run flat).
 VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier")
+
+# PowerSGD at a rank given by the name's digit (ddp_powersgd4, powersgd1); without one, at
+# --powersgd-rank. Our powersgd's start iteration is --algo-warmup, as torch's hook's is: the
+# first of these keyword arguments its class takes.
+POWERSGD_START_KWARGS = ("start_powerSGD_iter", "start_iter", "start_step", "warmup_steps")
+
+
+class Unavailable(Exception):
+    """A contestant this installation lacks (a registry name not registered)."""
 
 
 def parse(argv=None):
@@ -55,7 +65,20 @@ def parse(argv=None):
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", action="store_true")
+    # --tta (tta.py): time to accuracy instead of step time.
+    ap.add_argument("--tta", action="store_true")
+    ap.add_argument("--max-steps", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-batches", type=int, default=16)
+    ap.add_argument("--lm-margin", type=float, default=0.35)
+    ap.add_argument("--target-acc", type=float, default=95.0)
+    ap.add_argument("--stop-at-target", action="store_true")
     return ap.parse_args(argv)
+
+
+def _powersgd_rank(name, args):
+    tail = name.rsplit("powersgd", 1)[1]
+    return int(tail) if tail else args.powersgd_rank
 
 
 class Contestant:
@@ -64,6 +87,8 @@ class Contestant:
         from bagua.torch_api.algorithms.q_adam import QAdamAlgorithm, QAdamOptimizer
 
         self.name = name
+        self.algo = None
+        self.note = ""  # what the JSON should say about how this contestant was set up
         self.module = models.build(args.model, args.preset, seed=0).to(dev)
         params = list(self.module.parameters())
         if name in DDP_NAMES:
@@ -73,7 +98,7 @@ class Contestant:
             self.opt = torch.optim.Adam(params, lr=args.lr)
             kw = {"bucket_cap_mb": args.bucket_mb} if args.bucket_mb > 0 else {}
             first = dist._DEFAULT_FIRST_BUCKET_BYTES
-            if name == "ddp_powersgd" and dev.type == "cpu":
+            if name.startswith("ddp_powersgd") and dev.type == "cpu":
                 # The PowerSGD hook issues its second and third all-reduce from the callbacks
                 # of the first; on gloo those run on its worker threads, so with several
                 # buckets the ranks issue them in different orders and gloo fails
@@ -87,9 +112,10 @@ class Contestant:
                 self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
             elif name == "ddp_fp16":
                 self.wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
-            elif name == "ddp_powersgd":
+            elif name.startswith("ddp_powersgd"):
+                # torch's defaults otherwise: error feedback and warm start on.
                 self.state = psgd.PowerSGDState(
-                    process_group=None, matrix_approximation_rank=args.powersgd_rank,
+                    process_group=None, matrix_approximation_rank=_powersgd_rank(name, args),
                     start_powerSGD_iter=max(2, args.algo_warmup))
                 self.wrapped.register_comm_hook(self.state, psgd.powerSGD_hook)
             return
@@ -99,6 +125,29 @@ class Contestant:
         if name in ("qadam", "qadam_hier"):
             self.opt = QAdamOptimizer(params, lr=args.lr, warmup_steps=max(1, args.algo_warmup))
             algo = QAdamAlgorithm(self.opt, hierarchical=name.endswith("_hier"))
+        elif name == "async" or name == "auto" or name.startswith("powersgd"):
+            from bagua.torch_api.algorithms import GlobalAlgorithmRegistry
+
+            self.opt = torch.optim.Adam(params, lr=args.lr)
+            base = "powersgd" if name.startswith("powersgd") else name
+            if base not in GlobalAlgorithmRegistry:
+                raise Unavailable("{} is not registered in this bagua (registered: {})".format(
+                    base, ", ".join(GlobalAlgorithmRegistry)))
+            kw = {}
+            if name == "async":
+                kw["warmup_steps"] = args.algo_warmup  # Bagua's sync_interval_ms (500) kept
+            elif base == "powersgd":
+                import inspect
+
+                cls = GlobalAlgorithmRegistry.get("powersgd")
+                takes = inspect.signature(cls.__init__).parameters
+                kw["rank"] = _powersgd_rank(name, args)
+                start = next((k for k in POWERSGD_START_KWARGS if k in takes), None)
+                if start is not None:
+                    kw[start] = args.algo_warmup
+                self.note = "Algorithm.init('powersgd', {})".format(
+                    ", ".join("{}={}".format(k, v) for k, v in kw.items()))
+            algo = Algorithm.init(base, **kw)
         else:
             self.opt = torch.optim.Adam(params, lr=args.lr)
             base = name
@@ -112,12 +161,23 @@ class Contestant:
         engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
         in_place = engine.IN_PLACE_DEVICE_BUCKETS
         engine.IN_PLACE_DEVICE_BUCKETS = not name.endswith("_bucket_copies")
+        self.algo = algo
         try:
             self.wrapped = self.module.with_bagua([self.opt], algo,
                                                   do_flatten=not name.endswith("_copied"))
         finally:
             engine.LAUNCH_WITHOUT_WAITING = True
             engine.IN_PLACE_DEVICE_BUCKETS = in_place
+
+    def pause(self):
+        """Between this contestant's blocks: async's averaging thread stops (collective), so it
+        never competes with another contestant for the link."""
+        if self.name == "async":
+            self.algo.abort(self.wrapped)
+
+    def resume(self):
+        if self.name == "async":
+            self.algo.resume(self.wrapped)
 
     def reducer(self):
         """bagua's C++ reducer (for its time accounting), None for DDP."""
@@ -276,6 +336,18 @@ def main():
 
     bagua.init_process_group()  # on torch.distributed's store
 
+    if args.tta:
+        import tta
+
+        out = tta.run(args, dev, rank, world, lambda n: Contestant(n, args, dev, None),
+                      Unavailable)
+        if out is not None and args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f)
+        bagua.barrier()
+        dist.barrier()
+        return 0
+
     names = [n for n in args.contestants.split(",") if n]
     steps = args.rounds * args.round_steps
     train, evals, floor = make_data(args, rank, dev, steps)
@@ -288,6 +360,7 @@ def main():
     step_no = {n: 0 for n in names}
     for r in range(args.rounds):
         for c in cont:
+            c.resume()
             sync(dev)
             t0 = time.perf_counter()
             c0 = time.process_time()
@@ -296,6 +369,7 @@ def main():
                 got.append(train_step(c, args, train, step_no))
             sync(dev)
             dt = (time.perf_counter() - t0) / args.round_steps
+            c.pause()
             if r == 0 and c.reducer() is not None:
                 c.reducer().reset_stats()  # the trace covers the timed rounds only
             if r > 0:

@@ -3,10 +3,14 @@
     import bagua.lightning  # registers the strategy
     trainer = Trainer(strategy="bagua", accelerator="gpu", devices=2)
     trainer = Trainer(strategy=BaguaStrategy(algorithm="bytegrad"), ...)
+    trainer = Trainer(strategy=BaguaStrategy(algorithm="auto"), ...)  # measured, then chosen
 
 Lightning removed its own BaguaStrategy (it needed the unmaintained bagua package); this one
 follows the old one's arguments: ``algorithm`` (a registry name or an Algorithm), ``flatten``,
-and the algorithm's keyword arguments. torch.distributed is still initialised by DDPStrategy
+and the algorithm's keyword arguments. ``algorithm="auto"`` (``AutoAlgorithm``: ``pin=``,
+``probe_steps=`` as keyword arguments) measures the link during the first steps and picks
+gradient_allreduce, bytegrad or powersgd; the choice is in ``strategy.model.bagua_algorithm
+.decision()`` and in the log. torch.distributed is still initialised by DDPStrategy
 (Lightning's barrier/broadcast/reduce use it); bagua's own group rendezvouses through torch's
 default store.
 Works with ``lightning.pytorch`` (2.x) or ``pytorch_lightning``.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/auto_select.h"
 #include "bagua/algorithms/qadam.h"
 #include "bagua/autotune/autotuner.h"
 #include "bagua/autotune/params.h"
@@ -162,6 +163,49 @@ class StateOnlyOptimizer final : public core::Optimizer {
   core::Optimizer* inner_;
 };
 
+pyb::dict decisionDict(const algo::AutoDecision& d) {
+  pyb::dict out;
+  out["algorithm"] = d.algorithm;
+  out["args"] = d.args;
+  out["reason"] = d.reason;
+  pyb::list cands;
+  for (const algo::AutoCandidate& c : d.candidates) {
+    pyb::dict x;
+    x["label"] = c.label;
+    x["algorithm"] = c.algorithm;
+    x["args"] = c.args;
+    x["wire_bytes"] = c.wireBytes;
+    x["work_s"] = c.workSeconds;
+    x["exposed_s"] = c.exposedSeconds;
+    x["step_s"] = c.stepSeconds;
+    x["steps_factor"] = c.stepsFactor;
+    x["score"] = c.score;
+    x["registered"] = c.registered;
+    cands.append(x);
+  }
+  out["candidates"] = cands;
+  return out;
+}
+
+// algorithm="auto"'s rule on figures given by the caller (tests, what-if tables).
+pyb::dict autoChoose(int worldSize, const std::vector<std::vector<size_t>>& buckets,
+                     double computeS, double allReduceStepS, double latencyS, double bandwidth,
+                     double codec, const std::vector<std::string>& registered, bool hierarchical,
+                     size_t elementBytes, bool allF32) {
+  algo::AutoInputs in;
+  in.worldSize = worldSize;
+  in.buckets = buckets;
+  in.computeSeconds = computeS;
+  in.allReduceStepSeconds = allReduceStepS;
+  in.link = {latencyS, bandwidth};
+  in.codecBytesPerSecond = codec;
+  in.registered = registered;
+  in.hierarchical = hierarchical;
+  in.elementBytes = elementBytes;
+  in.allF32 = allF32;
+  return decisionDict(take(algo::chooseAlgorithm(in)));
+}
+
 class PyAlgorithm {
  public:
   PyAlgorithm(const std::string& name, const std::map<std::string, std::string>& args,
@@ -214,6 +258,14 @@ class PyAlgorithm {
     }
     d["tensors"] = tensors;
     return d;
+  }
+  // algorithm="auto": its choice (algorithm "" before it is made).
+  pyb::dict decision() {
+    auto* a = dynamic_cast<algo::AutoSelect*>(algo_.get());
+    if (a == nullptr) {
+      throw std::runtime_error("decision(): only the auto algorithm decides");
+    }
+    return decisionDict(a->decision());
   }
   pyb::dict replicas() {
     auto* lp = dynamic_cast<algo::LowPrecisionDecentralized*>(algo_.get());
@@ -439,8 +491,14 @@ void bindDdp(pyb::module_& m) {
       .def("resume", &PyAlgorithm::resume)
       .def("rounds", &PyAlgorithm::rounds)
       .def("replicas", &PyAlgorithm::replicas)
-      .def("powersgd_snapshot", &PyAlgorithm::powerSgdSnapshot);
+      .def("powersgd_snapshot", &PyAlgorithm::powerSgdSnapshot)
+      .def("decision", &PyAlgorithm::decision);
   m.def("algorithm_names", [] { return algo::algorithmNames(); });
+  m.def("auto_choose", &autoChoose, pyb::arg("world_size"), pyb::arg("buckets"),
+        pyb::arg("compute_s"), pyb::arg("allreduce_step_s"), pyb::arg("latency_s"),
+        pyb::arg("bandwidth"), pyb::arg("codec") = algo::kAutoDeviceCodecBytesPerSecond,
+        pyb::arg("registered") = std::vector<std::string>{}, pyb::arg("hierarchical") = false,
+        pyb::arg("element_bytes") = 4, pyb::arg("all_f32") = true);
 
   pyb::class_<PyReducer>(m, "Reducer")
       .def(

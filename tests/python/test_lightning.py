@@ -43,7 +43,8 @@ print("NORM", trainer.global_rank, float(w.norm()))
 '''
 
 
-@pytest.mark.parametrize("algo", ["default", "bytegrad"])
+# auto: 16 steps a rank, past its probe (8 steps) into its choice.
+@pytest.mark.parametrize("algo", ["default", "bytegrad", "auto"])
 def test_lightning_strategy(tmp_path, algo):
     accel = os.environ.get("BAGUA_TEST_ACCELERATOR", "cpu")
     script = tmp_path / "fit.py"

@@ -13,7 +13,8 @@ namespace bagua::demo {
 
 algo::AlgorithmArgs algorithmArgs(const DemoOptions& o) {
   algo::AlgorithmArgs args = o.algoArgs;
-  if (o.algorithm != "async" && args.count("hierarchical") == 0) {
+  // async has no hierarchical mode; auto sets it on what it chooses.
+  if (o.algorithm != "async" && o.algorithm != "auto" && args.count("hierarchical") == 0) {
     args["hierarchical"] = o.hierarchical ? "true" : "false";
   }
   return args;

@@ -15,6 +15,7 @@
 
 #include "bagua_config.h"  // BAGUA_VERSION
 
+#include "bagua/algorithms/params.h"
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
@@ -36,7 +37,8 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
           &bagua::net::netParams(),
           &bagua::net::tuner::tunerParams(),
           &bagua::autotune::autotuneParams(),
-          &bagua::optim::optimizerParams()};
+          &bagua::optim::optimizerParams(),
+          &bagua::algo::algorithmsParams()};
 }
 
 // `s` with a backslash before each character of `special` and each control character replaced

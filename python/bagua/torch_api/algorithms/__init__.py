@@ -2,13 +2,14 @@
 
 from .base import Algorithm, AlgorithmImpl, GlobalAlgorithmRegistry  # noqa: F401
 from . import bytegrad, decentralized, gradient_allreduce  # noqa: F401
-from . import q_adam, async_model_average, powersgd  # noqa: F401
+from . import q_adam, async_model_average, powersgd, auto  # noqa: F401
 from .gradient_allreduce import GradientAllReduceAlgorithm
 from .bytegrad import ByteGradAlgorithm
 from .decentralized import DecentralizedAlgorithm, LowPrecisionDecentralizedAlgorithm
 from .q_adam import QAdamAlgorithm, QAdamOptimizer  # noqa: F401
 from .async_model_average import AsyncModelAverageAlgorithm
 from .powersgd import PowerSGDAlgorithm
+from .auto import AutoAlgorithm
 
 GlobalAlgorithmRegistry.register("gradient_allreduce", GradientAllReduceAlgorithm,
                                  description="Gradient AllReduce Algorithm")
@@ -23,3 +24,5 @@ GlobalAlgorithmRegistry.register("async", AsyncModelAverageAlgorithm,
                                  description="Asynchronous Model Average Algorithm")
 GlobalAlgorithmRegistry.register("powersgd", PowerSGDAlgorithm,
                                  description="PowerSGD low-rank gradient compression")
+GlobalAlgorithmRegistry.register("auto", AutoAlgorithm,
+                                 description="Measures the link, then picks the algorithm")

@@ -179,6 +179,7 @@ _IMPL_NAMES = {
     "qadam": "QAdamAlgorithmImpl",
     "async": "AsyncModelAverageAlgorithmImpl",
     "powersgd": "PowerSGDAlgorithmImpl",
+    "auto": "AutoAlgorithmImpl",
 }
 _IMPLS = {}
 

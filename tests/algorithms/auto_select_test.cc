@@ -1,0 +1,392 @@
+// algorithm="auto": the rule (chooseAlgorithm) with injected link speeds, gradient volumes and
+// step times; the link fit; pinning through BAGUA_ALGORITHM and the `pin` argument (unknown
+// names fail naming the setting); and the whole path on the host backend, two ranks as threads:
+// the probe, the store exchange, the switch, every rank making the same choice and ending with
+// the same weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "bagua/algorithms/algorithms.h"
+#include "bagua/algorithms/auto_select.h"
+#include "bagua/algorithms/params.h"
+#include "bagua/core/ddp.h"
+#include "bagua/core/example_mlp.h"
+#include "multi_rank.h"
+
+namespace bagua::algo {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<std::string> kWithPowerSgd = {"gradient_allreduce", "bytegrad", "powersgd"};
+const std::vector<std::string> kWithoutPowerSgd = {"gradient_allreduce", "bytegrad"};
+
+// A GPT-like layout: 4 buckets of 26 MB, 768 x 3072 and 768 x 2304 matrices and vectors.
+std::vector<std::vector<size_t>> lmBuckets() {
+  std::vector<std::vector<size_t>> b;
+  for (int k = 0; k < 4; ++k) {
+    b.push_back({768 * 3072, 3072, 768 * 3072, 768, 768 * 768 * 3, 768});
+  }
+  return b;
+}
+
+double bytesOf(const std::vector<std::vector<size_t>>& buckets) {
+  double s = 0;
+  for (const auto& b : buckets) {
+    for (size_t n : b) {
+      s += 4.0 * static_cast<double>(n);
+    }
+  }
+  return s;
+}
+
+// Inputs for a link of `bandwidth` bytes/s: compute `compute` seconds, the measured all-reduce
+// step as the rule's own overlap model would have it with half the compute hideable.
+AutoInputs atBandwidth(double bandwidth, double compute,
+                       const std::vector<std::string>& registered) {
+  AutoInputs in;
+  in.worldSize = 4;
+  in.buckets = lmBuckets();
+  in.computeSeconds = compute;
+  in.link = {50e-6, bandwidth};
+  const double work = 4 * 50e-6 + bytesOf(in.buckets) / bandwidth;
+  in.allReduceStepSeconds = compute + std::max(0.0, work - 0.5 * compute);
+  in.codecBytesPerSecond = 200e9;
+  in.registered = registered;
+  return in;
+}
+
+const AutoCandidate* find(const AutoDecision& d, const std::string& label) {
+  for (const AutoCandidate& c : d.candidates) {
+    if (c.label == label) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+TEST(AutoRule, KeepsAllReduceWhenCommunicationIsHidden) {
+  // NVLink-like: 100 GB/s, 104 MB of gradients in 1 ms against 50 ms of compute.
+  auto d = chooseAlgorithm(atBandwidth(100e9, 0.05, kWithPowerSgd));
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(d->algorithm, "gradient_allreduce");
+  EXPECT_EQ(d->args.at("hierarchical"), "false");
+  EXPECT_NE(d->reason.find("0% of it exposed"), std::string::npos) << d->reason;
+  for (const AutoCandidate& c : d->candidates) {
+    EXPECT_NEAR(c.stepSeconds, 0.05, 1e-12) << c.label << ": hidden, so the compute time";
+  }
+}
+
+TEST(AutoRule, CompressesMoreAsBandwidthFalls) {
+  // From 100 GB/s down to 10 MB/s: the chosen payload never grows, all-reduce at the top,
+  // a compressing algorithm at the bottom.
+  double lastWire = 1e300;
+  std::string first, last;
+  for (double bw = 100e9; bw >= 10e6; bw /= 3) {
+    auto d = chooseAlgorithm(atBandwidth(bw, 0.02, kWithPowerSgd));
+    ASSERT_TRUE(d.isOk()) << d.status().toString();
+    const AutoCandidate* pick = nullptr;
+    for (const AutoCandidate& c : d->candidates) {
+      if (c.algorithm == d->algorithm && c.args == d->args) {
+        pick = &c;
+      }
+    }
+    ASSERT_NE(pick, nullptr) << d->reason;
+    EXPECT_LE(pick->wireBytes, lastWire) << "at " << bw << " B/s: " << d->reason;
+    lastWire = pick->wireBytes;
+    if (first.empty()) {
+      first = d->algorithm;
+    }
+    last = d->algorithm;
+  }
+  EXPECT_EQ(first, "gradient_allreduce");
+  EXPECT_EQ(last, "powersgd");
+}
+
+TEST(AutoRule, ExposedFractionPerCandidate) {
+  // 1 GB/s, 104 MB: all-reduce works 104 ms a step, 10 ms of it hidden (half of 20 ms).
+  AutoInputs in = atBandwidth(1e9, 0.02, kWithPowerSgd);
+  auto d = chooseAlgorithm(in);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  const double grad = bytesOf(in.buckets);
+  const AutoCandidate* ar = find(*d, "gradient_allreduce");
+  const AutoCandidate* bg = find(*d, "bytegrad");
+  const AutoCandidate* p4 = find(*d, "powersgd rank 4");
+  const AutoCandidate* p1 = find(*d, "powersgd rank 1");
+  ASSERT_TRUE(ar && bg && p4 && p1);
+  EXPECT_NEAR(ar->stepSeconds, in.allReduceStepSeconds, 1e-12);
+  EXPECT_NEAR(ar->exposedSeconds, 4 * 50e-6 + grad / 1e9 - 0.01, 1e-12);
+  EXPECT_NEAR(bg->wireBytes, grad / 4, 1e-6);
+  EXPECT_NEAR(bg->workSeconds, 8 * 50e-6 + grad / 4 / 1e9 + 2 * grad / 200e9, 1e-12);
+  EXPECT_NEAR(bg->exposedSeconds, std::max(0.0, bg->workSeconds - 0.01), 1e-12);
+  // Low rank: 768 x 3072 has 2 sqrt(n) r elements at rank r; the vectors go uncompressed.
+  EXPECT_LT(p1->wireBytes, p4->wireBytes);
+  EXPECT_LT(p4->wireBytes, bg->wireBytes);
+  EXPECT_DOUBLE_EQ(p4->stepsFactor, kAutoStepsFactorPowerSgdRank4);
+  EXPECT_DOUBLE_EQ(p1->score, p1->stepsFactor * p1->stepSeconds);
+}
+
+TEST(AutoRule, UnregisteredPowerSgdFallsBackAndSaysSo) {
+  const AutoInputs slow = atBandwidth(20e6, 0.02, kWithPowerSgd);
+  auto with = chooseAlgorithm(slow);
+  ASSERT_TRUE(with.isOk()) << with.status().toString();
+  EXPECT_EQ(with->algorithm, "powersgd");
+  EXPECT_EQ(with->args.count("rank"), 1u);
+
+  AutoInputs without = slow;
+  without.registered = kWithoutPowerSgd;
+  auto d = chooseAlgorithm(without);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(d->algorithm, "bytegrad");
+  EXPECT_NE(d->reason.find("is not registered in this build: fell back to bytegrad"),
+            std::string::npos)
+      << d->reason;
+  EXPECT_FALSE(find(*d, "powersgd rank 4")->registered);
+}
+
+TEST(AutoRule, KeepsExactAllReduceBelowTheMinimumGain) {
+  // Exposed communication of 5% of the step: ByteGrad would save under 10%.
+  AutoInputs in = atBandwidth(1e9, 0.02, kWithoutPowerSgd);
+  in.computeSeconds = 0.1;
+  in.allReduceStepSeconds = 0.105;
+  auto d = chooseAlgorithm(in);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(d->algorithm, "gradient_allreduce");
+  EXPECT_NE(d->reason.find("exact all-reduce kept"), std::string::npos) << d->reason;
+  EXPECT_LT(find(*d, "bytegrad")->score, find(*d, "gradient_allreduce")->score);
+}
+
+TEST(AutoRule, NoByteGradForNonF32GradientsAndHierarchicalGroups) {
+  AutoInputs in = atBandwidth(100e6, 0.02, kWithoutPowerSgd);
+  in.allF32 = false;
+  in.elementBytes = 2;
+  in.hierarchical = true;
+  auto d = chooseAlgorithm(in);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(find(*d, "bytegrad"), nullptr);
+  EXPECT_EQ(d->algorithm, "gradient_allreduce");
+  EXPECT_EQ(d->args.at("hierarchical"), "true");
+}
+
+TEST(AutoRule, RejectsMeasurementsThatDescribeNoStep) {
+  AutoInputs in = atBandwidth(1e9, 0.02, kWithPowerSgd);
+  in.computeSeconds = 0;
+  EXPECT_EQ(chooseAlgorithm(in).status().code(), StatusCode::kInvalidArgument);
+  in = atBandwidth(1e9, 0.02, kWithPowerSgd);
+  in.link.bytesPerSecond = 0;
+  EXPECT_EQ(chooseAlgorithm(in).status().code(), StatusCode::kInvalidArgument);
+  in = atBandwidth(1e9, 0.02, kWithPowerSgd);
+  in.buckets.clear();
+  EXPECT_EQ(chooseAlgorithm(in).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(FitLink, RecoversLatencyAndBandwidth) {
+  std::vector<LinkSample> s;
+  for (double bytes : {1e6, 4e6, 26e6, 26e6, 13e6}) {
+    s.push_back({bytes, 2e-4 + bytes / 3e9});
+  }
+  auto m = fitLink(s);
+  ASSERT_TRUE(m.isOk());
+  EXPECT_NEAR(m->latencySeconds, 2e-4, 1e-9);
+  EXPECT_NEAR(m->bytesPerSecond, 3e9, 3e9 * 1e-6);
+  // One size only: through the origin.
+  m = fitLink({{8e6, 0.01}, {8e6, 0.03}});
+  ASSERT_TRUE(m.isOk());
+  EXPECT_EQ(m->latencySeconds, 0.0);
+  EXPECT_NEAR(m->bytesPerSecond, 16e6 / 0.04, 1e-3);
+  // Larger buffers faster (noise): no negative slope, through the origin.
+  m = fitLink({{1e6, 0.02}, {9e6, 0.01}});
+  ASSERT_TRUE(m.isOk());
+  EXPECT_EQ(m->latencySeconds, 0.0);
+  EXPECT_GT(m->bytesPerSecond, 0.0);
+  EXPECT_EQ(fitLink({}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(AutoFactory, PinnedByTheEnvironmentOrTheArgument) {
+  {
+    ScopedEnvForTesting env(algorithmsParams(), {{"BAGUA_ALGORITHM", "bytegrad"}});
+    auto a = createAlgorithm("auto");
+    ASSERT_TRUE(a.isOk()) << a.status().toString();
+    auto& sel = static_cast<AutoSelect&>(**a);
+    EXPECT_EQ(sel.decision().algorithm, "bytegrad");
+    EXPECT_EQ(sel.decision().reason, "pinned to bytegrad by BAGUA_ALGORITHM");
+    // The argument beats the environment.
+    auto b = createAlgorithm("auto", {{"pin", "gradient_allreduce"}});
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    EXPECT_EQ(static_cast<AutoSelect&>(**b).decision().reason,
+              "pinned to gradient_allreduce by pin");
+  }
+  {
+    ScopedEnvForTesting env(algorithmsParams(), {{"BAGUA_ALGORITHM", "bytegard"}});
+    auto a = createAlgorithm("auto");
+    ASSERT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(a.status().message().find("BAGUA_ALGORITHM='bytegard'"), std::string::npos)
+        << a.status().toString();
+    EXPECT_NE(a.status().message().find("gradient_allreduce, bytegrad, powersgd"),
+              std::string::npos)
+        << a.status().toString();
+  }
+  ScopedEnvForTesting env(algorithmsParams(), {});
+  auto bad = createAlgorithm("auto", {{"pin", "qadam"}});
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("pin='qadam'"), std::string::npos)
+      << bad.status().toString();
+  EXPECT_EQ(createAlgorithm("auto", {{"probe_steps", "0"}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(createAlgorithm("auto", {{"rank", "4"}}).status().code(), StatusCode::kInvalidArgument);
+  auto plain = createAlgorithm("auto");
+  ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+  EXPECT_EQ(static_cast<AutoSelect&>(**plain).decision().algorithm, "") << "not decided yet";
+  // powersgd: pinnable where it is registered, a clear error where it is not.
+  auto p = createAlgorithm("auto", {{"pin", "powersgd"}});
+  const auto& names = algorithmNames();
+  if (std::find(names.begin(), names.end(), "powersgd") != names.end()) {
+    EXPECT_TRUE(p.isOk()) << p.status().toString();
+  } else {
+    ASSERT_EQ(p.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(p.status().message().find("pin='powersgd' is not registered"), std::string::npos)
+        << p.status().toString();
+  }
+}
+
+// ---- The whole path: two ranks, host backend ----------------------------------------------------
+
+constexpr int kIn = 16;
+constexpr int kClasses = 4;
+constexpr int kBatch = 16;
+
+void makeBatch(uint32_t seed, std::vector<float>* x, std::vector<int32_t>* y) {
+  x->resize(static_cast<size_t>(kBatch) * kIn);
+  y->resize(kBatch);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int k = 0; k < kBatch; ++k) {
+    float best = -1e30f;
+    for (int i = 0; i < kIn; ++i) {
+      (*x)[static_cast<size_t>(k) * kIn + i] = d(rng);
+    }
+    for (int c = 0; c < kClasses; ++c) {
+      const float s = (*x)[static_cast<size_t>(k) * kIn + c] - (*x)[k * kIn + c + 4];
+      if (s > best) {
+        best = s;
+        (*y)[k] = c;
+      }
+    }
+  }
+}
+
+struct RankOutcome {
+  AutoDecision decision;
+  std::vector<float> weights;
+  float first = 0;
+  float last = 0;
+};
+
+// Trains `steps` steps with createAlgorithm("auto", args) on 2 ranks.
+std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
+  constexpr int kWorld = 2;
+  auto store = std::make_shared<core::InMemoryStore>();
+  std::vector<RankOutcome> out(kWorld);
+  auto res = testing::runRanks(
+      kWorld,
+      [&](int r) -> std::string {
+        core::ProcessGroupOptions po;
+        po.rank = r;
+        po.worldSize = kWorld;
+        po.hierarchical = false;
+        po.rendezvousTimeout = 20000ms;
+        po.collectiveTimeout = 20000ms;
+        auto pg = core::ProcessGroup::create(store, po);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        core::example::MlpConfig cfg;
+        cfg.sizes = {kIn, 64, 64, kClasses};
+        cfg.seed = 5 + static_cast<uint64_t>(r);  // different on purpose: the wrap broadcasts
+        core::example::Mlp model(cfg);
+        core::Sgd opt(model.parameters(), 0.05f, 0.5f);
+        auto algo = createAlgorithm("auto", args);
+        if (!algo.isOk()) {
+          return algo.status().toString();
+        }
+        auto ddp = core::withBagua(model.parameters(), model.buffers(), {&opt}, *algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        std::vector<float> x;
+        std::vector<int32_t> y;
+        for (int step = 0; step < steps; ++step) {
+          opt.zeroGrad();
+          Status s = (*ddp)->prepareForward();
+          if (!s.isOk()) {
+            return strPrintf("step %d: %s", step, s.toString().c_str());
+          }
+          makeBatch(static_cast<uint32_t>(step * 7 + r), &x, &y);
+          const float loss = model.forward(x.data(), y.data(), kBatch);
+          (step == 0 ? out[r].first : out[r].last) = loss;
+          model.backward([&](int p) {
+            if (s.isOk()) {
+              s = (*ddp)->markGradReady(p);
+            }
+          });
+          if (s.isOk()) {
+            s = (*ddp)->finishBackward();
+          }
+          if (s.isOk()) {
+            s = (*ddp)->step();
+          }
+          if (!s.isOk()) {
+            return strPrintf("step %d: %s", step, s.toString().c_str());
+          }
+        }
+        out[r].decision = static_cast<AutoSelect&>(**algo).decision();
+        for (const core::Parameter& p : model.parameters()) {
+          const float* d = static_cast<const float*>(p.data);
+          out[r].weights.insert(out[r].weights.end(), d, d + p.numel);
+        }
+        return "";
+      },
+      120s);
+  EXPECT_EQ(testing::joinFailures(res), "");
+  return out;
+}
+
+TEST(AutoTraining, ProbesDecidesAndEveryRankSwitchesAlike) {
+  ScopedEnvForTesting env(algorithmsParams(), {});
+  // probe_steps 2: steps 1-2 warm-up, 3-4 timed all-reduce, 5 without communication, the
+  // choice from step 6 on.
+  auto out = trainAuto({{"probe_steps", "2"}}, 40);
+  ASSERT_EQ(out.size(), 2u);
+  const AutoDecision& d = out[0].decision;
+  EXPECT_TRUE(d.algorithm == "gradient_allreduce" || d.algorithm == "bytegrad" ||
+              d.algorithm == "powersgd")
+      << d.reason;
+  EXPECT_EQ(d.reason.rfind("chose ", 0), 0u) << d.reason;
+  EXPECT_EQ(d.candidates.size() >= 2, true);
+  // The same figures reach every rank, so the same choice and the same reason, to the digit.
+  EXPECT_EQ(out[1].decision.algorithm, d.algorithm);
+  EXPECT_EQ(out[1].decision.args, d.args);
+  EXPECT_EQ(out[1].decision.reason, d.reason);
+  // Rank 0's weights went to everyone at the switch and every later step averaged exactly
+  // (all-reduce and ByteGrad leave every rank bitwise equal).
+  if (d.algorithm != "powersgd") {
+    ASSERT_EQ(out[0].weights.size(), out[1].weights.size());
+    EXPECT_EQ(out[0].weights, out[1].weights);
+  }
+  EXPECT_TRUE(std::isfinite(out[0].last)) << out[0].last;
+  EXPECT_LT(out[0].last + out[1].last, out[0].first + out[1].first);
+}
+
+TEST(AutoTraining, PinnedRunsThePinnedAlgorithmFromTheFirstStep) {
+  ScopedEnvForTesting env(algorithmsParams(), {{"BAGUA_ALGORITHM", "bytegrad"}});
+  auto out = trainAuto({}, 6);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].decision.algorithm, "bytegrad");
+  EXPECT_EQ(out[0].decision.reason, "pinned to bytegrad by BAGUA_ALGORITHM");
+  EXPECT_EQ(out[0].weights, out[1].weights);
+}
+
+}  // namespace
+}  // namespace bagua::algo
