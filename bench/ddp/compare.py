@@ -42,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import netlink  # noqa: E402
+import step_profile  # noqa: E402
 
 ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
        "decentralized", "low_precision_decentralized"]
@@ -51,7 +52,11 @@ ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qad
 # copied in and back, IN_PLACE_DEVICE_BUCKETS off: the default before the 2- and 4-GPU runs of
 # 2026-11-26); and every algorithm with hierarchical=True
 # (_hier: intra-node, then among node leaders; with --nodes).
-EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied",
+# ddp_fused: DDP with torch's fused optimizer (fused=True); gradient_allreduce_fused: with_bagua
+# and Bagua's fused optimizer, each bucket stepped inside the backward pass (the default);
+# gradient_allreduce_fused_after: the same, stepped after backward.
+EXTRA = ["ddp_fused", "gradient_allreduce_fused", "gradient_allreduce_fused_after",
+         "gradient_allreduce_sync", "gradient_allreduce_copied",
          "gradient_allreduce_bucket_copies",
          "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
          "low_precision_decentralized_hier"]
@@ -74,6 +79,8 @@ def parse():
     ap.add_argument("--rounds", type=int, default=5, help="rounds; the first is not timed")
     ap.add_argument("--round-steps", type=int, default=4, help="steps per contestant per round")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's (and QAdam's) learning rate")
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "adamw"],
+                    help="every contestant's optimizer but qadam's (default adam)")
     ap.add_argument("--algo-warmup", type=int, default=0,
                     help="QAdam warm-up steps and PowerSGD's start iteration (default: the "
                          "first round). QAdam's losses need tens of steps: with a few, its "
@@ -102,9 +109,9 @@ def parse():
     ap.add_argument("--json", default="", help="write every result here")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, one more block per contestant under "
-                         "torch.profiler: on CUDA, rank 0's ms per step of compute kernels, NCCL "
-                         "kernels, NCCL with no compute beside it (exposed) and GPU idle, and the "
-                         "top kernels (CPU: the top ops)")
+                         "torch.profiler: rank 0's ms per step of compute, exposed communication, "
+                         "optimizer and GPU idle (CPU: the trainer thread's), and the top "
+                         "kernels or ops (step_profile.py)")
     a = ap.parse_args()
     if a.nproc < 1:
         ap.error("--nproc must be >= 1")
@@ -192,7 +199,8 @@ def run_model(args, model, link):
              contestants, "--rounds", str(args.rounds), "--round-steps", str(args.round_steps),
              "--lr", str(args.lr), "--algo-warmup", str(warm), "--powersgd-rank",
              str(args.powersgd_rank), "--bucket-mb", str(args.bucket_mb), "--threads",
-             str(args.threads), "--batch", str(args.batch), "--out", out] + \
+             str(args.threads), "--batch", str(args.batch), "--optimizer", args.optimizer,
+             "--out", out] + \
         (["--profile"] if args.profile else [])
     master = link.addr(0) if link else "127.0.0.1"
     port = 29500 if link else free_port()
@@ -277,21 +285,8 @@ def table(args, res, link_desc):
                       r["name"], t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
                       "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r else "?",
                       t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
-    for r in rows:
-        p = r.get("profile")
-        if not p:
-            continue
-        if "compute_ms" in p:
-            print("  {} profile (ms per step, rank 0): wall {:.1f}, compute kernels {:.1f}, NCCL "
-                  "{:.1f} (exposed {:.1f}), GPU idle {:.1f}".format(
-                      r["name"], p["wall_ms"], p["compute_ms"], p["nccl_ms"],
-                      p["nccl_exposed_ms"], p["gpu_idle_ms"]))
-        else:
-            print("  {} profile (ms per step, rank 0): wall {:.1f}".format(r["name"], p["wall_ms"]))
-        print("    top: " + "; ".join("{} {:.2f}".format(n, v) for n, v in p["top"][:6]))
-        if p.get("top_host"):
-            print("    top host ops: " + "; ".join("{} {:.2f}".format(n, v)
-                                                  for n, v in p["top_host"][:6]))
+    for line in step_profile.summary_lines(rows):
+        print(line)
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:
         print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(
