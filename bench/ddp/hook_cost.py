@@ -31,19 +31,21 @@ import models  # noqa: E402
 
 
 def entries(prof, root):
-    """(cumulative seconds, calls) of bagua's functions called from outside bagua's package."""
+    """(Python seconds, calls) of bagua's functions entered from outside bagua's package (from
+    C: torch calling a hook or the end-of-backward callback): their cumulative time minus the
+    time they spent inside the extension's C++ calls (the reducer's work and waits, which release
+    the GIL and are not Python)."""
     st = pstats.Stats(prof)
     total, calls = 0.0, 0
     for (fname, _, _), (cc, nc, tt, ct, callers) in st.stats.items():
-        if not fname.startswith(root):
-            continue
-        outside = {c: v for c, v in callers.items() if not c[0].startswith(root)}
-        if not outside:
-            continue
-        # The time and calls entered from outside (a function also called from bagua counts once).
-        for _, (ccc, ncc, ttc, ctc) in outside.items():
-            total += ctc
-            calls += ncc
+        if fname.startswith(root):
+            for c, (ccc, ncc, ttc, ctc) in callers.items():
+                if not c[0].startswith(root):  # entered from outside bagua's package
+                    total += ctc
+                    calls += ncc
+    for (fname, line, name), (cc, nc, tt, ct, callers) in st.stats.items():
+        if fname == "~" and "_bagua_ext" in name:  # C++ called from bagua's Python
+            total -= sum(v[3] for c, v in callers.items() if c[0].startswith(root))
     return total, calls
 
 

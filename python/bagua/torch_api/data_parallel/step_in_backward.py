@@ -164,6 +164,11 @@ class StepInBackward:
         self._fresh = []
         self._stream = None
         self._logged = set()
+        self._bucket_key = None
+        # The hooks' callback holds this object weakly: the hooks live on the parameters, which
+        # the optimizers this object holds keep alive (a cycle through C++ is never collected).
+        me = weakref.ref(self)
+        self._on_reduced_cb = lambda: me() is not None and me()._on_reduced()
         for opt, raw in ddp._raw_steps:
             self._opts[id(opt)] = _Optimizer(opt, raw)
             opt._bagua_step_ctl = weakref.ref(self)
@@ -228,12 +233,12 @@ class StepInBackward:
         self._fresh = []
         if self.active:
             red = engine._reducer
-            bucket_params = red.bucket_params()
             key = (id(red), red.layout_generation, tuple(
                 (id(g["params"]), len(g["params"])) for st in self.active
                 for g in st.opt.param_groups))
-            if key != getattr(self, "_bucket_key", None):
+            if key != self._bucket_key:
                 self._bucket_key = key
+                bucket_params = red.bucket_params()
                 self._bucket_params = bucket_params
                 self._in_place = [red.bucket_in_place(b) for b in range(len(bucket_params))]
                 self._bucket_of = {id(engine._params[i]): b
@@ -248,7 +253,7 @@ class StepInBackward:
                 self._trainer_stream = engine._torch_stream  # torch's current stream at the wrap
         hooks = engine.ddp._hook_state
         if hooks is not None:
-            hooks.set_on_reduced(self._on_reduced if self.active and engine.is_cuda else None)
+            hooks.set_on_reduced(self._on_reduced_cb if self.active and engine.is_cuda else None)
 
     def _on_reduced(self):
         """Hooks (CUDA): buckets whose collective is enqueued, stepped on the side stream."""
