@@ -538,12 +538,6 @@ Status DistributedDataParallel::waitBucketReduced(int bucket) {
                        buckets_.size());
   }
   const Bucket& b = buckets_[bucket];
-  if (b.device.type != DeviceType::kCpu && !b.inPlace) {
-    return BAGUA_ERROR(kInvalidArgument,
-                       "waitBucketReduced(%d): a device bucket that is not in place is copied back "
-                       "by finishBackward() only",
-                       bucket);
-  }
   if (static_cast<size_t>(bucket) >= nextBucket_) {
     return BAGUA_ERROR(kFailedPrecondition,
                        "waitBucketReduced(%d): the bucket is not launched yet (%d of its "
@@ -563,12 +557,53 @@ Status DistributedDataParallel::waitBucketReduced(int bucket) {
       return commError_;
     }
   }
-  if (b.device.type == DeviceType::kCpu && !copiedOut_[bucket] && !options_.gradientAsBucketView) {
+  if (b.device.type != DeviceType::kCpu || copiedOut_[bucket]) {
+    return Status::ok();  // device buckets: copyBucketOutOn()
+  }
+  if (!options_.gradientAsBucketView) {
     for (size_t k = 0; k < b.tensors.size(); ++k) {
       Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
       const uint8_t* slot = slotOf(b, k);
       if (p.grad != slot) {
         BAGUA_RETURN_IF_ERROR(stager_->copyOut(b, p.grad, slot, p.bytes()));
+      }
+    }
+  }
+  copiedOut_[bucket] = true;
+  return Status::ok();
+}
+
+Status DistributedDataParallel::copyBucketOutOn(int bucket, CUstream_st* stream) {
+  if (!inBackward_ || noSync_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "copyBucketOutOn(%d) outside a backward pass that communicates", bucket);
+  }
+  if (bucket < 0 || bucket >= static_cast<int>(buckets_.size())) {
+    return BAGUA_ERROR(kInvalidArgument, "copyBucketOutOn(%d): %zu buckets", bucket,
+                       buckets_.size());
+  }
+  const Bucket& b = buckets_[bucket];
+  if (b.device.type == DeviceType::kCpu) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "copyBucketOutOn(%d): a host bucket (waitBucketReduced copies it back)",
+                       bucket);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reduced_[bucket] == 0) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "copyBucketOutOn(%d): the bucket is not reduced yet (bucketsReduced(), "
+                         "waitBucketReduced())",
+                         bucket);
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(orderAfterReduction(stream));
+  if (!copiedOut_[bucket] && !options_.gradientAsBucketView) {
+    for (size_t k = 0; k < b.tensors.size(); ++k) {
+      Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+      const uint8_t* slot = slotOf(b, k);
+      if (p.grad != slot) {
+        BAGUA_RETURN_IF_ERROR(stager_->copyOutOn(b, p.grad, slot, p.bytes(), stream));
       }
     }
   }
@@ -603,8 +638,7 @@ Status DistributedDataParallel::stepEnqueuedDeviceBuckets() {
   // the backward pass on the trainer's thread, and with it the launch of the later buckets.
   const int n = bucketsReduced();
   for (int b = 0; b < n; ++b) {
-    const Bucket& bk = buckets_[b];
-    if (!stepped_[b] && bk.device.type != DeviceType::kCpu && bk.inPlace) {
+    if (!stepped_[b] && buckets_[b].device.type != DeviceType::kCpu) {
       BAGUA_RETURN_IF_ERROR(stepBucket(b));
     }
   }
@@ -862,11 +896,9 @@ Status DistributedDataParallel::finishBackward() {
   }
   BAGUA_RETURN_IF_ERROR(markUnusedReady());
   // Stepping inside the backward pass: the buckets not stepped yet, each as soon as it is
-  // reduced, while the later ones still communicate. Device buckets that are not in place are
-  // copied back below, on the trainer's stream: step() takes them after backward.
+  // reduced (device: enqueued), while the later ones still communicate.
   for (size_t b = 0; b < buckets_.size() && !steppers_.empty(); ++b) {
-    const Bucket& bk = buckets_[b];
-    if (stepped_[b] || (bk.device.type != DeviceType::kCpu && !bk.inPlace)) {
+    if (stepped_[b]) {
       continue;
     }
     BAGUA_RETURN_IF_ERROR(waitBucketReduced(static_cast<int>(b)));
@@ -880,8 +912,8 @@ Status DistributedDataParallel::finishBackward() {
   const Clock::time_point t1 = Clock::now();
   if (!options_.gradientAsBucketView) {
     for (const Bucket& b : buckets_) {
-      if (copiedOut_[static_cast<size_t>(b.index)] && b.device.type == DeviceType::kCpu) {
-        continue;  // copied back by waitBucketReduced
+      if (copiedOut_[static_cast<size_t>(b.index)]) {
+        continue;  // copied back already (waitBucketReduced, copyBucketOutOn)
       }
       for (size_t k = 0; k < b.tensors.size(); ++k) {
         Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];

@@ -309,8 +309,8 @@ Status FusedOptimizer::stepBucket(core::DistributedDataParallel& ddp, int bucket
     return Status::ok();
   }
   const core::Device& dev = ddp.buckets()[b].device;
-  if (dev.type == DeviceType::kCuda) {
-    BAGUA_RETURN_IF_ERROR(ddp.orderAfterReduction(static_cast<CUstream_st*>(streamFor(dev))));
+  if (dev.type == DeviceType::kCuda) {  // after the reduction, the gradients brought back
+    BAGUA_RETURN_IF_ERROR(ddp.copyBucketOutOn(bucket, static_cast<CUstream_st*>(streamFor(dev))));
   }
   for (int r : plan_->bucketRuns[b]) {
     PlanRun& run = plan_->runs[static_cast<size_t>(r)];
@@ -349,8 +349,7 @@ Status FusedOptimizer::endBackwardStep(core::DistributedDataParallel& ddp) {
 Status FusedOptimizer::finishBackwardStep(bool fused) {
   bwPending_ = false;
   Plan& plan = *plan_;
-  // The parameters in no bucket, and the buckets the reducer left to this step (device buckets
-  // copied back after backward).
+  // The parameters in no bucket, and any bucket the reducer did not hand over.
   auto runAll = [&](const std::vector<int>& runs, const std::vector<int>& singles) -> Status {
     for (int r : runs) {
       PlanRun& run = plan.runs[static_cast<size_t>(r)];

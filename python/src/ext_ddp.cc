@@ -505,6 +505,12 @@ void bindDdp(pyb::module_& m) {
            })
       .def("mark_unused_ready",
            [](PyReducer& r) { r.run([&] { return r.ddp().markUnusedReady(); }); })
+      .def("copy_bucket_out_on",
+           [](PyReducer& r, int bucket, uintptr_t stream) {
+             r.run([&] {
+               return r.ddp().copyBucketOutOn(bucket, reinterpret_cast<CUstream_st*>(stream));
+             });
+           })
       .def("order_after_reduction",
            [](PyReducer& r, uintptr_t stream) {
              r.run([&] {

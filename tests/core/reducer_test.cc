@@ -1036,7 +1036,7 @@ TEST(Ddp, AStepperThatDeclinesStepsAfterBackward) {
   }
 }
 
-TEST(Ddp, WaitBucketReducedOutsideABackwardOrOutOfRangeIsRefused) {
+TEST(Ddp, ReducedBucketCallsOutsideABackwardOrOutOfRangeAreRefused) {
   auto pg = oneRankGroup();
   ASSERT_NE(pg, nullptr);
   Mlp m(modelConfig(3));
@@ -1062,6 +1062,8 @@ TEST(Ddp, WaitBucketReducedOutsideABackwardOrOutOfRangeIsRefused) {
   s = (*ddp)->waitBucketReduced(99);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
   EXPECT_TRUE((*ddp)->waitBucketReduced(0).isOk());
+  s = (*ddp)->copyBucketOutOn(0, nullptr);  // a host bucket: waitBucketReduced copied it back
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
   EXPECT_GE((*ddp)->bucketsReduced(), 1);
   EXPECT_TRUE((*ddp)->finishBackward().isOk());
 }

@@ -35,10 +35,11 @@
 // gradients (AlgorithmImpl::reducedBucketIsFinal: gradient all-reduce) and DdpOptions::
 // stepInBackward is on, an optimizer that implements BucketStepper steps each bucket's parameters
 // as soon as that bucket is reduced, while later buckets still communicate: device buckets from
-// markGradReady() once their collective is enqueued (the optimizer's work is ordered after it on
-// the device, orderAfterReduction()), host buckets in finishBackward() as each one completes.
-// step() then steps what no bucket held. Trainers that step themselves (the Python front end) use
-// the same points: bucketsReduced(), waitBucketReduced(), orderAfterReduction().
+// markGradReady() once their collective is enqueued (the optimizer's work, and the copies of the
+// reduced gradients, are ordered after it on the device: copyBucketOutOn()), host buckets in
+// finishBackward() as each one completes. step() then steps what no bucket held. Trainers that
+// step themselves (the Python front end) use the same points: bucketsReduced(),
+// waitBucketReduced(), copyBucketOutOn().
 //
 // Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
 // finishBackward() as an error within the collective timeout; the reducer is then unusable.
@@ -85,9 +86,10 @@ class BucketStepper {
   // bucket held). false: step() steps everything after backward, and *why says why (the reducer
   // logs each reason once).
   virtual bool beginBackwardStep(DistributedDataParallel& ddp, std::string* why) = 0;
-  // Bucket `bucket` of ddp.buckets() is reduced: the gradients of its parameters are final
-  // (Parameter::grad). Host buckets: they are in place now. Device buckets: the reduction is
-  // enqueued; order the step after it (ddp.orderAfterReduction(stream)) instead of waiting.
+  // Bucket `bucket` of ddp.buckets() is reduced. Host buckets: the gradients of its parameters
+  // are final in Parameter::grad now. Device buckets: the reduction is enqueued; call
+  // ddp.copyBucketOutOn(bucket, stream) first, which orders `stream` after it and brings the
+  // reduced gradients to Parameter::grad there, and step on `stream` (no host wait).
   virtual Status stepBucket(DistributedDataParallel& ddp, int bucket) = 0;
   // At the end of finishBackward() of a backward that stepped with this optimizer: device
   // optimizers order the trainer's stream (DdpOptions::cudaStream) after their steps here.
@@ -209,19 +211,27 @@ class DistributedDataParallel {
   // ---- Reduced buckets, for stepping inside the backward pass (trainer's thread) -------------
   // How many buckets of the current backward, counted from bucket 0 in bucket order, are reduced:
   // a host bucket once its communication has completed, a device bucket launched as one
-  // collective once that collective is enqueued (work ordered after it with
-  // orderAfterReduction() sees the reduced gradients). 0 outside a backward that communicates.
+  // collective once that collective is enqueued (work ordered after it with copyBucketOutOn()
+  // sees the reduced gradients). 0 outside a backward that communicates.
   int bucketsReduced();
   // Waits (bounded by the collective timeout) until bucket `bucket` of this backward is reduced,
-  // then, for a host bucket that is not in place, copies its reduced gradients into the
-  // parameters' gradients (Parameter::grad) at once, so finishBackward() leaves them alone. The
-  // first communication error, if any. FailedPrecondition outside a backward that communicates;
-  // InvalidArgument for a bucket index out of range or a device bucket that is not in place (its
-  // copy-back waits for finishBackward(), on the trainer's stream).
+  // then, for a host bucket, copies its reduced gradients into the parameters' gradients
+  // (Parameter::grad) where they are not at their bucket slot, so finishBackward() leaves them
+  // alone. The first communication error, if any. FailedPrecondition outside a backward that
+  // communicates or for a bucket not launched yet (markUnusedReady()); InvalidArgument for a
+  // bucket index out of range.
   Status waitBucketReduced(int bucket);
-  // Device buckets: makes `stream` (a cudaStream_t; null: the legacy default stream) run its later
-  // work after everything the group's communicator has issued so far, the reductions among it,
-  // without a host wait. FailedPrecondition on a host group.
+  // A reduced device bucket (bucketsReduced(), waitBucketReduced()): makes `stream` (a
+  // cudaStream_t; null: the legacy default stream) wait for the reduction (orderAfterReduction)
+  // and enqueues there the copies of the reduced gradients into Parameter::grad where a gradient
+  // is not at its bucket slot, so finishBackward() leaves them alone; no host wait. The trainer
+  // orders its stream after `stream` before the next iteration writes the buckets again
+  // (BucketStepper::endBackwardStep). FailedPrecondition for a bucket not reduced yet;
+  // InvalidArgument for a host bucket.
+  Status copyBucketOutOn(int bucket, CUstream_st* stream);
+  // Device buckets: makes `stream` run its later work after everything the group's communicator
+  // has issued so far, the reductions among it, without a host wait. FailedPrecondition on a
+  // host group.
   Status orderAfterReduction(CUstream_st* stream);
   // The buckets this backward's optimizers have stepped so far (trainer's view; for tests).
   int bucketsSteppedInBackward() const { return steppedCount_; }

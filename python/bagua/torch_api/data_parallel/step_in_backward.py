@@ -240,7 +240,6 @@ class StepInBackward:
                 self._bucket_key = key
                 bucket_params = red.bucket_params()
                 self._bucket_params = bucket_params
-                self._in_place = [red.bucket_in_place(b) for b in range(len(bucket_params))]
                 self._bucket_of = {id(engine._params[i]): b
                                    for b, idx in enumerate(bucket_params) for i in idx}
             for st in self.active:
@@ -262,7 +261,7 @@ class StepInBackward:
             return
         n = engine._reducer.buckets_reduced()
         for b in range(n):
-            if b not in self._stepped and self._in_place[b]:
+            if b not in self._stepped:
                 self._step_bucket(b)
 
     def _repoint(self, b):
@@ -274,7 +273,6 @@ class StepInBackward:
         if not keep:
             return
         red = engine._reducer
-        in_place = self._in_place[b]
         for i in self._bucket_params[b]:
             v = keep.get(i)
             if v is not None:
@@ -283,18 +281,17 @@ class StepInBackward:
                 if g is not v:
                     self._fresh.append(g)
                     p.grad = v
-                    if not in_place:  # a copied bucket is copied back to the current .grad
-                        red.set_grad(i, v.data_ptr())
+                    red.set_grad(i, v.data_ptr())  # copied back there (none: v is the slot)
 
     def _step_bucket(self, b):
         from ..contrib.fuse.optimizer import _fuse_and_step
 
         self._stepped.add(b)
-        self._repoint(b)
+        self._repoint(b)  # (host: a second time is a no-op)
         engine = self.engine
         with torch.autograd.profiler.record_function("bagua.step_in_backward"):
-            if engine.is_cuda:
-                engine._reducer.order_after_reduction(self._stream.cuda_stream)
+            if engine.is_cuda:  # the side stream after the reduction, gradients brought back
+                engine._reducer.copy_bucket_out_on(b, self._stream.cuda_stream)
                 ctx = torch.cuda.stream(self._stream)
             else:
                 ctx = _NULL
@@ -307,26 +304,22 @@ class StepInBackward:
 
     def post_backward(self):
         """Before finish_backward, backward having ended: every bucket not stepped yet, each as
-        soon as it is reduced (device buckets that are not in place: after_finish)."""
+        soon as it is reduced (CUDA: enqueued)."""
         if not self.active:
             return
         red = self.engine._reducer
         red.mark_unused_ready()
-        cuda = self.engine.is_cuda
         for b in range(len(self._bucket_params)):
-            if b in self._stepped or (cuda and not self._in_place[b]):
+            if b in self._stepped:
                 continue
-            if not cuda:
-                self._repoint(b)  # before the copy-back of a copied bucket
+            if not self.engine.is_cuda:
+                self._repoint(b)  # before a copied bucket is copied back
             red.wait_bucket_reduced(b)
             self._step_bucket(b)
 
     def after_finish(self, sync):
-        """After finish_backward: the rest of the buckets, the streams, the snapshots."""
+        """After finish_backward: the streams, the snapshots."""
         if self.active:
-            for b in range(len(self._bucket_params)):
-                if b not in self._stepped:  # device buckets copied back on the trainer's stream
-                    self._step_bucket_on_trainer_stream(b)
             if self._stream is not None:
                 self._trainer_stream.wait_stream(self._stream)
             for st in self.active:
@@ -347,18 +340,6 @@ class StepInBackward:
                     st.layout(key, bucket_of, len(buckets))
                     st.snapshot()
                     st.hypers = _hypers(st.opt)
-
-    def _step_bucket_on_trainer_stream(self, b):
-        from ..contrib.fuse.optimizer import _fuse_and_step
-
-        self._stepped.add(b)
-        self._repoint(b)
-        with torch.cuda.stream(self._trainer_stream):
-            for st in self.active:
-                lists = st.by_bucket[b]
-                if any(lists):
-                    _, fused = _fuse_and_step(st.opt, st.raw_step, lists)
-                    st.fused_groups |= fused
 
     # ---- the user's step -----------------------------------------------------------------------
 
