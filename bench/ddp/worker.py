@@ -39,7 +39,8 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).
 # Any algorithm with _hier: hierarchical=True (the others run flat).
 VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier", "_fused", "_fused_after")
-# _fused: Bagua's fused optimizer, fuse_optimizer after with_bagua (Bagua's examples), stepping
+# _fused: Bagua's fused optimizer, with_bagua(do_flatten=False) then fuse_optimizer (Bagua's
+# recipe), stepping
 # each bucket inside the backward pass (BAGUA_OPTIM_STEP_IN_BACKWARD's default); _fused_after:
 # the same stepping after backward. ddp_fused: torch's fused optimizer (fused=True) under DDP.
 # Fused contestants use torch's fused kernel inside where torch has one for the device.
@@ -135,8 +136,10 @@ class Contestant:
         if name.endswith("_fused_after"):
             step_in_backward.ENABLED = False
         try:
-            self.wrapped = self.module.with_bagua([self.opt], algo,
-                                                  do_flatten=not name.endswith("_copied"))
+            # Bagua's recipe with a fused optimizer: with_bagua(do_flatten=False), then
+            # fuse_optimizer (which lays weights and gradients out in its own order).
+            flatten = not name.endswith("_copied") and "_fused" not in name
+            self.wrapped = self.module.with_bagua([self.opt], algo, do_flatten=flatten)
             if "_fused" in name:
                 from bagua.torch_api.contrib import fuse_optimizer
 

@@ -856,10 +856,11 @@ class _NativeEngine(_Engine):
         if not self._sync():
             self._reducer.finish_backward()
             return
-        for i in self._communicated:
+        # Unused this iteration: a zero gradient receives the others' average (without
+        # find_unused_parameters such a parameter is the reducer's error).
+        for i in self._communicated if self.ddp.find_unused_parameters else ():
             p = self._params[i]
             if p.grad is None:
-                # Unused this iteration: a zero gradient receives the others' average.
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         steps = self._steps
         if steps is not None and steps.active:
