@@ -107,6 +107,9 @@ class ByteGradImpl final : public core::AlgorithmImpl {
     return detail::byteGradAllReduce(exec_.at(b.index), static_cast<float*>(b.flat), b.numel, g,
                                      hierarchical_, average_, it->second);
   }
+  // The decompressed average is final once a bucket is reduced (every rank holds the same
+  // values): the optimizer may step it then.
+  bool reducedBucketIsFinal() const override { return true; }
 
  private:
   bool hierarchical_;

@@ -69,6 +69,9 @@ class GradientAllReduceImpl final : public core::AlgorithmImpl {
     return intra->broadcast(b.flat, b.numel, b.dtype, 0)->wait(timeout);
   }
 
+  // The averaged gradients are final once a bucket is reduced (the optimizer may step it then).
+  bool reducedBucketIsFinal() const override { return true; }
+
  private:
   Status finishAverage(core::Bucket& b, int n, std::chrono::milliseconds timeout) {
     const detail::Exec& x = exec_.at(b.index);

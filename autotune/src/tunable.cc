@@ -85,6 +85,7 @@ class TunableImpl final : public core::AlgorithmImpl {
   Result<core::WorkPtr> launchBucket(core::Bucket& bucket, core::ProcessGroup& group) override {
     return inner_->launchBucket(bucket, group);
   }
+  bool reducedBucketIsFinal() const override { return inner_->reducedBucketIsFinal(); }
   Status onForwardPre(core::DistributedDataParallel& ddp) override {
     owner_->iterStart_ = Clock::now();
     owner_->readyCur_.assign(ddp.tensors().size(), -1);
@@ -144,6 +145,7 @@ class TunableAllReduceImpl final : public core::AlgorithmImpl {
     // The mode is read once per bucket: a switch between iterations applies from the next one.
     return core::allReduceBucket(b, g, owner_->hierarchical(), average_);
   }
+  bool reducedBucketIsFinal() const override { return true; }
 
  private:
   TunableAllReduce* owner_;

@@ -49,6 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import netlink  # noqa: E402
 import tta_report  # noqa: E402
+import step_profile  # noqa: E402
 
 ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qadam",
        "decentralized", "low_precision_decentralized"]
@@ -58,7 +59,11 @@ ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qad
 # copied in and back, IN_PLACE_DEVICE_BUCKETS off: the default before the 2- and 4-GPU runs of
 # 2026-11-26); and every algorithm with hierarchical=True
 # (_hier: intra-node, then among node leaders; with --nodes).
-EXTRA = ["gradient_allreduce_sync", "gradient_allreduce_copied",
+# ddp_fused: DDP with torch's fused optimizer (fused=True); gradient_allreduce_fused: with_bagua
+# and Bagua's fused optimizer, each bucket stepped inside the backward pass (the default);
+# gradient_allreduce_fused_after: the same, stepped after backward.
+EXTRA = ["ddp_fused", "gradient_allreduce_fused", "gradient_allreduce_fused_after",
+         "gradient_allreduce_sync", "gradient_allreduce_copied",
          "gradient_allreduce_bucket_copies",
          "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
          "low_precision_decentralized_hier"]
@@ -92,6 +97,8 @@ def parse():
     ap.add_argument("--round-steps", type=int, default=4, help="steps per contestant per round")
     ap.add_argument("--lr", type=float, default=0,
                     help="Adam's (and QAdam's) learning rate (default 1e-3; with --tta 5e-3)")
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "adamw"],
+                    help="every contestant's optimizer but qadam's (default adam)")
     ap.add_argument("--algo-warmup", type=int, default=0,
                     help="QAdam warm-up steps and PowerSGD's start iteration, torch's hook's and "
                          "ours, and async's warm-up with --tta (default: the first round; with "
@@ -144,9 +151,9 @@ def parse():
                      help="PNG path prefix: PREFIX-<model>.png, the metric against wall time")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, one more block per contestant under "
-                         "torch.profiler: on CUDA, rank 0's ms per step of compute kernels, NCCL "
-                         "kernels, NCCL with no compute beside it (exposed) and GPU idle, and the "
-                         "top kernels (CPU: the top ops)")
+                         "torch.profiler: rank 0's ms per step of compute, exposed communication, "
+                         "optimizer and GPU idle (CPU: the trainer thread's), and the top "
+                         "kernels or ops (step_profile.py)")
     a = ap.parse_args()
     if a.nproc < 1:
         ap.error("--nproc must be >= 1")
@@ -254,7 +261,8 @@ def run_model(args, model, link):
              contestants, "--rounds", str(args.rounds), "--round-steps", str(args.round_steps),
              "--lr", str(args.lr), "--algo-warmup", str(warm), "--powersgd-rank",
              str(args.powersgd_rank), "--bucket-mb", str(args.bucket_mb), "--threads",
-             str(args.threads), "--batch", str(args.batch), "--out", out] + \
+             str(args.threads), "--batch", str(args.batch), "--optimizer", args.optimizer,
+             "--out", out] + \
         (["--profile"] if args.profile else [])
     if args.tta:
         wargs += ["--tta", "--max-steps", str(args.max_steps), "--eval-every",
@@ -344,21 +352,8 @@ def table(args, res, link_desc):
                       r["name"], t["mark"], t["finish_wait"], t["copy_out"], t["buckets"],
                       "{}/{}".format(*r["buckets_in_place"]) if "buckets_in_place" in r else "?",
                       t["bucket_queue"], t["bucket_wait"], t["bucket_run"]))
-    for r in rows:
-        p = r.get("profile")
-        if not p:
-            continue
-        if "compute_ms" in p:
-            print("  {} profile (ms per step, rank 0): wall {:.1f}, compute kernels {:.1f}, NCCL "
-                  "{:.1f} (exposed {:.1f}), GPU idle {:.1f}".format(
-                      r["name"], p["wall_ms"], p["compute_ms"], p["nccl_ms"],
-                      p["nccl_exposed_ms"], p["gpu_idle_ms"]))
-        else:
-            print("  {} profile (ms per step, rank 0): wall {:.1f}".format(r["name"], p["wall_ms"]))
-        print("    top: " + "; ".join("{} {:.2f}".format(n, v) for n, v in p["top"][:6]))
-        if p.get("top_host"):
-            print("    top host ops: " + "; ".join("{} {:.2f}".format(n, v)
-                                                  for n, v in p["top_host"][:6]))
+    for line in step_profile.summary_lines(rows):
+        print(line)
     ga = next((r for r in rows if r["name"] == "gradient_allreduce"), None)
     if ga is not None and "max_loss_diff_vs_ddp" in ga:
         print("gradient_allreduce vs ddp: largest per-step loss difference {:.2e}".format(

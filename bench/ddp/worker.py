@@ -23,10 +23,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import step_profile  # noqa: E402
 
-DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4")
+DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4",
+             "ddp_fused")
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
+               "gradient_allreduce_fused", "gradient_allreduce_fused_after",
                "gradient_allreduce_copied", "gradient_allreduce_bucket_copies",
                "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
                "low_precision_decentralized_hier", "async", "powersgd", "powersgd1", "powersgd4",
@@ -37,7 +40,12 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # copies CUDA buckets in and back (IN_PLACE_DEVICE_BUCKETS off; by default they run at
 # do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).
 # Any algorithm with _hier: hierarchical=True (the others run flat).
-VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier")
+VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier", "_fused", "_fused_after")
+# _fused: Bagua's fused optimizer, with_bagua(do_flatten=False) then fuse_optimizer (Bagua's
+# recipe), stepping
+# each bucket inside the backward pass (BAGUA_OPTIM_STEP_IN_BACKWARD's default); _fused_after:
+# the same stepping after backward. ddp_fused: torch's fused optimizer (fused=True) under DDP.
+# Fused contestants use torch's fused kernel inside where torch has one for the device.
 
 # PowerSGD at a rank given by the name's digit (ddp_powersgd4, powersgd1); without one, at
 # --powersgd-rank. Our powersgd's start iteration is --algo-warmup, as torch's hook's is: the
@@ -73,12 +81,25 @@ def parse(argv=None):
     ap.add_argument("--lm-margin", type=float, default=0.35)
     ap.add_argument("--target-acc", type=float, default=95.0)
     ap.add_argument("--stop-at-target", action="store_true")
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "adamw"])
     return ap.parse_args(argv)
 
 
 def _powersgd_rank(name, args):
     tail = name.rsplit("powersgd", 1)[1]
     return int(tail) if tail else args.powersgd_rank
+
+
+def make_optimizer(args, params, fused):
+    """The contestants' optimizer (--optimizer); ``fused``: torch's fused implementation, where
+    this torch has one for the parameters' device."""
+    cls = torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam
+    if fused:
+        try:
+            return cls(params, lr=args.lr, fused=True)
+        except (TypeError, RuntimeError, ValueError):
+            pass  # no fused kernel here (torch 1.13 on CPU): torch's default implementation
+    return cls(params, lr=args.lr)
 
 
 class Contestant:
@@ -95,7 +116,7 @@ class Contestant:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-            self.opt = torch.optim.Adam(params, lr=args.lr)
+            self.opt = make_optimizer(args, params, fused=name == "ddp_fused")
             kw = {"bucket_cap_mb": args.bucket_mb} if args.bucket_mb > 0 else {}
             first = dist._DEFAULT_FIRST_BUCKET_BYTES
             if name.startswith("ddp_powersgd") and dev.type == "cpu":
@@ -128,7 +149,7 @@ class Contestant:
         elif name == "async" or name == "auto" or name.startswith("powersgd"):
             from bagua.torch_api.algorithms import GlobalAlgorithmRegistry
 
-            self.opt = torch.optim.Adam(params, lr=args.lr)
+            self.opt = make_optimizer(args, params, fused=False)
             base = "powersgd" if name.startswith("powersgd") else name
             if base not in GlobalAlgorithmRegistry:
                 raise Unavailable("{} is not registered in this bagua (registered: {})".format(
@@ -149,7 +170,7 @@ class Contestant:
                     ", ".join("{}={}".format(k, v) for k, v in kw.items()))
             algo = Algorithm.init(base, **kw)
         else:
-            self.opt = torch.optim.Adam(params, lr=args.lr)
+            self.opt = make_optimizer(args, params, fused="_fused" in name)
             base = name
             for v in VARIANTS:
                 base = base[:-len(v)] if base.endswith(v) else base
@@ -157,17 +178,27 @@ class Contestant:
         if args.bucket_mb > 0:  # read at the wrap
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
         from bagua.torch_api.data_parallel import bagua_distributed as engine
+        from bagua.torch_api.data_parallel import step_in_backward
 
         engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
         in_place = engine.IN_PLACE_DEVICE_BUCKETS
         engine.IN_PLACE_DEVICE_BUCKETS = not name.endswith("_bucket_copies")
         self.algo = algo
+        if name.endswith("_fused_after"):
+            step_in_backward.ENABLED = False
         try:
-            self.wrapped = self.module.with_bagua([self.opt], algo,
-                                                  do_flatten=not name.endswith("_copied"))
+            # Bagua's recipe with a fused optimizer: with_bagua(do_flatten=False), then
+            # fuse_optimizer (which lays weights and gradients out in its own order).
+            flatten = not name.endswith("_copied") and "_fused" not in name
+            self.wrapped = self.module.with_bagua([self.opt], algo, do_flatten=flatten)
+            if "_fused" in name:
+                from bagua.torch_api.contrib import fuse_optimizer
+
+                fuse_optimizer(self.opt)
         finally:
             engine.LAUNCH_WITHOUT_WAITING = True
             engine.IN_PLACE_DEVICE_BUCKETS = in_place
+            step_in_backward.ENABLED = None
 
     def pause(self):
         """Between this contestant's blocks: async's averaging thread stops (collective), so it
@@ -221,87 +252,6 @@ def make_data(args, rank, dev, steps):
     return train, evals, None
 
 
-def _merge(intervals):
-    """Sorted, merged copy of (start, end) intervals."""
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def _length(merged):
-    return sum(b - a for a, b in merged)
-
-
-def _overlap(x, y):
-    """Length of the intersection of two merged interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if hi > lo:
-            total += hi - lo
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def gpu_timeline(kernels, wall_us, steps):
-    """Where a CUDA step's time went, from its kernels' (name, start_us, end_us): ms per step of
-    compute kernels, NCCL kernels, NCCL time with no compute kernel running (communication the
-    step waits for), and no kernel at all (the GPU idle: host-bound, or waiting for a peer)."""
-    nccl = _merge([(a, b) for n, a, b in kernels if "nccl" in n.lower()])
-    comp = _merge([(a, b) for n, a, b in kernels if "nccl" not in n.lower()])
-    busy = _merge([(a, b) for _, a, b in kernels])
-    per = 1e-3 / steps
-    return {"wall_ms": wall_us * per, "compute_ms": _length(comp) * per,
-            "nccl_ms": _length(nccl) * per,
-            "nccl_exposed_ms": (_length(nccl) - _overlap(nccl, comp)) * per,
-            "gpu_idle_ms": max(0.0, wall_us - _length(busy)) * per}
-
-
-def profile_block(c, args, dev, train, step_no):
-    """--profile: one more block of --round-steps steps under torch.profiler; rank 0's summary
-    (gpu_timeline on CUDA, plus the top kernels or CPU ops by time per step)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    sync(dev)
-    with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        for _ in range(args.round_steps):
-            train_step(c, args, train, step_no)
-        sync(dev)
-        wall_us = (time.perf_counter() - t0) * 1e6
-    events = prof.events()
-
-    def top(by):
-        best = sorted(by.items(), key=lambda kv: -kv[1])[:10]
-        return [[n[:60], v * 1e-3 / args.round_steps] for n, v in best]
-
-    host = {}  # host ops by self time (hooks, launches, the optimizer's loop)
-    for e in events:
-        if e.device_type == torch.autograd.DeviceType.CPU:
-            host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
-    if dev.type == "cuda":
-        kernels = [(e.name, e.time_range.start, e.time_range.end) for e in events
-                   if e.device_type == torch.autograd.DeviceType.CUDA]
-        out = gpu_timeline(kernels, wall_us, args.round_steps)
-        by = {}
-        for n, a, b in kernels:
-            by[n] = by.get(n, 0.0) + (b - a)
-        out["top"] = top(by)
-        out["top_host"] = top(host)
-    else:
-        out = {"wall_ms": wall_us * 1e-3 / args.round_steps, "top": top(host)}
-    return out
-
-
 def train_step(c, args, train, step_no):
     """One training step of contestant c on its next batch; the loss (not read: no host sync)."""
     batch = train[step_no[c.name] % len(train)]
@@ -309,7 +259,10 @@ def train_step(c, args, train, step_no):
     c.opt.zero_grad(set_to_none=True)
     loss = loss_of(args, c.wrapped, batch)
     loss.backward()
-    c.opt.step()
+    if hasattr(c.opt, "fuse_step"):  # Bagua's fused optimizer
+        c.opt.fuse_step()
+    else:
+        c.opt.step()
     return loss.detach()
 
 
@@ -379,7 +332,8 @@ def main():
     profiles = {}
     if args.profile:  # after the timed rounds (extra steps for every contestant alike)
         for c in cont:
-            profiles[c.name] = profile_block(c, args, dev, train, step_no)
+            profiles[c.name] = step_profile.profile_block(c, args, dev, train, step_no,
+                                                          train_step)
 
     # Rank-averaged losses, evaluation, and the ranks' weight spread (rank 0's weights sent).
     results = []

@@ -85,6 +85,7 @@ class GradientAllReduceImpl final : public AlgorithmImpl {
     return g.global().allReduce(b.flat, b.flat, b.numel, b.dtype,
                                 average_ ? ReduceOp::kAvg : ReduceOp::kSum);
   }
+  bool reducedBucketIsFinal() const override { return true; }
 
  private:
   bool hierarchical_;

@@ -298,6 +298,12 @@ Status DistributedDataParallel::buildBuckets(const std::vector<std::vector<int>>
   stager_->commit();
   ++layoutGeneration_;
   marked_.assign(tensors_.size(), false);
+  stepped_.assign(buckets_.size(), false);
+  copiedOut_.assign(buckets_.size(), false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // the bucket thread is idle between iterations
+    reduced_.assign(buckets_.size(), 0);
+  }
   pendingInBucket_.resize(buckets_.size());
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     pendingInBucket_[bi] = static_cast<int>(buckets_[bi].tensors.size());
@@ -461,7 +467,10 @@ Status DistributedDataParallel::markGradReadyImpl(int paramIndex) {
                        "twice must be marked once, when its gradient is final)",
                        tensors_[t].name.c_str());
   }
-  inBackward_ = true;
+  if (!inBackward_) {
+    inBackward_ = true;
+    beginBackward();
+  }
   marked_[t] = true;
   if (recordOrder_) {
     readyOrder_.push_back(t);
@@ -477,7 +486,163 @@ Status DistributedDataParallel::markGradReadyImpl(int paramIndex) {
   }
   BAGUA_RETURN_IF_ERROR(impl_->onBackwardReady(*this, t));
   --pendingInBucket_[bi];
-  return launchReadyBuckets();
+  BAGUA_RETURN_IF_ERROR(launchReadyBuckets());
+  return steppers_.empty() ? Status::ok() : stepEnqueuedDeviceBuckets();
+}
+
+void DistributedDataParallel::beginBackward() {
+  std::fill(stepped_.begin(), stepped_.end(), false);
+  std::fill(copiedOut_.begin(), copiedOut_.end(), false);
+  steppedCount_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(reduced_.begin(), reduced_.end(), 0);
+  }
+  steppers_.clear();
+  if (!options_.stepInBackward || !impl_->reducedBucketIsFinal()) {
+    return;
+  }
+  for (Optimizer* o : optimizers_) {
+    auto* s = dynamic_cast<BucketStepper*>(o);
+    if (s == nullptr) {
+      continue;
+    }
+    std::string why;
+    if (s->beginBackwardStep(*this, &why)) {
+      steppers_.push_back(s);
+    } else if (declinedLogged_.insert(why).second) {
+      BAGUA_LOG_INFO(kLogBucket, "an optimizer steps after the backward pass: %s", why.c_str());
+    }
+  }
+}
+
+int DistributedDataParallel::bucketsReduced() {
+  if (!inBackward_ || noSync_) {
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  while (n < static_cast<int>(reduced_.size()) && reduced_[n] != 0) {
+    ++n;
+  }
+  return n;
+}
+
+Status DistributedDataParallel::waitBucketReduced(int bucket) {
+  if (!inBackward_ || noSync_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "waitBucketReduced(%d) outside a backward pass that communicates", bucket);
+  }
+  if (bucket < 0 || bucket >= static_cast<int>(buckets_.size())) {
+    return BAGUA_ERROR(kInvalidArgument, "waitBucketReduced(%d): %zu buckets", bucket,
+                       buckets_.size());
+  }
+  const Bucket& b = buckets_[bucket];
+  if (static_cast<size_t>(bucket) >= nextBucket_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "waitBucketReduced(%d): the bucket is not launched yet (%d of its "
+                       "gradients are not marked ready; markUnusedReady() launches buckets of "
+                       "unused parameters)",
+                       bucket, pendingInBucket_[bucket]);
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = Clock::now() + timeout_ + std::chrono::seconds(5);
+    if (!doneCv_.wait_until(lock, deadline,
+                            [&] { return reduced_[bucket] != 0 || !commError_.isOk(); })) {
+      return BAGUA_ERROR(kDeadlineExceeded, "rank %d: bucket %d was not reduced within %lld ms",
+                         group_.rank(), bucket, static_cast<long long>(timeout_.count()));
+    }
+    if (!commError_.isOk()) {
+      return commError_;
+    }
+  }
+  if (b.device.type != DeviceType::kCpu || copiedOut_[bucket]) {
+    return Status::ok();  // device buckets: copyBucketOutOn()
+  }
+  if (!options_.gradientAsBucketView) {
+    for (size_t k = 0; k < b.tensors.size(); ++k) {
+      Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+      const uint8_t* slot = slotOf(b, k);
+      if (p.grad != slot) {
+        BAGUA_RETURN_IF_ERROR(stager_->copyOut(b, p.grad, slot, p.bytes()));
+      }
+    }
+  }
+  copiedOut_[bucket] = true;
+  return Status::ok();
+}
+
+Status DistributedDataParallel::copyBucketOutOn(int bucket, CUstream_st* stream) {
+  if (!inBackward_ || noSync_) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "copyBucketOutOn(%d) outside a backward pass that communicates", bucket);
+  }
+  if (bucket < 0 || bucket >= static_cast<int>(buckets_.size())) {
+    return BAGUA_ERROR(kInvalidArgument, "copyBucketOutOn(%d): %zu buckets", bucket,
+                       buckets_.size());
+  }
+  const Bucket& b = buckets_[bucket];
+  if (b.device.type == DeviceType::kCpu) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "copyBucketOutOn(%d): a host bucket (waitBucketReduced copies it back)",
+                       bucket);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reduced_[bucket] == 0) {
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "copyBucketOutOn(%d): the bucket is not reduced yet (bucketsReduced(), "
+                         "waitBucketReduced())",
+                         bucket);
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(orderAfterReduction(stream));
+  if (!copiedOut_[bucket] && !options_.gradientAsBucketView) {
+    for (size_t k = 0; k < b.tensors.size(); ++k) {
+      Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
+      const uint8_t* slot = slotOf(b, k);
+      if (p.grad != slot) {
+        BAGUA_RETURN_IF_ERROR(stager_->copyOutOn(b, p.grad, slot, p.bytes(), stream));
+      }
+    }
+  }
+  copiedOut_[bucket] = true;
+  return Status::ok();
+}
+
+Status DistributedDataParallel::orderAfterReduction(CUstream_st* stream) {
+  return group_.global().orderStream(stream);
+}
+
+Status DistributedDataParallel::stepBucket(int b) {
+  if (stepped_[b]) {
+    return Status::ok();
+  }
+  const Clock::time_point t0 = Clock::now();
+  for (BucketStepper* s : steppers_) {
+    Status st = s->stepBucket(*this, b);
+    if (!st.isOk()) {
+      return st.withContext(strPrintf("stepping bucket %d inside the backward pass", b));
+    }
+  }
+  stepped_[b] = true;
+  ++steppedCount_;
+  stats_.stepNs += nsSince(t0);  // trainer-only fields: no lock
+  ++stats_.bucketsStepped;
+  return Status::ok();
+}
+
+Status DistributedDataParallel::stepEnqueuedDeviceBuckets() {
+  // Host buckets step in finishBackward, as each completes: stepping here would delay the rest of
+  // the backward pass on the trainer's thread, and with it the launch of the later buckets.
+  const int n = bucketsReduced();
+  for (int b = 0; b < n; ++b) {
+    if (!stepped_[b] && buckets_[b].device.type != DeviceType::kCpu) {
+      BAGUA_RETURN_IF_ERROR(stepBucket(b));
+    }
+  }
+  return Status::ok();
 }
 
 Status DistributedDataParallel::launchReadyBuckets() {
@@ -517,6 +682,7 @@ void DistributedDataParallel::finishBucket(int bi, Status s, Clock::time_point q
     ++completed_;
     if (!deviceOrdered) {
       ++enqueued_;  // a device-ordered bucket counted when its collective was enqueued
+      reduced_[bi] = 1;
     }
     ++stats_.buckets;
     stats_.bucketQueueNs +=
@@ -622,6 +788,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
             std::lock_guard<std::mutex> lock(mu_);
             ++enqueued_;
             ++deviceOrderedThisIteration_;
+            reduced_[bi] = 1;
           }
           doneCv_.notify_all();
         }
@@ -670,10 +837,13 @@ Status DistributedDataParallel::waitUntilAll(std::unique_lock<std::mutex>& lock,
   return commError_;
 }
 
-Status DistributedDataParallel::finishBackward() {
+Status DistributedDataParallel::markUnusedReady() {
   if (noSync_) {
-    inBackward_ = false;
     return Status::ok();
+  }
+  if (!inBackward_) {  // nothing was marked (every parameter unused)
+    inBackward_ = true;
+    beginBackward();
   }
   // Parameters that got no gradient this iteration.
   std::vector<int> unused;
@@ -716,6 +886,24 @@ Status DistributedDataParallel::finishBackward() {
     return BAGUA_ERROR(kInternal, "finishBackward: only %zu of %zu buckets launched", nextBucket_,
                        buckets_.size());
   }
+  return Status::ok();
+}
+
+Status DistributedDataParallel::finishBackward() {
+  if (noSync_) {
+    inBackward_ = false;
+    return Status::ok();
+  }
+  BAGUA_RETURN_IF_ERROR(markUnusedReady());
+  // Stepping inside the backward pass: the buckets not stepped yet, each as soon as it is
+  // reduced (device: enqueued), while the later ones still communicate.
+  for (size_t b = 0; b < buckets_.size() && !steppers_.empty(); ++b) {
+    if (stepped_[b]) {
+      continue;
+    }
+    BAGUA_RETURN_IF_ERROR(waitBucketReduced(static_cast<int>(b)));
+    BAGUA_RETURN_IF_ERROR(stepBucket(static_cast<int>(b)));
+  }
   const Clock::time_point t0 = Clock::now();
   Status s = waitForBuckets();
   if (!s.isOk()) {
@@ -724,6 +912,9 @@ Status DistributedDataParallel::finishBackward() {
   const Clock::time_point t1 = Clock::now();
   if (!options_.gradientAsBucketView) {
     for (const Bucket& b : buckets_) {
+      if (copiedOut_[static_cast<size_t>(b.index)]) {
+        continue;  // copied back already (waitBucketReduced, copyBucketOutOn)
+      }
       for (size_t k = 0; k < b.tensors.size(); ++k) {
         Parameter& p = params_[tensors_[b.tensors[k]].paramIndex];
         const uint8_t* slot = slotOf(b, k);
@@ -734,6 +925,9 @@ Status DistributedDataParallel::finishBackward() {
     }
   }
   BAGUA_RETURN_IF_ERROR(stager_->releaseToTrainer());
+  for (BucketStepper* st : steppers_) {
+    BAGUA_RETURN_IF_ERROR(st->endBackwardStep(*this));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.iterations;

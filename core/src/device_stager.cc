@@ -140,12 +140,13 @@ void DeviceStager::release(Layout& layout) {
   layout = Layout{};
 }
 
-Status DeviceStager::deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes) {
+Status DeviceStager::deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes,
+                                CUstream_st* stream) {
   // On the trainer's stream: after the kernel that wrote the gradient, with no event and no
   // cross-stream wait (two runtime calls per gradient; torch DDP copies on it too).
   BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
   if (bytes > 0) {
-    BAGUA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, trainerStream_),
+    BAGUA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
                      "bucket %d, %zu bytes", bucket.index, bytes);
   }
   return Status::ok();
@@ -261,7 +262,7 @@ void DeviceStager::release(Layout& layout) {
   layout = Layout{};
 }
 Status DeviceStager::deviceCopy(const Bucket& /*bucket*/, void* /*dst*/, const void* /*src*/,
-                                size_t /*bytes*/) {
+                                size_t /*bytes*/, CUstream_st* /*stream*/) {
   return noDevice();
 }
 Status DeviceStager::deviceZero(const Bucket& /*bucket*/, void* /*dst*/, size_t /*bytes*/) {

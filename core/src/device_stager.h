@@ -75,7 +75,7 @@ class DeviceStager {
       hostCopy(slot, grad, bytes);
       return Status::ok();
     }
-    return deviceCopy(bucket, slot, grad, bytes);
+    return deviceCopy(bucket, slot, grad, bytes, trainerStream_);
   }
   // A reduced bucket slot back into the gradient (same ordering as copyIn).
   Status copyOut(const Bucket& bucket, void* grad, const void* slot, size_t bytes) {
@@ -83,7 +83,13 @@ class DeviceStager {
       hostCopy(grad, slot, bytes);
       return Status::ok();
     }
-    return deviceCopy(bucket, grad, slot, bytes);
+    return deviceCopy(bucket, grad, slot, bytes, trainerStream_);
+  }
+  // A reduced device bucket slot back into the gradient on `stream` instead of the trainer's
+  // (stepping inside the backward pass: the caller ordered `stream` after the reduction).
+  Status copyOutOn(const Bucket& bucket, void* grad, const void* slot, size_t bytes,
+                   CUstream_st* stream) {
+    return deviceCopy(bucket, grad, slot, bytes, stream);
   }
   // A device gradient that is a bucket view: the trainer wrote it into the bucket on its
   // stream, so only the order is needed (the bucket's event comes after the trainer's work).
@@ -91,7 +97,7 @@ class DeviceStager {
     if (bucket.device.type == DeviceType::kCpu) {
       return Status::ok();
     }
-    return deviceCopy(bucket, nullptr, nullptr, 0);
+    return deviceCopy(bucket, nullptr, nullptr, 0, trainerStream_);
   }
   Status zero(const Bucket& bucket, void* dst, size_t bytes) {
     if (bucket.device.type == DeviceType::kCpu) {
@@ -150,7 +156,8 @@ class DeviceStager {
   }
   Status allocateDevice(Bucket& bucket, Layout& layout);
   void release(Layout& layout);
-  Status deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes);
+  Status deviceCopy(const Bucket& bucket, void* dst, const void* src, size_t bytes,
+                    CUstream_st* stream);
   Status deviceZero(const Bucket& bucket, void* dst, size_t bytes);
   Status deviceMarkReady(const Bucket& bucket);
   Status deviceWaitReady(const Bucket& bucket, std::chrono::steady_clock::time_point deadline);

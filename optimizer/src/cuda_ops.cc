@@ -134,7 +134,8 @@ struct CudaTrustScratch::Impl {
 
   // The device layout of `segments` (found, or cut and uploaded with an async copy on the stream
   // the kernels use). Steady state: a compare of numSegments sizes, no CUDA call.
-  Status layoutFor(const size_t* segments, size_t numSegments, const TrustLayout** out) {
+  Status layoutFor(const size_t* segments, size_t numSegments, cudaStream_t stream,
+                   const TrustLayout** out) {
     ++clock;
     // Ranges come in the same order every step: start after the last one found, so a steady
     // state finds each layout at the first compare.
@@ -180,7 +181,7 @@ struct CudaTrustScratch::Impl {
     std::memcpy(l.host.data() + tableBytes, first.data(), firstBytes);
     BAGUA_CHECK_CUDA(cudaMalloc(&l.device, l.host.size()));
     const cudaError_t err =
-        cudaMemcpyAsync(l.device, l.host.data(), l.host.size(), cudaMemcpyHostToDevice, nullptr);
+        cudaMemcpyAsync(l.device, l.host.data(), l.host.size(), cudaMemcpyHostToDevice, stream);
     if (err != cudaSuccess) {
       cudaFree(l.device);
       return cudaStatus(err, "cudaMemcpyAsync (trust-ratio block table)", __FILE__, __LINE__);
@@ -212,7 +213,8 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
   }
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const TrustLayout* layout = nullptr;
-  BAGUA_RETURN_IF_ERROR(sc.layoutFor(segments, numSegments, &layout));
+  BAGUA_RETURN_IF_ERROR(
+      sc.layoutFor(segments, numSegments, static_cast<cudaStream_t>(args.stream), &layout));
   const size_t nb = layout->numBlocks;
   const size_t es = args.storage == StorageType::kF64 ? 8 : 4;
   BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.u, &sc.uBytes, args.numel * es));
@@ -230,7 +232,7 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
   }
   if (err == 0) {
     err = cudakernels::trustFactors(ruleId, scalars, args.storage, layout->segFirst(), numSegments,
-                                    partials, trust);
+                                    partials, trust, args.stream);
   }
   if (err == 0) {
     err = cudakernels::trustApply(ruleId, scalars, args, sc.u, layout->blocks(), trust, nb);
@@ -242,6 +244,36 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
                       __FILE__, __LINE__);
   }
   return Status::ok();
+}
+
+Status cudaCreateStream(int device, void** stream) {
+  BAGUA_RETURN_IF_ERROR(onDevice(device));
+  cudaStream_t s = nullptr;
+  BAGUA_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  *stream = s;
+  return Status::ok();
+}
+
+void cudaDestroyStream(int device, void* stream) {
+  if (stream != nullptr && cudaSetDevice(device) == cudaSuccess) {
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  }
+}
+
+Status cudaStreamAfter(int device, void* waiter, void* signaller) {
+  if (waiter == signaller) {
+    return Status::ok();
+  }
+  BAGUA_RETURN_IF_ERROR(onDevice(device));
+  // An event per call: recorded, waited for, destroyed (CUDA frees it once the wait is done).
+  cudaEvent_t e = nullptr;
+  BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(e, static_cast<cudaStream_t>(signaller));
+  if (err == cudaSuccess) {
+    err = cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), e, 0);
+  }
+  cudaEventDestroy(e);
+  return BAGUA_CUDA_STATUS(err);
 }
 
 Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found) {

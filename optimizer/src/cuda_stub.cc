@@ -41,5 +41,12 @@ Status cudaNonFinite(const KernelArgs& /*args*/, int /*device*/, int* /*deviceFl
                      bool* /*found*/) {
   return absent();
 }
+Status cudaCreateStream(int /*device*/, void** /*stream*/) {
+  return absent();
+}
+void cudaDestroyStream(int /*device*/, void* /*stream*/) {}
+Status cudaStreamAfter(int /*device*/, void* /*waiter*/, void* /*signaller*/) {
+  return absent();
+}
 
 }  // namespace bagua::optim

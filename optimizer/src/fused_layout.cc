@@ -254,12 +254,16 @@ bool FusedOptimizer::planCurrent(bool full) {
   return same;
 }
 
-Status FusedOptimizer::ensurePlan(bool full) {
-  if (planCurrent(full)) {
+Status FusedOptimizer::ensurePlan(bool full, const core::DistributedDataParallel* split) {
+  // A plan cut at buckets serves an after-backward step too; one for stepping inside backward
+  // must be cut at the current buckets.
+  if (planCurrent(full) &&
+      (split == nullptr ||
+       (plan_->bucketsOf == split && plan_->bucketsGeneration == split->layoutGeneration()))) {
     return Status::ok();
   }
   dropPlan();
-  buildPlan();
+  buildPlan(split);
   return Status::ok();
 }
 
@@ -310,7 +314,8 @@ std::vector<std::vector<int>> FusedOptimizer::mutualRuns(
   return runs;
 }
 
-std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) const {
+std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part,
+                                                     const std::vector<int>& slotBucket) const {
   // Candidates: slots with a gradient and at least one element.
   std::vector<int> cand;
   for (int si : part.slots) {
@@ -347,13 +352,16 @@ std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) cons
       }
     }
   }
-  // Split where step counts differ (Bagua skips fusing tensors whose scalar states differ).
+  // Split where step counts differ (Bagua skips fusing tensors whose scalar states differ), and
+  // where a run would cross from one reducer bucket into another (stepping inside backward).
+  auto bucketOf = [&](int si) { return slotBucket.empty() ? -1 : slotBucket[si]; };
   std::vector<std::vector<int>> out;
   for (const auto& r : mutualRuns(lists)) {
     std::vector<int> cur;
     for (int i : r) {
       const int si = cand[i];
-      if (!cur.empty() && slots_[cur.back()]->step != slots_[si]->step) {
+      if (!cur.empty() &&
+          (slots_[cur.back()]->step != slots_[si]->step || bucketOf(cur.back()) != bucketOf(si))) {
         if (cur.size() >= 2) {
           out.push_back(cur);
         }
@@ -368,13 +376,31 @@ std::vector<std::vector<int>> FusedOptimizer::runsOf(const Partition& part) cons
   return out;
 }
 
-void FusedOptimizer::buildPlan() {
+void FusedOptimizer::buildPlan(const core::DistributedDataParallel* split) {
   if (!plan_) {
     plan_ = std::make_unique<Plan>();
   }
   Plan& plan = *plan_;
   plan = Plan();
   plan.numParams = params_.size();
+  // Per slot, the bucket of `split` that holds its parameter.
+  std::vector<int> slotBucket;
+  if (split != nullptr) {
+    slotBucket.assign(slots_.size(), -1);
+    const auto& buckets = split->buckets();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int t : buckets[b].tensors) {
+        const int pi = split->tensors()[static_cast<size_t>(t)].paramIndex;
+        if (pi >= 0 && static_cast<size_t>(pi) < slotOfParam_.size() && slotOfParam_[pi] >= 0) {
+          slotBucket[static_cast<size_t>(slotOfParam_[pi])] = static_cast<int>(b);
+        }
+      }
+    }
+    plan.bucketsOf = split;
+    plan.bucketsGeneration = split->layoutGeneration();
+    plan.bucketRuns.assign(buckets.size(), {});
+    plan.bucketSingles.assign(buckets.size(), {});
+  }
   for (size_t g = 0; g < groupParams_.size(); ++g) {
     plan.masks.push_back(stateMask(static_cast<int>(g)));
   }
@@ -387,7 +413,7 @@ void FusedOptimizer::buildPlan() {
   std::vector<uint8_t> inRun(slots_.size(), 0);
   std::vector<uint8_t> groupFused(groupParams_.size(), 0);
   for (size_t pi = 0; pi < partitions_.size(); ++pi) {
-    for (auto& run : runsOf(*partitions_[pi])) {
+    for (auto& run : runsOf(*partitions_[pi], slotBucket)) {
       PlanRun r;
       r.partition = static_cast<int>(pi);
       r.first = run.front();
@@ -409,6 +435,17 @@ void FusedOptimizer::buildPlan() {
   for (size_t si = 0; si < slots_.size(); ++si) {
     if (inRun[si] == 0 && params_[slots_[si]->param].grad != nullptr) {
       plan.singles.push_back(static_cast<int>(si));
+    }
+  }
+  if (split != nullptr) {
+    for (size_t r = 0; r < plan.runs.size(); ++r) {
+      const int b = slotBucket[static_cast<size_t>(plan.runs[r].first)];
+      (b >= 0 ? plan.bucketRuns[static_cast<size_t>(b)] : plan.restRuns)
+          .push_back(static_cast<int>(r));
+    }
+    for (int si : plan.singles) {
+      const int b = slotBucket[static_cast<size_t>(si)];
+      (b >= 0 ? plan.bucketSingles[static_cast<size_t>(b)] : plan.restSingles).push_back(si);
     }
   }
   for (uint8_t g : groupFused) {

@@ -38,7 +38,11 @@ FusedOptimizer::FusedOptimizer(std::vector<core::Parameter>& params,
                                const OptimizerOptions& options)
     : params_(params), groupParams_(std::move(groups)), options_(options) {}
 
-FusedOptimizer::~FusedOptimizer() = default;
+FusedOptimizer::~FusedOptimizer() {
+  for (size_t dev = 0; dev < bwStreams_.size(); ++dev) {
+    cudaDestroyStream(static_cast<int>(dev), bwStreams_[dev]);
+  }
+}
 
 Status FusedOptimizer::init() {
   int threads = options_.threads;

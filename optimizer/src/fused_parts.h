@@ -85,8 +85,15 @@ struct FusedOptimizer::Plan {
   std::vector<int> runSlots;
   std::vector<size_t> segments;
   std::vector<int> singles;  // slots with a gradient in no run (stepped per tensor)
-  int64_t groupsFused = 0;   // groups with at least one run
-  bool intact = true;        // flattenIntact() when built
+  // Stepping inside the backward pass: the runs cut at the buckets of `bucketsOf` (the reducer,
+  // at its layoutGeneration() `bucketsGeneration`; null: not cut) and listed per bucket
+  // (indices into runs / slots), and those of the parameters in no bucket.
+  const core::DistributedDataParallel* bucketsOf = nullptr;
+  int64_t bucketsGeneration = -1;
+  std::vector<std::vector<int>> bucketRuns, bucketSingles;
+  std::vector<int> restRuns, restSingles;
+  int64_t groupsFused = 0;  // groups with at least one run
+  bool intact = true;       // flattenIntact() when built
   // Mixed precision: gradient ranges merged where byte-adjacent, their CPU chunks and results.
   struct Scan {
     KernelArgs args;

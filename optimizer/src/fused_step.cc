@@ -27,7 +27,16 @@ KernelArgs FusedOptimizer::argsOf(const Slot& s) const {
   }
   a.numel = s.numel;
   a.mask = stateMask(s.group);
+  a.stream = streamFor(s.device);
   return a;
+}
+
+void* FusedOptimizer::streamFor(const core::Device& device) const {
+  if (!bwActive_ || device.type != DeviceType::kCuda || device.index < 0 ||
+      static_cast<size_t>(device.index) >= bwStreams_.size()) {
+    return nullptr;  // the legacy default stream
+  }
+  return bwStreams_[static_cast<size_t>(device.index)];
 }
 
 Status FusedOptimizer::stepSlot(Slot& s, double invScale) {
@@ -127,7 +136,7 @@ Status FusedOptimizer::checkNonFinite(double invScale, bool* found) {
   return Status::ok();
 }
 
-Status FusedOptimizer::runStep(bool fused) {
+Status FusedOptimizer::checkStateMasks() const {
   // O(groups): every slot of a group got the group's states at creation.
   for (size_t gi = 0; gi < groupParams_.size(); ++gi) {
     const unsigned missing = stateMask(static_cast<int>(gi)) & ~allocMask_[gi];
@@ -142,16 +151,30 @@ Status FusedOptimizer::runStep(bool fused) {
                          ruleName(), gi, stateName(k));
     }
   }
-  if (ddp_ != nullptr && fused_ && fuseOptions_.doFlatten && ddp_->options().gradientAsBucketView) {
-    bool changed = ddpFlats_.size() != ddp_->buckets().size();
-    for (size_t b = 0; !changed && b < ddpFlats_.size(); ++b) {
-      changed = ddpFlats_[b] != ddp_->buckets()[b].flat;
-    }
-    if (changed) {
-      BAGUA_LOG_INFO(kLogOptim, "%s: the reducer's buckets changed; laying parameters out again",
-                     ruleName());
-      BAGUA_RETURN_IF_ERROR(refreshReducerLayout());
-    }
+  return Status::ok();
+}
+
+bool FusedOptimizer::reducerLayoutStale() const {
+  if (ddp_ == nullptr || !fused_ || !fuseOptions_.doFlatten ||
+      !ddp_->options().gradientAsBucketView) {
+    return false;
+  }
+  bool changed = ddpFlats_.size() != ddp_->buckets().size();
+  for (size_t b = 0; !changed && b < ddpFlats_.size(); ++b) {
+    changed = ddpFlats_[b] != ddp_->buckets()[b].flat;
+  }
+  return changed;
+}
+
+Status FusedOptimizer::runStep(bool fused) {
+  if (bwPending_) {
+    return finishBackwardStep(fused);
+  }
+  BAGUA_RETURN_IF_ERROR(checkStateMasks());
+  if (reducerLayoutStale()) {
+    BAGUA_LOG_INFO(kLogOptim, "%s: the reducer's buckets changed; laying parameters out again",
+                   ruleName());
+    BAGUA_RETURN_IF_ERROR(refreshReducerLayout());
   }
   BAGUA_RETURN_IF_ERROR(ensurePlan(!fused || fuseOptions_.checkFlatten));
   if (fused && fuseOptions_.checkFlatten && !warnedMoved_ && !plan_->intact) {
@@ -204,6 +227,155 @@ Status FusedOptimizer::runStep(bool fused) {
   }
   if (scaler_ != nullptr) {
     scaler_->update(false);
+  }
+  return Status::ok();
+}
+
+// ---- Stepping inside the backward pass (core::BucketStepper) ----------------------------------
+
+bool FusedOptimizer::beginBackwardStep(core::DistributedDataParallel& ddp, std::string* why) {
+  bwActive_ = false;
+  Result<bool> on = optimizerParams().stepInBackward.get();
+  if (!on.isOk() || !*on) {
+    *why = on.isOk() ? "BAGUA_OPTIM_STEP_IN_BACKWARD is off" : on.status().toString();
+    return false;
+  }
+  if (scaler_ != nullptr && scaler_->enabled()) {
+    *why = strPrintf("%s has a GradScaler: its inf/NaN check needs every gradient before any step",
+                     ruleName());
+    return false;
+  }
+  if (!checkStateMasks().isOk()) {
+    *why = strPrintf("%s: a group needs state it did not allocate (step() reports it)", ruleName());
+    return false;
+  }
+  if (reducerLayoutStale()) {
+    *why = strPrintf("%s: the reducer's buckets changed; step() lays the parameters out again",
+                     ruleName());
+    return false;
+  }
+  Status s = ensurePlan(!fused_ || fuseOptions_.checkFlatten, &ddp);
+  if (s.isOk()) {
+    for (const auto& part : partitions_) {
+      if (part->device.type != DeviceType::kCuda) {
+        continue;
+      }
+      const auto dev = static_cast<size_t>(part->device.index);
+      if (bwStreams_.size() <= dev) {
+        bwStreams_.resize(dev + 1, nullptr);
+      }
+      if (bwStreams_[dev] == nullptr) {
+        s = cudaCreateStream(part->device.index, &bwStreams_[dev]);
+      }
+      // After this optimizer's earlier work on the legacy default stream (its last step).
+      if (s.isOk()) {
+        s = cudaStreamAfter(part->device.index, bwStreams_[dev], nullptr);
+      }
+      if (!s.isOk()) {
+        break;
+      }
+    }
+  }
+  if (!s.isOk()) {
+    *why = s.toString();
+    return false;
+  }
+  if (fused_ && fuseOptions_.checkFlatten && !warnedMoved_ && !plan_->intact) {
+    BAGUA_LOG_WARN(kLogOptim,
+                   "%s: tensors flattened by fuse() have moved; only the runs that are still "
+                   "contiguous are fused",
+                   ruleName());
+    warnedMoved_ = true;
+  }
+  bwActive_ = true;
+  bwPending_ = false;
+  bwBuckets_ = 0;
+  bwBucketDone_.assign(plan_->bucketRuns.size(), 0);
+  bwGroupFused_.assign(groupParams_.size(), 0);
+  lastSkipped_ = false;
+  return true;
+}
+
+Status FusedOptimizer::stepBucket(core::DistributedDataParallel& ddp, int bucket) {
+  if (!bwActive_) {
+    return Status::ok();
+  }
+  if (bucket < 0 || static_cast<size_t>(bucket) >= plan_->bucketRuns.size()) {
+    return BAGUA_ERROR(kInternal, "%s: stepBucket(%d): the plan has %zu buckets", ruleName(),
+                       bucket, plan_->bucketRuns.size());
+  }
+  const auto b = static_cast<size_t>(bucket);
+  if (bwBucketDone_[b] != 0) {
+    return Status::ok();
+  }
+  const core::Device& dev = ddp.buckets()[b].device;
+  if (dev.type == DeviceType::kCuda) {  // after the reduction, the gradients brought back
+    BAGUA_RETURN_IF_ERROR(ddp.copyBucketOutOn(bucket, static_cast<CUstream_st*>(streamFor(dev))));
+  }
+  for (int r : plan_->bucketRuns[b]) {
+    PlanRun& run = plan_->runs[static_cast<size_t>(r)];
+    BAGUA_RETURN_IF_ERROR(stepRun(run, 1.0));
+    bwGroupFused_[static_cast<size_t>(partitions_[run.partition]->group)] = 1;
+  }
+  for (int si : plan_->bucketSingles[b]) {
+    BAGUA_RETURN_IF_ERROR(stepSlot(*slots_[si], 1.0));
+  }
+  bwBucketDone_[b] = 1;
+  ++bwBuckets_;
+  return Status::ok();
+}
+
+Status FusedOptimizer::endBackwardStep(core::DistributedDataParallel& ddp) {
+  if (!bwActive_) {
+    return Status::ok();
+  }
+  bwActive_ = false;
+  bwPending_ = true;
+  // The trainer's stream, and the legacy default stream that step() uses for the rest, after
+  // the steps on this optimizer's streams.
+  for (size_t dev = 0; dev < bwStreams_.size(); ++dev) {
+    if (bwStreams_[dev] == nullptr) {
+      continue;
+    }
+    BAGUA_RETURN_IF_ERROR(
+        cudaStreamAfter(static_cast<int>(dev), ddp.options().cudaStream, bwStreams_[dev]));
+    if (ddp.options().cudaStream != nullptr) {
+      BAGUA_RETURN_IF_ERROR(cudaStreamAfter(static_cast<int>(dev), nullptr, bwStreams_[dev]));
+    }
+  }
+  return Status::ok();
+}
+
+Status FusedOptimizer::finishBackwardStep(bool fused) {
+  bwPending_ = false;
+  Plan& plan = *plan_;
+  // The parameters in no bucket, and any bucket the reducer did not hand over.
+  auto runAll = [&](const std::vector<int>& runs, const std::vector<int>& singles) -> Status {
+    for (int r : runs) {
+      PlanRun& run = plan.runs[static_cast<size_t>(r)];
+      BAGUA_RETURN_IF_ERROR(stepRun(run, 1.0));
+      bwGroupFused_[static_cast<size_t>(partitions_[run.partition]->group)] = 1;
+    }
+    for (int si : singles) {
+      BAGUA_RETURN_IF_ERROR(stepSlot(*slots_[si], 1.0));
+    }
+    return Status::ok();
+  };
+  BAGUA_RETURN_IF_ERROR(runAll(plan.restRuns, plan.restSingles));
+  for (size_t b = 0; b < bwBucketDone_.size(); ++b) {
+    if (bwBucketDone_[b] == 0) {
+      BAGUA_RETURN_IF_ERROR(runAll(plan.bucketRuns[b], plan.bucketSingles[b]));
+    }
+  }
+  lastFusedRuns_ = plan.runs.size();
+  lastFusedTensors_ = plan.runSlots.size();
+  if (fused) {
+    for (uint8_t g : bwGroupFused_) {
+      fusedCount_ += g;
+    }
+  }
+  if (scaler_ != nullptr) {
+    scaler_->update(false);  // a disabled scaler (an enabled one declines stepping in backward)
   }
   return Status::ok();
 }

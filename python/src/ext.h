@@ -12,8 +12,9 @@
 #include "bagua/base/status.h"
 
 namespace bagua::core {
+class DistributedDataParallel;
 class ProcessGroup;
-}
+}  // namespace bagua::core
 
 namespace bagua::py {
 
@@ -55,6 +56,10 @@ void bindComm(pyb::module_& m);
 // The ProcessGroup of a _bagua_ext.Group object (TypeError for anything else).
 core::ProcessGroup& groupOf(const pyb::object& group);
 void bindDdp(pyb::module_& m);
+// The reducer of a _bagua_ext.Reducer object (TypeError for anything else).
+core::DistributedDataParallel& reducerOf(const pyb::object& reducer);
+// Gradient-ready hooks in C++ (ext_hooks.cc).
+void bindHooks(pyb::module_& m);
 void bindContrib(pyb::module_& m);
 
 }  // namespace bagua::py

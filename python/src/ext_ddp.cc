@@ -468,6 +468,13 @@ class PyReducer {
 
 }  // namespace
 
+core::DistributedDataParallel& reducerOf(const pyb::object& reducer) {
+  if (!pyb::isinstance<PyReducer>(reducer)) {
+    throw pyb::type_error("expected a _bagua_ext.Reducer");
+  }
+  return reducer.cast<PyReducer&>().ddp();
+}
+
 void bindDdp(pyb::module_& m) {
   pyb::class_<PyQAdam>(m, "QAdamOptimizer")
       .def(pyb::init<const std::vector<ParamSpec>&, float, int, float, float, float, float, bool>(),
@@ -579,9 +586,51 @@ void bindDdp(pyb::module_& m) {
              d["bucket_wait_ns"] = st.bucketWaitNs;
              d["bucket_run_ns"] = st.bucketRunNs;
              d["bucket_queue_ns"] = st.bucketQueueNs;
+             d["step_ns"] = st.stepNs;
+             d["buckets_stepped"] = st.bucketsStepped;
              return d;
            })
-      .def("reset_stats", [](PyReducer& r) { r.ddp().resetStats(); });
+      .def("reset_stats", [](PyReducer& r) { r.ddp().resetStats(); })
+      // Stepping inside the backward pass (core/include/bagua/core/ddp.h).
+      .def("buckets_reduced", [](PyReducer& r) { return r.ddp().bucketsReduced(); })
+      .def("wait_bucket_reduced",
+           [](PyReducer& r, int bucket) {
+             r.run([&] { return r.ddp().waitBucketReduced(bucket); });
+           })
+      .def("mark_unused_ready",
+           [](PyReducer& r) { r.run([&] { return r.ddp().markUnusedReady(); }); })
+      .def("copy_bucket_out_on",
+           [](PyReducer& r, int bucket, uintptr_t stream) {
+             r.run([&] {
+               return r.ddp().copyBucketOutOn(bucket, reinterpret_cast<CUstream_st*>(stream));
+             });
+           })
+      .def("order_after_reduction",
+           [](PyReducer& r, uintptr_t stream) {
+             r.run([&] {
+               return r.ddp().orderAfterReduction(reinterpret_cast<CUstream_st*>(stream));
+             });
+           })
+      .def("bucket_in_place",
+           [](PyReducer& r, int bucket) {
+             const auto& b = r.ddp().buckets();
+             if (bucket < 0 || bucket >= static_cast<int>(b.size())) {
+               throw pyb::index_error("bucket_in_place: bucket index out of range");
+             }
+             return b[static_cast<size_t>(bucket)].inPlace;
+           })
+      .def("bucket_params", [](PyReducer& r) {
+        // Per bucket, the indices (into the parameter list) of its tensors, in bucket order.
+        core::DistributedDataParallel& d = r.ddp();
+        std::vector<std::vector<int>> out;
+        for (const core::Bucket& b : d.buckets()) {
+          out.emplace_back();
+          for (int t : b.tensors) {
+            out.back().push_back(d.tensors()[static_cast<size_t>(t)].paramIndex);
+          }
+        }
+        return out;
+      });
 }
 
 }  // namespace bagua::py

@@ -38,5 +38,6 @@ PYBIND11_MODULE(_bagua_ext, m) {
   bagua::py::registerExceptions(m);
   bagua::py::bindComm(m);
   bagua::py::bindDdp(m);
+  bagua::py::bindHooks(m);
   bagua::py::bindContrib(m);
 }

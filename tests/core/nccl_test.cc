@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -414,8 +415,53 @@ class AveragePlusOne final : public Algorithm {
 // in, and the reduced values copied back to them).
 enum class DeviceHomes { kNone, kAtHomes, kElsewhere };
 
+// Stepping inside the backward pass on a device (BucketStepper): for each bucket, brings the
+// reduced gradients back on a stream of its own (copyBucketOutOn: ordered after the reduction,
+// no host wait) and copies them there into snapshots, which is what an optimizer stepping
+// there reads; the trainer's stream waits for that stream at endBackwardStep.
+class SnapshotStepper final : public Optimizer, public BucketStepper {
+ public:
+  SnapshotStepper(std::vector<Parameter>& params, std::vector<float*> snapshots,
+                  cudaStream_t stream)
+      : params_(params), snapshots_(std::move(snapshots)), stream_(stream) {}
+  Status step() override { return Status::ok(); }
+  void zeroGrad() override {}
+  bool beginBackwardStep(DistributedDataParallel&, std::string*) override {
+    stepped.clear();
+    return true;
+  }
+  Status stepBucket(DistributedDataParallel& ddp, int bucket) override {
+    BAGUA_RETURN_IF_ERROR(ddp.copyBucketOutOn(bucket, stream_));
+    for (int t : ddp.buckets()[static_cast<size_t>(bucket)].tensors) {
+      const auto pi = static_cast<size_t>(ddp.tensors()[static_cast<size_t>(t)].paramIndex);
+      if (cudaMemcpyAsync(snapshots_[pi], params_[pi].grad, params_[pi].bytes(),
+                          cudaMemcpyDeviceToDevice, stream_) != cudaSuccess) {
+        return BAGUA_ERROR(kInternal, "snapshot copy failed");
+      }
+    }
+    stepped.push_back(bucket);
+    return Status::ok();
+  }
+  Status endBackwardStep(DistributedDataParallel& ddp) override {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(e, stream_) != cudaSuccess ||
+        cudaStreamWaitEvent(ddp.options().cudaStream, e, 0) != cudaSuccess) {
+      return BAGUA_ERROR(kInternal, "ordering the trainer's stream failed");
+    }
+    cudaEventDestroy(e);
+    return Status::ok();
+  }
+  std::vector<int> stepped;
+
+ private:
+  std::vector<Parameter>& params_;
+  std::vector<float*> snapshots_;
+  cudaStream_t stream_;
+};
+
 void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false,
-                            DeviceHomes homes = DeviceHomes::kNone) {
+                            DeviceHomes homes = DeviceHomes::kNone, bool stepper = false) {
   const int world = std::min(gpuCount(), 8);
   if (world == 0) {
     GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
@@ -493,7 +539,23 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false,
           algorithm = std::make_shared<GradientAllReduce>();
         }
         const double plus = deviceOrder ? 0.0 : 1.0;
-        auto ddp = withBagua(params, buffers, {}, algorithm, **pg, d);
+        std::vector<std::unique_ptr<DeviceFloats>> snaps;
+        std::vector<float*> snapPtrs;
+        cudaStream_t stepStream = nullptr;
+        std::unique_ptr<SnapshotStepper> snapshotter;
+        std::vector<Optimizer*> optimizers;
+        if (stepper) {
+          if (cudaStreamCreateWithFlags(&stepStream, cudaStreamNonBlocking) != cudaSuccess) {
+            return std::string("cudaStreamCreate failed");
+          }
+          for (size_t k = 0; k < sizes.size(); ++k) {
+            snaps.push_back(std::make_unique<DeviceFloats>(sizes[k]));
+            snapPtrs.push_back(snaps.back()->p);
+          }
+          snapshotter = std::make_unique<SnapshotStepper>(params, snapPtrs, stepStream);
+          optimizers.push_back(snapshotter.get());
+        }
+        auto ddp = withBagua(params, buffers, optimizers, algorithm, **pg, d);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -523,10 +585,23 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false,
           if (!s.isOk()) {
             return strPrintf("iteration %d: %s", iter, s.toString().c_str());
           }
+          if (stepper) {
+            std::vector<int> all = snapshotter->stepped;
+            std::sort(all.begin(), all.end());
+            for (size_t b = 0; b < all.size() || b < (*ddp)->buckets().size(); ++b) {
+              if (b >= all.size() || all[b] != static_cast<int>(b) ||
+                  all.size() != (*ddp)->buckets().size()) {
+                return strPrintf("iteration %d: %zu of %zu buckets stepped inside backward", iter,
+                                 all.size(), (*ddp)->buckets().size());
+              }
+            }
+          }
           for (size_t k = 0; k < sizes.size() && out.empty(); ++k) {
             std::vector<float> got(sizes[k]);
-            cudaMemcpyAsync(got.data(), params[k].grad, sizes[k] * sizeof(float),
-                            cudaMemcpyDeviceToHost, trainer);
+            // With the stepper: what its stream read inside backward (the trainer's stream waits
+            // for it); else the gradient.
+            cudaMemcpyAsync(got.data(), stepper ? snapPtrs[k] : params[k].grad,
+                            sizes[k] * sizeof(float), cudaMemcpyDeviceToHost, trainer);
             cudaStreamSynchronize(trainer);
             for (size_t i = 0; i < sizes[k]; ++i) {
               double want = 0;
@@ -561,10 +636,25 @@ void reducerOnDeviceTensors(bool gradientAsBucketView, bool deviceOrder = false,
         }
         ddp->reset();
         cudaStreamDestroy(trainer);
+        if (stepStream != nullptr) {
+          cudaStreamDestroy(stepStream);
+        }
         return out;
       },
       180s);
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+TEST(Nccl, StepInsideBackwardReadsTheReducedGradientsOfCopiedBuckets) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true, DeviceHomes::kNone, /*stepper=*/true);
+}
+
+TEST(Nccl, StepInsideBackwardReadsTheReducedGradientsAtTheirHomes) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true, DeviceHomes::kAtHomes, /*stepper=*/true);
+}
+
+TEST(Nccl, StepInsideBackwardReadsTheReducedGradientsWithGradientsElsewhere) {
+  reducerOnDeviceTensors(false, /*deviceOrder=*/true, DeviceHomes::kElsewhere, /*stepper=*/true);
 }
 
 TEST(Nccl, ReducerOnDeviceTensorsCopiesInAndOut) {

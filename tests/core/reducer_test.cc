@@ -2,7 +2,10 @@
 // oracle, bucket order and rebuild, and training equivalence: a 4-rank DDP run of a real MLP
 // equals single-process training on the concatenated batch, with gradient_as_bucket_view on and
 // off, unused parameters, ignore lists, no_sync accumulation, hierarchical all-reduce; a rank
-// that dies makes the others fail instead of hang.
+// that dies makes the others fail instead of hang. Stepping inside the backward pass
+// (BucketStepper): each bucket stepped once, as it is reduced, on the reduced gradients, to the
+// same bits as stepping after backward, in copy mode, at gradient homes, with bucket views and
+// with unused parameters; a stepper that declines is left to step().
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -143,8 +146,89 @@ enum class Homes {
   kRegistrationOrder,  // gradients at homes laid out in the wrong order for the buckets
 };
 
+// SGD with momentum (core::Sgd's formula) that can also step one bucket's parameters inside the
+// backward pass (BucketStepper); step() then steps the parameters it has not stepped. Records
+// which buckets each backward stepped; `decline` makes it refuse, with a reason.
+class BucketSgd final : public Optimizer, public BucketStepper {
+ public:
+  BucketSgd(std::vector<Parameter>& params, float lr, float momentum, bool decline)
+      : params_(params), lr_(lr), momentum_(momentum), decline_(decline) {
+    for (const Parameter& p : params_) {
+      velocity_.emplace_back(p.numel, 0.0f);
+    }
+    done_.assign(params_.size(), 0);
+  }
+  Status step() override {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (done_[i] == 0) {
+        stepParam(i);
+      }
+      done_[i] = 0;
+    }
+    return Status::ok();
+  }
+  void zeroGrad() override {
+    for (Parameter& p : params_) {
+      std::fill_n(static_cast<float*>(p.grad), p.numel, 0.0f);
+    }
+  }
+  std::vector<Parameter> stateTensors() override {
+    std::vector<Parameter> out;
+    for (size_t i = 0; i < velocity_.size(); ++i) {
+      Parameter s;
+      s.name = params_[i].name + ".momentum_buffer";
+      s.data = velocity_[i].data();
+      s.numel = velocity_[i].size();
+      s.requiresGrad = false;
+      out.push_back(s);
+    }
+    return out;
+  }
+  bool beginBackwardStep(DistributedDataParallel&, std::string* why) override {
+    if (decline_) {
+      *why = "this test's optimizer declines";
+      return false;
+    }
+    stepped.emplace_back();
+    return true;
+  }
+  Status stepBucket(DistributedDataParallel& ddp, int bucket) override {
+    stepped.back().push_back(bucket);
+    for (int t : ddp.buckets()[static_cast<size_t>(bucket)].tensors) {
+      const auto i = static_cast<size_t>(ddp.tensors()[static_cast<size_t>(t)].paramIndex);
+      if (done_[i] != 0) {
+        return BAGUA_ERROR(kInternal, "parameter %zu stepped twice", i);
+      }
+      stepParam(i);
+      done_[i] = 1;
+    }
+    return Status::ok();
+  }
+  std::vector<std::vector<int>> stepped;  // per backward that stepped: buckets, in order
+
+ private:
+  void stepParam(size_t i) {
+    Parameter& p = params_[i];
+    auto* w = static_cast<float*>(p.data);
+    const auto* g = static_cast<const float*>(p.grad);
+    float* v = velocity_[i].data();
+    for (size_t k = 0; k < p.numel; ++k) {
+      v[k] = momentum_ * v[k] + g[k];
+      w[k] -= lr_ * v[k];
+    }
+  }
+  std::vector<Parameter>& params_;
+  float lr_, momentum_;
+  bool decline_;
+  std::vector<std::vector<float>> velocity_;
+  std::vector<uint8_t> done_;
+};
+
+enum class Stepper { kSgd, kBucketSgd, kDeclining };
+
 struct RunSpec {
   int world = 4;
+  Stepper optimizer = Stepper::kSgd;
   int steps = 4;
   int microBatches = 1;  // > 1: the first ones under noSync()
   DdpOptions ddp;
@@ -217,6 +301,8 @@ struct RankResult {
   std::vector<float> buffer;
   DdpStats stats;
   int inPlace = 0;  // buckets in place at the end, each checked to lie in the homes' buffer
+  std::vector<std::vector<int>> stepped;  // BucketSgd: buckets stepped inside each backward
+  size_t buckets = 0;
 };
 
 std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
@@ -237,7 +323,10 @@ std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
           return pg.status().toString();
         }
         Mlp m(modelConfig(1000 + static_cast<uint64_t>(r) * 17, spec.aux));  // differ per rank
-        Sgd opt(m.parameters(), 0.05f, 0.9f);
+        Sgd sgd(m.parameters(), 0.05f, 0.9f);
+        BucketSgd bucketSgd(m.parameters(), 0.05f, 0.9f, spec.optimizer == Stepper::kDeclining);
+        Optimizer& opt = spec.optimizer == Stepper::kSgd ? static_cast<Optimizer&>(sgd)
+                                                         : static_cast<Optimizer&>(bucketSgd);
         const std::vector<float> homes = layOutHomes(m.parameters(), spec.homes);  // outlives ddp
         auto ddp =
             withBagua(m.parameters(), m.buffers(), {&opt},
@@ -286,6 +375,8 @@ std::string ddpRun(const RunSpec& spec, std::vector<RankResult>* results) {
         (*results)[r].layout = d.bucketLayout();
         (*results)[r].rebuilt = d.bucketsRebuilt();
         (*results)[r].stats = d.stats();
+        (*results)[r].stepped = bucketSgd.stepped;
+        (*results)[r].buckets = d.buckets().size();
         for (const Bucket& b : d.buckets()) {
           const auto* f = static_cast<const float*>(b.flat);
           if (b.inPlace && (f < homes.data() || f + b.numel > homes.data() + homes.size())) {
@@ -854,6 +945,127 @@ TEST(Ddp, RankThatDiesMidTrainingFailsTheOthersWithinTheTimeout) {
       },
       60s);
   EXPECT_EQ(bagua::testing::joinFailures(res), "");
+}
+
+// ---- Stepping inside the backward pass -----------------------------------------------------
+
+struct InBackwardCase {
+  const char* name;
+  bool bucketView;
+  Homes homes;
+  bool unused;  // an aux head some ranks skip, with findUnusedParameters
+};
+
+void PrintTo(const InBackwardCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class DdpStepInBackward : public ::testing::TestWithParam<InBackwardCase> {};
+
+TEST_P(DdpStepInBackward, EachBucketIsSteppedOnceAsItIsReducedToTheSameBits) {
+  const InBackwardCase& c = GetParam();
+  RunSpec spec;
+  spec.world = 3;
+  spec.steps = 6;
+  spec.optimizer = Stepper::kBucketSgd;
+  spec.homes = c.homes;
+  spec.ddp.gradientAsBucketView = c.bucketView;
+  spec.ddp.firstBucketBytes = 256;  // several buckets
+  spec.ddp.bucketCapMb = 1024.0 / (1 << 20);
+  if (c.unused) {
+    spec.aux = true;
+    spec.ddp.findUnusedParameters = true;
+    spec.useAux = [](int rank, int step) { return (rank + step) % 2 == 0; };
+  }
+  RunSpec after = spec;
+  after.ddp.stepInBackward = false;
+  std::vector<RankResult> in, ref;
+  ASSERT_EQ(ddpRun(spec, &in), "");
+  ASSERT_EQ(ddpRun(after, &ref), "");
+  for (size_t r = 0; r < in.size(); ++r) {
+    ASSERT_EQ(in[r].weights.size(), ref[0].weights.size());
+    EXPECT_EQ(std::memcmp(in[r].weights.data(), ref[0].weights.data(), ref[0].weights.size() * 4),
+              0)
+        << "rank " << r << ": stepping inside backward differs from stepping after it";
+    ASSERT_GT(in[r].buckets, 2u);
+    // Every backward stepped every bucket of its layout once, in bucket order (host buckets
+    // complete in order; the layout changes once, at the rebuild in ready order), and the
+    // reducer counted them.
+    ASSERT_EQ(in[r].stepped.size(), static_cast<size_t>(spec.steps));
+    int64_t total = 0;
+    for (const std::vector<int>& one : in[r].stepped) {
+      ASSERT_GT(one.size(), 2u);
+      for (size_t b = 0; b < one.size(); ++b) {
+        EXPECT_EQ(one[b], static_cast<int>(b)) << "rank " << r;
+      }
+      total += static_cast<int64_t>(one.size());
+    }
+    EXPECT_EQ(in[r].stepped.back().size(), in[r].buckets) << "rank " << r;
+    EXPECT_EQ(in[r].stats.bucketsStepped, total) << "rank " << r;
+    EXPECT_TRUE(ref[r].stepped.empty());
+    EXPECT_EQ(ref[r].stats.bucketsStepped, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DdpStepInBackward,
+    ::testing::Values(InBackwardCase{"copy", false, Homes::kNone, false},
+                      InBackwardCase{"bucket_view", true, Homes::kNone, false},
+                      InBackwardCase{"at_homes", false, Homes::kGradsAtHomes, false},
+                      InBackwardCase{"homes_elsewhere", false, Homes::kGradsElsewhere, false},
+                      InBackwardCase{"unused_copy", false, Homes::kNone, true}),
+    [](const ::testing::TestParamInfo<InBackwardCase>& p) { return p.param.name; });
+
+TEST(Ddp, AStepperThatDeclinesStepsAfterBackward) {
+  RunSpec spec;
+  spec.world = 2;
+  spec.steps = 3;
+  spec.optimizer = Stepper::kDeclining;
+  RunSpec plain = spec;
+  plain.optimizer = Stepper::kBucketSgd;
+  plain.ddp.stepInBackward = false;
+  std::vector<RankResult> got, ref;
+  ASSERT_EQ(ddpRun(spec, &got), "");
+  ASSERT_EQ(ddpRun(plain, &ref), "");
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_TRUE(got[r].stepped.empty());
+    EXPECT_EQ(got[r].stats.bucketsStepped, 0);
+    ASSERT_EQ(got[r].weights.size(), ref[0].weights.size());
+    EXPECT_EQ(std::memcmp(got[r].weights.data(), ref[0].weights.data(), ref[0].weights.size() * 4),
+              0);
+  }
+}
+
+TEST(Ddp, ReducedBucketCallsOutsideABackwardOrOutOfRangeAreRefused) {
+  auto pg = oneRankGroup();
+  ASSERT_NE(pg, nullptr);
+  Mlp m(modelConfig(3));
+  Sgd opt(m.parameters(), 0.05f);
+  auto ddp =
+      withBagua(m.parameters(), m.buffers(), {&opt}, std::make_shared<GradientAllReduce>(), *pg);
+  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
+  EXPECT_EQ((*ddp)->bucketsReduced(), 0);
+  Status s = (*ddp)->waitBucketReduced(0);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.toString();
+  ASSERT_TRUE((*ddp)->prepareForward().isOk());
+  std::vector<float> x;
+  std::vector<int32_t> y;
+  makeBatch(0, 0, kPerRank, &x, &y);
+  m.forward(x.data(), y.data(), kPerRank);
+  Status ready;
+  m.backward([&](int p) {
+    if (ready.isOk()) {
+      ready = (*ddp)->markGradReady(p);
+    }
+  });
+  ASSERT_TRUE(ready.isOk()) << ready.toString();
+  s = (*ddp)->waitBucketReduced(99);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+  EXPECT_TRUE((*ddp)->waitBucketReduced(0).isOk());
+  s = (*ddp)->copyBucketOutOn(0, nullptr);  // a host bucket: waitBucketReduced copied it back
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+  EXPECT_GE((*ddp)->bucketsReduced(), 1);
+  EXPECT_TRUE((*ddp)->finishBackward().isOk());
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 // gradient_as_bucket_view; the optimizer reuses the reducer's bucket layout (gradients stay in
 // the buckets, parameters and state are laid out in bucket order, and again after the reducer
 // rebuilds its buckets), fuses every bucket's tensors, and ends bit for bit where the same run
-// with the per-tensor step ends; every rank holds the same model.
+// with the per-tensor step ends; every rank holds the same model. Stepping inside the backward
+// pass (core::BucketStepper, on by default): every bucket stepped as it is reduced, and the
+// weights the same bits as stepping after backward, with and without bucket views, fused or
+// not; with an enabled GradScaler the optimizer declines and steps after backward.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +17,7 @@
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
 #include "bagua/optimizer/elementwise.h"
+#include "bagua/optimizer/grad_scaler.h"
 #include "multi_rank.h"
 
 namespace bagua::optim {
@@ -33,9 +37,22 @@ struct RankOut {
   int64_t fusedCount = 0;
   size_t numParams = 0;
   bool rebuilt = false;
+  size_t buckets = 0;
+  int steppedInBackward = 0;           // the reducer's count in the last step
+  int optimizerSteppedInBackward = 0;  // the optimizer's
 };
 
-std::string train(bool fused, bool bucketView, std::vector<RankOut>* out) {
+struct TrainSpec {
+  bool fused = true;
+  bool bucketView = true;
+  bool stepInBackward = true;  // DdpOptions::stepInBackward
+  bool scaler = false;         // an enabled GradScaler
+  int steps = 5;
+};
+
+std::string train(const TrainSpec& run, std::vector<RankOut>* out) {
+  const bool fused = run.fused;
+  const bool bucketView = run.bucketView;
   auto store = std::make_shared<core::InMemoryStore>();
   out->assign(kWorld, {});
   auto res = bagua::testing::runRanks(
@@ -64,7 +81,15 @@ std::string train(bool fused, bool bucketView, std::vector<RankOut>* out) {
         if (!opt.isOk()) {
           return opt.status().toString();
         }
+        auto scaler = GradScaler::create();
+        if (!scaler.isOk()) {
+          return scaler.status().toString();
+        }
+        if (run.scaler) {
+          (*opt)->setGradScaler(&*scaler);
+        }
         core::DdpOptions dopt;
+        dopt.stepInBackward = run.stepInBackward;
         dopt.gradientAsBucketView = bucketView;
         dopt.firstBucketBytes = 1024;  // several buckets
         dopt.bucketCapMb = 2048.0 / (1 << 20);
@@ -84,7 +109,7 @@ std::string train(bool fused, bool bucketView, std::vector<RankOut>* out) {
         }
         std::vector<float> x(kBatch * kIn);
         std::vector<int32_t> y(kBatch);
-        for (int step = 0; step < 5; ++step) {
+        for (int step = 0; step < run.steps; ++step) {
           (*opt)->zeroGrad();
           for (int k = 0; k < kBatch; ++k) {
             for (int i = 0; i < kIn; ++i) {
@@ -124,6 +149,9 @@ std::string train(bool fused, bool bucketView, std::vector<RankOut>* out) {
         o.fusedCount = (*opt)->fusedCount();
         o.numParams = m.parameters().size();
         o.rebuilt = (*ddp)->bucketsRebuilt();
+        o.buckets = (*ddp)->buckets().size();
+        o.steppedInBackward = (*ddp)->bucketsSteppedInBackward();
+        o.optimizerSteppedInBackward = (*opt)->bucketsSteppedInBackward();
         return "";
       },
       120s);
@@ -135,8 +163,13 @@ class FusedWithReducer : public ::testing::TestWithParam<bool> {};
 TEST_P(FusedWithReducer, FusesBucketsAndMatchesThePerTensorStep) {
   const bool bucketView = GetParam();
   std::vector<RankOut> fused, plain;
-  ASSERT_EQ(train(true, bucketView, &fused), "");
-  ASSERT_EQ(train(false, bucketView, &plain), "");
+  TrainSpec f;
+  f.bucketView = bucketView;
+  f.stepInBackward = false;
+  TrainSpec p = f;
+  p.fused = false;
+  ASSERT_EQ(train(f, &fused), "");
+  ASSERT_EQ(train(p, &plain), "");
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_EQ(fused[r].weights.size(), plain[0].weights.size());
     EXPECT_EQ(
@@ -152,6 +185,59 @@ TEST_P(FusedWithReducer, FusesBucketsAndMatchesThePerTensorStep) {
     // here: 6 parameters, buckets of >= 1 KiB hold a weight and its bias at least).
     EXPECT_GT(fused[r].fusedTensors, 0u);
     EXPECT_EQ(fused[r].fusedCount, 5) << "one group, fused in each of 5 steps";
+  }
+}
+
+bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_P(FusedWithReducer, StepsInsideBackwardToTheSameBitsAsAfterBackward) {
+  const bool bucketView = GetParam();
+  TrainSpec after;
+  after.bucketView = bucketView;
+  after.fused = false;
+  after.stepInBackward = false;
+  after.steps = 12;
+  std::vector<RankOut> ref;
+  ASSERT_EQ(train(after, &ref), "");
+  EXPECT_EQ(ref[0].steppedInBackward, 0);
+  for (bool fused : {true, false}) {
+    TrainSpec in = after;
+    in.fused = fused;
+    in.stepInBackward = true;
+    std::vector<RankOut> got;
+    ASSERT_EQ(train(in, &got), "");
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_TRUE(sameBits(got[r].weights, ref[0].weights))
+          << "rank " << r << (fused ? " fused" : " not fused")
+          << ": stepping inside backward differs from stepping after it";
+      // Every bucket of the last backward was stepped inside it, by the reducer and the optimizer.
+      EXPECT_GT(got[r].buckets, 1u);
+      EXPECT_EQ(got[r].steppedInBackward, static_cast<int>(got[r].buckets)) << "rank " << r;
+      EXPECT_EQ(got[r].optimizerSteppedInBackward, static_cast<int>(got[r].buckets));
+    }
+    if (fused) {
+      EXPECT_EQ(got[0].fusedCount, 12) << "one group, fused in each of 12 steps";
+    }
+  }
+}
+
+TEST_P(FusedWithReducer, AGradScalerStepsAfterBackward) {
+  // The scaler's inf/NaN check needs every gradient before any step: the optimizer declines,
+  // and the run equals the one that never stepped inside backward.
+  TrainSpec in;
+  in.bucketView = GetParam();
+  in.scaler = true;
+  in.steps = 6;
+  TrainSpec after = in;
+  after.stepInBackward = false;
+  std::vector<RankOut> got, ref;
+  ASSERT_EQ(train(in, &got), "");
+  ASSERT_EQ(train(after, &ref), "");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(got[r].steppedInBackward, 0) << "rank " << r;
+    EXPECT_TRUE(sameBits(got[r].weights, ref[0].weights)) << "rank " << r;
   }
 }
 

@@ -26,6 +26,11 @@ int launched() {
   return static_cast<int>(cudaGetLastError());
 }
 
+// The launch's stream (KernelArgs::stream; null: the legacy default stream).
+cudaStream_t streamOf(const KernelArgs& a) {
+  return static_cast<cudaStream_t>(a.stream);
+}
+
 // Returns f(std::integral_constant<unsigned, min(mask, Top)>{}): the state mask as a template
 // argument, so that a kernel loads and stores only the state arrays the range has.
 template <unsigned Top, class F>
@@ -85,7 +90,7 @@ int launchStorage(const void* scalars, const KernelArgs& a) {
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
   return withMask<7>(a.mask & 7u, [&](auto mask) {
     elementwiseKernel<Rule, P, T, kMaster, decltype(mask)::value>
-        <<<gridFor(a.numel), kThreads>>>(c, a);
+        <<<gridFor(a.numel), kThreads, 0, streamOf(a)>>>(c, a);
     return launched();
   });
 }
@@ -195,11 +200,12 @@ __global__ void trustFactorKernel(const typename Rule::template Scalars<T> c,
 
 template <class Rule, class T>
 int trustFactorsStorage(const void* scalars, const size_t* segFirst, size_t numSegments,
-                        const double* partials, double* trust) {
+                        const double* partials, double* trust, cudaStream_t stream) {
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
   constexpr unsigned kFactorThreads = 128;
   const unsigned g = static_cast<unsigned>((numSegments + kFactorThreads - 1) / kFactorThreads);
-  trustFactorKernel<Rule, T><<<g, kFactorThreads>>>(c, segFirst, numSegments, partials, trust);
+  trustFactorKernel<Rule, T>
+      <<<g, kFactorThreads, 0, stream>>>(c, segFirst, numSegments, partials, trust);
   return launched();
 }
 
@@ -209,7 +215,7 @@ int trustUpdateStorage(const void* scalars, const KernelArgs& a, void* u) {
   T* ut = static_cast<T*>(u);
   return withMask<3>(a.mask & 7u, [&](auto mask) {
     trustUpdateKernel<Rule, P, T, kMaster, decltype(mask)::value>
-        <<<gridFor(a.numel), kThreads>>>(c, a, ut);
+        <<<gridFor(a.numel), kThreads, 0, streamOf(a)>>>(c, a, ut);
     return launched();
   });
 }
@@ -219,7 +225,7 @@ int trustNormsStorage(const KernelArgs& a, const void* u, const NormBlock* block
                       double* partials) {
   const unsigned g = static_cast<unsigned>((n + kThreads - 1) / kThreads);
   trustNormsKernel<P, T, kMaster>
-      <<<g, kThreads>>>(a, static_cast<const T*>(u), blocks, n, partials);
+      <<<g, kThreads, 0, streamOf(a)>>>(a, static_cast<const T*>(u), blocks, n, partials);
   return launched();
 }
 
@@ -227,8 +233,8 @@ template <class Rule, class P, class T, bool kMaster>
 int trustApplyStorage(const void* scalars, const KernelArgs& a, const void* u,
                       const NormBlock* blocks, const double* trust, size_t n) {
   const auto& c = *static_cast<const typename Rule::template Scalars<T>*>(scalars);
-  trustApplyKernel<Rule, P, T, kMaster>
-      <<<static_cast<unsigned>(n), kThreads>>>(c, a, static_cast<const T*>(u), blocks, trust);
+  trustApplyKernel<Rule, P, T, kMaster><<<static_cast<unsigned>(n), kThreads, 0, streamOf(a)>>>(
+      c, a, static_cast<const T*>(u), blocks, trust);
   return launched();
 }
 
@@ -250,7 +256,7 @@ __global__ void nonFiniteKernel(const KernelArgs a, int* flag) {
 
 template <class P, class T>
 int nonFiniteStorage(const KernelArgs& a, int* flag) {
-  nonFiniteKernel<P, T><<<gridFor(a.numel), kThreads>>>(a, flag);
+  nonFiniteKernel<P, T><<<gridFor(a.numel), kThreads, 0, streamOf(a)>>>(a, flag);
   return launched();
 }
 
@@ -282,7 +288,8 @@ int trustNorms(const KernelArgs& a, const void* u, const NormBlock* blocks, size
 }
 
 int trustFactors(int ruleId, const void* scalars, StorageType storage, const size_t* segFirst,
-                 size_t numSegments, const double* partials, double* trust) {
+                 size_t numSegments, const double* partials, double* trust, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
   if (ruleId != LambRule::kCudaId) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -290,9 +297,10 @@ int trustFactors(int ruleId, const void* scalars, StorageType storage, const siz
     return 0;
   }
   if (storage == StorageType::kF64) {
-    return trustFactorsStorage<LambRule, double>(scalars, segFirst, numSegments, partials, trust);
+    return trustFactorsStorage<LambRule, double>(scalars, segFirst, numSegments, partials, trust,
+                                                 s);
   }
-  return trustFactorsStorage<LambRule, float>(scalars, segFirst, numSegments, partials, trust);
+  return trustFactorsStorage<LambRule, float>(scalars, segFirst, numSegments, partials, trust, s);
 }
 
 int trustApply(int ruleId, const void* scalars, const KernelArgs& a, const void* u,

@@ -1,5 +1,5 @@
 // Plain entry points of the CUDA optimizer kernels (compiled by nvcc, called from cuda_ops.cc).
-// Return a cudaError_t value. Private.
+// Return a cudaError_t value. Launches go to KernelArgs::stream (or `stream`). Private.
 #pragma once
 
 #include "bagua/optimizer/kernel_args.h"
@@ -21,7 +21,7 @@ int trustNorms(const KernelArgs& args, const void* u, const NormBlock* blocks, s
 // the rule's trust factor (scalars: Scalars<double> for kF64 storage, else Scalars<float>), written
 // to trust[b] for each of its blocks. segFirst has numSegments + 1 entries. Device only.
 int trustFactors(int ruleId, const void* scalars, StorageType storage, const size_t* segFirst,
-                 size_t numSegments, const double* partials, double* trust);
+                 size_t numSegments, const double* partials, double* trust, void* stream);
 // Pass 2: p = applyTrust(p, u, trust[block]) for every block.
 int trustApply(int ruleId, const void* scalars, const KernelArgs& args, const void* u,
                const NormBlock* blocks, const double* trust, size_t numBlocks);

@@ -67,6 +67,11 @@ class AlgorithmImpl {
   virtual Result<WorkPtr> launchBucket(Bucket& /*bucket*/, ProcessGroup& /*group*/) {
     return WorkPtr();
   }
+  // True when a bucket's communication leaves its gradients final for the iteration (gradient
+  // all-reduce): an optimizer may then step the bucket's parameters before the backward pass
+  // ends (DdpOptions::stepInBackward). Algorithms that communicate weights, or change gradients
+  // after the backward pass, keep the default.
+  virtual bool reducedBucketIsFinal() const { return false; }
 
   virtual Status onForwardPre(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
   virtual Status onBackwardReady(DistributedDataParallel& /*ddp*/, int /*tensor*/) {

@@ -31,6 +31,16 @@
 // finishBackward() waits for them. Host and device buckets may mix (a bucket holds one device).
 // Without NCCL, device tensors are refused with an error.
 //
+// The optimizer inside the backward pass: when the algorithm's bucket communication leaves final
+// gradients (AlgorithmImpl::reducedBucketIsFinal: gradient all-reduce) and DdpOptions::
+// stepInBackward is on, an optimizer that implements BucketStepper steps each bucket's parameters
+// as soon as that bucket is reduced, while later buckets still communicate: device buckets from
+// markGradReady() once their collective is enqueued (the optimizer's work, and the copies of the
+// reduced gradients, are ordered after it on the device: copyBucketOutOn()), host buckets in
+// finishBackward() as each one completes. step() then steps what no bucket held. Trainers that
+// step themselves (the Python front end) use the same points: bucketsReduced(),
+// waitBucketReduced(), copyBucketOutOn().
+//
 // Errors: every method returns a Status. A peer that died or a stuck collective surfaces from
 // finishBackward() as an error within the collective timeout; the reducer is then unusable.
 //
@@ -44,6 +54,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -61,6 +72,29 @@ struct CUstream_st;
 namespace bagua::core {
 
 class DeviceStager;  // core-private (src/device_stager.h): bucket storage, copies, CUDA state
+class DistributedDataParallel;
+
+// An optimizer that can step one bucket's parameters at a time, inside the backward pass (see
+// the file comment). Implemented next to core::Optimizer by optimizers that update each
+// parameter on its own (optimizer/'s FusedOptimizer); the reducer finds it among its optimizers
+// with dynamic_cast. Called on the trainer's thread only.
+class BucketStepper {
+ public:
+  virtual ~BucketStepper() = default;
+  // At the first markGradReady() of a backward that communicates: whether this backward's
+  // buckets are stepped as they are reduced (then step() after backward steps only what no
+  // bucket held). false: step() steps everything after backward, and *why says why (the reducer
+  // logs each reason once).
+  virtual bool beginBackwardStep(DistributedDataParallel& ddp, std::string* why) = 0;
+  // Bucket `bucket` of ddp.buckets() is reduced. Host buckets: the gradients of its parameters
+  // are final in Parameter::grad now. Device buckets: the reduction is enqueued; call
+  // ddp.copyBucketOutOn(bucket, stream) first, which orders `stream` after it and brings the
+  // reduced gradients to Parameter::grad there, and step on `stream` (no host wait).
+  virtual Status stepBucket(DistributedDataParallel& ddp, int bucket) = 0;
+  // At the end of finishBackward() of a backward that stepped with this optimizer: device
+  // optimizers order the trainer's stream (DdpOptions::cudaStream) after their steps here.
+  virtual Status endBackwardStep(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
+};
 
 struct DdpOptions {
   double bucketCapMb = 25.0;
@@ -83,19 +117,26 @@ struct DdpOptions {
   // device instead of the host (see above). false: every bucket through runBucket, one after the
   // other, with host waits (the behaviour before issue 18; kept for comparison).
   bool launchWithoutWaiting = true;
+  // Optimizers that implement BucketStepper step each bucket as soon as it is reduced, inside the
+  // backward pass, when the algorithm leaves final gradients per bucket (see the file comment);
+  // the optimizer may still decline per backward (its own switch, a GradScaler, ...). false: every
+  // optimizer steps in step(), after backward.
+  bool stepInBackward = true;
 };
 
 // Where a reducer's time went since creation (or resetStats()), for "where does the step go"
 // traces (bench/ddp prints them per contestant). Nanoseconds, summed.
 struct DdpStats {
-  int64_t iterations = 0;     // finishBackward() calls that communicated
-  int64_t markNs = 0;         // trainer: inside markGradReady (copy-in, queueing)
-  int64_t finishWaitNs = 0;   // trainer: finishBackward waiting for the buckets
-  int64_t copyOutNs = 0;      // trainer: finishBackward's copy-back
-  int64_t buckets = 0;        // buckets run by the bucket thread
-  int64_t bucketWaitNs = 0;   // bucket thread: waiting for a bucket's copies (device)
-  int64_t bucketRunNs = 0;    // bucket thread: runBucket, or launchBucket to seen finished
-  int64_t bucketQueueNs = 0;  // bucket thread: from a bucket's queueing to its run starting
+  int64_t iterations = 0;      // finishBackward() calls that communicated
+  int64_t markNs = 0;          // trainer: inside markGradReady (copy-in, queueing)
+  int64_t finishWaitNs = 0;    // trainer: finishBackward waiting for the buckets
+  int64_t copyOutNs = 0;       // trainer: finishBackward's copy-back
+  int64_t buckets = 0;         // buckets run by the bucket thread
+  int64_t bucketWaitNs = 0;    // bucket thread: waiting for a bucket's copies (device)
+  int64_t bucketRunNs = 0;     // bucket thread: runBucket, or launchBucket to seen finished
+  int64_t bucketQueueNs = 0;   // bucket thread: from a bucket's queueing to its run starting
+  int64_t stepNs = 0;          // trainer: BucketStepper::stepBucket inside the backward pass
+  int64_t bucketsStepped = 0;  // buckets stepped inside the backward pass
 };
 
 class DistributedDataParallel {
@@ -113,6 +154,11 @@ class DistributedDataParallel {
 
   Status prepareForward();
   Status markGradReady(int paramIndex);
+  // With findUnusedParameters: zero-fills the gradients of the parameters that got none in this
+  // backward and launches their buckets (without it, such a parameter is the error
+  // finishBackward() reports). finishBackward() does it first; call it yourself to wait for
+  // every bucket before finishBackward() (waitBucketReduced).
+  Status markUnusedReady();
   Status finishBackward();
   Status step();
 
@@ -162,6 +208,34 @@ class DistributedDataParallel {
   // Broadcasts rank 0's parameters, buffers and optimizer state (used at creation and resets).
   Status broadcastState();
 
+  // ---- Reduced buckets, for stepping inside the backward pass (trainer's thread) -------------
+  // How many buckets of the current backward, counted from bucket 0 in bucket order, are reduced:
+  // a host bucket once its communication has completed, a device bucket launched as one
+  // collective once that collective is enqueued (work ordered after it with copyBucketOutOn()
+  // sees the reduced gradients). 0 outside a backward that communicates.
+  int bucketsReduced();
+  // Waits (bounded by the collective timeout) until bucket `bucket` of this backward is reduced,
+  // then, for a host bucket, copies its reduced gradients into the parameters' gradients
+  // (Parameter::grad) where they are not at their bucket slot, so finishBackward() leaves them
+  // alone. The first communication error, if any. FailedPrecondition outside a backward that
+  // communicates or for a bucket not launched yet (markUnusedReady()); InvalidArgument for a
+  // bucket index out of range.
+  Status waitBucketReduced(int bucket);
+  // A reduced device bucket (bucketsReduced(), waitBucketReduced()): makes `stream` (a
+  // cudaStream_t; null: the legacy default stream) wait for the reduction (orderAfterReduction)
+  // and enqueues there the copies of the reduced gradients into Parameter::grad where a gradient
+  // is not at its bucket slot, so finishBackward() leaves them alone; no host wait. The trainer
+  // orders its stream after `stream` before the next iteration writes the buckets again
+  // (BucketStepper::endBackwardStep). FailedPrecondition for a bucket not reduced yet;
+  // InvalidArgument for a host bucket.
+  Status copyBucketOutOn(int bucket, CUstream_st* stream);
+  // Device buckets: makes `stream` run its later work after everything the group's communicator
+  // has issued so far, the reductions among it, without a host wait. FailedPrecondition on a
+  // host group.
+  Status orderAfterReduction(CUstream_st* stream);
+  // The buckets this backward's optimizers have stepped so far (trainer's view; for tests).
+  int bucketsSteppedInBackward() const { return steppedCount_; }
+
   // Time accounting (trainer's thread; the bucket thread's part is read under mu_).
   DdpStats stats();
   void resetStats();
@@ -190,6 +264,13 @@ class DistributedDataParallel {
   // finishBackward's wait: until every bucket is enqueued in device order (then the trainer's
   // stream is ordered after them) or finished (drainBuckets).
   Status waitForBuckets();
+  // At the first markGradReady of a backward that communicates: which optimizers step its
+  // buckets as they are reduced (steppers_).
+  void beginBackward();
+  // Steps bucket `b` with every stepper of this backward (once per bucket).
+  Status stepBucket(int b);
+  // markGradReady: steps the device buckets whose collective is enqueued (in bucket order).
+  Status stepEnqueuedDeviceBuckets();
 
   std::vector<Parameter>& params_;
   std::vector<Parameter>& buffers_;
@@ -224,6 +305,14 @@ class DistributedDataParallel {
   bool rebuilt_ = false;
   bool rebuildPending_ = false;
   int64_t layoutGeneration_ = 0;
+  // Stepping inside the backward pass (trainer thread): this backward's steppers, the buckets
+  // they stepped, the buckets whose reduced gradients were copied back early
+  // (waitBucketReduced), and each reason a stepper declined, logged once.
+  std::vector<BucketStepper*> steppers_;
+  std::vector<bool> stepped_;
+  int steppedCount_ = 0;
+  std::vector<bool> copiedOut_;
+  std::set<std::string> declinedLogged_;
 
   // Shared with the bucket thread.
   std::mutex mu_;
@@ -236,6 +325,8 @@ class DistributedDataParallel {
   // Buckets past the host's part: finished, or their collective enqueued in device order (see
   // above). finishBackward waits for enqueued_ == launched_.
   size_t enqueued_ = 0;
+  // Per bucket of the current backward: reduced (see bucketsReduced()); set by the bucket thread.
+  std::vector<uint8_t> reduced_;
   size_t deviceOrderedThisIteration_ = 0;  // buckets enqueued in device order since the last finish
   Status commError_;
   std::jthread commThread_;

@@ -2,13 +2,14 @@
 // (the built-in rules with kCudaId >= 0). Built from src/cuda/*.cu when bagua is configured with
 // CUDA; otherwise every call fails with FailedPrecondition and cudaKernelsAvailable() is false.
 //
-// Ordering: every call is stream-ordered on the legacy default stream of the range's device (made
-// current first). cudaElementwise only enqueues (no synchronisation: back-to-back steps pipeline on
-// the GPU, and a kernel fault surfaces at the next synchronising call); cudaNonFinite returns the
-// flag, so it waits for its kernel; cudaTrustRatio only enqueues (its norms and trust factors are
-// computed on the device). Work the trainer enqueues on the default stream (or on blocking
-// streams) after a step sees the step's results; non-blocking streams must synchronise first.
-// Thread safety: one thread per optimizer (the scratch below is not shared).
+// Ordering: every call is stream-ordered on KernelArgs::stream (null, the default: the legacy
+// default stream) of the range's device (made current first). cudaElementwise only enqueues (no
+// synchronisation: back-to-back steps pipeline on the GPU, and a kernel fault surfaces at the next
+// synchronising call); cudaNonFinite returns the flag, so it waits for its kernel; cudaTrustRatio
+// only enqueues (its norms and trust factors are computed on the device). Work the trainer enqueues
+// on the default stream (or on blocking streams) after a step sees the step's results; non-blocking
+// streams must synchronise first. Thread safety: one thread per optimizer (the scratch below is not
+// shared).
 #pragma once
 
 #include <cstddef>
@@ -52,6 +53,12 @@ class CudaTrustScratch {
 Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
                       const size_t* segments, size_t numSegments, CudaTrustScratch& scratch,
                       int device);
+// Streams for stepping inside the backward pass: a non-blocking stream of `device`; and
+// `waiter` runs its later work after everything enqueued on `signaller` so far (an event, no
+// host wait; null: the legacy default stream).
+Status cudaCreateStream(int device, void** stream);
+void cudaDestroyStream(int device, void* stream);
+Status cudaStreamAfter(int device, void* waiter, void* signaller);
 // Sets *found when any grad * invScale is inf or NaN. `deviceFlag` is one int of device memory
 // on `device`, owned by the caller and reused across calls.
 Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found);

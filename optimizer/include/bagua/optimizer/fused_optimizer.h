@@ -30,6 +30,12 @@
 //                                    (times 1 / scale) for inf/NaN; if any, the step is skipped
 //                                    and the scale backs off; else the step runs with the
 //                                    unscaling folded into the kernel and the scaler may grow.
+//   (core::BucketStepper)            beside a reducer whose algorithm leaves final gradients per
+//                                    bucket (gradient all-reduce), each bucket's parameters are
+//                                    stepped as soon as the bucket is reduced, inside the
+//                                    backward pass, and step() then steps only the parameters no
+//                                    bucket held: the same bits as stepping after backward (see
+//                                    beginBackwardStep).
 //
 // Parameters with a null gradient are skipped by plainStep (as PyTorch skips grad=None); fuse()
 // gives them a zero gradient in the flat storage (as Bagua does).
@@ -48,13 +54,10 @@
 #include <vector>
 
 #include "bagua/base/status.h"
+#include "bagua/core/ddp.h"
 #include "bagua/core/parameter.h"
 #include "bagua/optimizer/kernel_args.h"
 #include "bagua/optimizer/thread_pool.h"
-
-namespace bagua::core {
-class DistributedDataParallel;
-}
 
 namespace bagua::optim {
 
@@ -86,7 +89,7 @@ struct OptimizerOptions {
 // Resolved StorageType of a parameter dtype (f32, f64, f16, bf16), or InvalidArgument.
 Result<StorageType> storageTypeOf(core::DataType dtype);
 
-class FusedOptimizer : public core::Optimizer {
+class FusedOptimizer : public core::Optimizer, public core::BucketStepper {
  public:
   ~FusedOptimizer() override;
   FusedOptimizer(const FusedOptimizer&) = delete;
@@ -105,6 +108,22 @@ class FusedOptimizer : public core::Optimizer {
   std::vector<core::Parameter> stateTensors() override;
 
   Status attachReducer(core::DistributedDataParallel& ddp);
+
+  // core::BucketStepper: called by the reducer (DdpOptions::stepInBackward) at the first
+  // gradient of a backward pass. Steps each bucket's parameters as soon as the reducer has reduced
+  // the bucket (host: on the trainer's thread, in finishBackward as each bucket completes; CUDA:
+  // from markGradReady, on a stream of this optimizer's ordered after the reduction, with no host
+  // wait; the trainer's stream waits for it when backward ends). The runs of the plan are cut at
+  // bucket boundaries; each parameter gets the same kernel on the same values as after backward.
+  // Declined, with the reason (the reducer logs it once), when BAGUA_OPTIM_STEP_IN_BACKWARD is
+  // off, with an enabled GradScaler (its inf/NaN check needs every gradient before any step), when
+  // a group needs state it did not allocate (step() reports it), or when the reducer's buckets
+  // moved since the last step (the parameters are laid out again by step()).
+  bool beginBackwardStep(core::DistributedDataParallel& ddp, std::string* why) override;
+  Status stepBucket(core::DistributedDataParallel& ddp, int bucket) override;
+  Status endBackwardStep(core::DistributedDataParallel& ddp) override;
+  // Buckets stepped inside the last backward pass that stepped in it.
+  int bucketsSteppedInBackward() const { return bwBuckets_; }
   void setGradScaler(GradScaler* scaler) { scaler_ = scaler; }
   // True when the last step was skipped for inf/NaN gradients.
   bool lastStepSkipped() const { return lastSkipped_; }
@@ -178,6 +197,13 @@ class FusedOptimizer : public core::Optimizer {
   struct PlanRun;
 
   Status runStep(bool fused);
+  // step() after an in-backward step: the parameters no stepped bucket held.
+  Status finishBackwardStep(bool fused);
+  // The reducer's buckets moved since the optimizer laid its parameters out along them.
+  bool reducerLayoutStale() const;
+  // The groups' states all allocated (else the error runStep returns).
+  Status checkStateMasks() const;
+  void* streamFor(const core::Device& device) const;
   Status checkNonFinite(double invScale, bool* found);
   Status layOut(bool moveGrads);
   Status refreshReducerLayout();
@@ -186,11 +212,15 @@ class FusedOptimizer : public core::Optimizer {
   // The plan: fused runs, per-tensor slots, AMP scan ranges; rebuilt only when stale.
   // full: compare every tensor; else a rotating window of kWatchWindow.
   bool planCurrent(bool full);
-  Status ensurePlan(bool full);
-  void buildPlan();
+  // split: the reducer whose buckets cut the runs (stepping inside backward), or null.
+  Status ensurePlan(bool full, const core::DistributedDataParallel* split = nullptr);
+  void buildPlan(const core::DistributedDataParallel* split);
   // Folds the step counts kept per run into the slots and marks the plan stale.
   void dropPlan();
-  std::vector<std::vector<int>> runsOf(const Partition& part) const;
+  // slotBucket (may be empty): per slot, the reducer bucket holding its parameter (-1: none);
+  // runs do not cross from one bucket to another.
+  std::vector<std::vector<int>> runsOf(const Partition& part,
+                                       const std::vector<int>& slotBucket) const;
   int64_t effectiveStep(const Slot& slot) const;
   KernelArgs argsOf(const Slot& slot) const;
 
@@ -216,6 +246,16 @@ class FusedOptimizer : public core::Optimizer {
   std::vector<size_t> segments_;  // scratch of stepSlot
   // CUDA inf/NaN flags, one per device index (allocated on first use).
   std::vector<std::unique_ptr<Buffer>> cudaFlags_;
+  // Stepping inside the backward pass (trainer thread): on while a backward steps its buckets;
+  // `bwPending_` until step() completes it; the buckets it stepped; the groups that fused.
+  bool bwActive_ = false;
+  bool bwPending_ = false;
+  int bwBuckets_ = 0;
+  std::vector<uint8_t> bwBucketDone_;
+  std::vector<uint8_t> bwGroupFused_;
+  // Per CUDA device index: the stream buckets are stepped on inside backward (created on first
+  // use, destroyed with the optimizer).
+  std::vector<void*> bwStreams_;
 };
 
 }  // namespace bagua::optim

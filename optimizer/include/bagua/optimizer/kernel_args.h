@@ -19,8 +19,9 @@ struct KernelArgs {
   float* master = nullptr;        // f32 master weights (f16/bf16 only), or null
   void* states[kMaxStates] = {};  // used states (bit k of mask), numel each
   size_t numel = 0;
-  unsigned mask = 0;      // Rule::stateMask of the group
-  double invScale = 1.0;  // gradient multiplier (1 / loss scale)
+  unsigned mask = 0;       // Rule::stateMask of the group
+  double invScale = 1.0;   // gradient multiplier (1 / loss scale)
+  void* stream = nullptr;  // CUDA: the cudaStream_t of the launches (null: legacy default stream)
 };
 
 // The state elements of index i, shared by every CPU and CUDA kernel: loads the states a

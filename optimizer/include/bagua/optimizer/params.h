@@ -35,6 +35,15 @@ struct OptimizerParams : ParamCatalogue {
       {100, int64_t{24} * 3600 * 1000},
       "Deadline for one parallel kernel on the CPU pool; running past it is reported as "
       "DeadlineExceeded (chunks are pure computation, so it means a starved machine or a bug)."};
+  BoolParam stepInBackward{
+      *this, "BAGUA_OPTIM_STEP_IN_BACKWARD", true,
+      "With gradient all-reduce or ByteGrad and a fused optimizer (Python: fuse_optimizer on a "
+      "with_bagua model; C++: FusedOptimizer beside the reducer), step each bucket's parameters "
+      "as soon as that bucket is reduced, inside the backward pass, while later buckets still "
+      "communicate; the weights are the same bits as stepping after backward. A step that needs "
+      "every gradient first (a GradScaler, gradient clipping, gradient accumulation without "
+      "no_sync) steps after backward with a logged reason. Off: always step after backward (the "
+      "optimizer's work then never overlaps communication)."};
 };
 OptimizerParams& optimizerParams();
 

@@ -64,6 +64,10 @@ LAUNCH_WITHOUT_WAITING = True
 #: and 4 GPUs (bench/RESULTS.md, 2026-11-26: as fast as the copies or faster in 7 of 8 cases, the
 #: same losses); False copies every bucket in and back. Host gradients always run in place.
 IN_PLACE_DEVICE_BUCKETS = True
+#: The C++ reducer's gradient hooks in C++ (_bagua_ext.GradReadyHook: no Python per gradient),
+#: read when the hooks are registered; False: a Python hook per gradient, as before (kept as the
+#: comparison point of bench/ddp/hook_cost.py).
+NATIVE_HOOKS = True
 
 import contextlib
 import struct
@@ -123,6 +127,15 @@ def _broadcast_optimizer_state(optimizers, group):
                 state.setdefault(p, {})[k] = v
 
 
+def _raw_step(opt, func, held):
+    """A no-argument callable running ``opt``'s own step (``func`` unbound, or ``held``),
+    holding ``opt`` weakly."""
+    if func is None:
+        return held
+    ref = weakref.ref(opt)
+    return lambda: func(ref())
+
+
 class _PatchedStep:
     """``optimizer.step`` after the wrap: the original step, then the algorithm's post-step
     hook. Shaped like a bound method (``__self__``, ``__func__``) because torch's LR schedulers
@@ -169,6 +182,17 @@ def _grad_hook(p, fn):
         return p.register_post_accumulate_grad_hook(lambda *_: fn()), None
     acc = p.expand_as(p).grad_fn.next_functions[0][0]
     return acc.register_hook(lambda *_: fn()), acc
+
+
+def _native_grad_hook(p, state, index):
+    """The C++ hook (``_bagua_ext.GradReadyHook``) that hands p's gradient to the reducer when it
+    is accumulated, running no Python (python/src/ext_hooks.cc); returns (handle, keep-alive).
+    From torch 2.1 torch passes the parameter to it; before, the AccumulateGrad node's hook gets
+    gradients only, so the hook holds the parameter weakly."""
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(ext.GradReadyHook(state, index)), None
+    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    return acc.register_hook(ext.GradReadyHook(state, index, weakref.ref(p))), acc
 
 
 class BaguaDistributedDataParallel:
@@ -225,7 +249,9 @@ class BaguaDistributedDataParallel:
         self._first_bucket_bytes = first_bucket_bytes
         self._hooks = []
         self._grad_accs = []
+        self._hook_state = None
         self._patched = []
+        self._raw_steps = []  # (optimizer, its own step) for stepping inside backward
         self._in_backward = False
         self._no_sync = False
         self._closed = False
@@ -261,6 +287,7 @@ class BaguaDistributedDataParallel:
             self._engine = _PythonEngine(self)
         self._register_hooks()
         self._patch_optimizers()
+        self._engine.attach_optimizers()
 
     # ---- Bagua's attributes ----------------------------------------------------------------
 
@@ -339,26 +366,52 @@ class BaguaDistributedDataParallel:
     def _register_grad_hooks(self):
         """(Re)registers the gradient hooks. Before torch 2.1 they sit on each parameter's
         AccumulateGrad node, which torch replaces when the parameter's data changes dtype or
-        device (``.double()``, ``.to()``): the engine calls this again when it rebinds."""
+        device (``.double()``, ``.to()``): the engine calls this again when it rebinds.
+
+        The C++ reducer gets C++ hooks (``_native_grad_hook``: no Python per gradient; Python
+        runs once per backward, ``_on_first_grad``); the Python engine and the Python CUDA
+        reducer get Python ones (Bagua's ``init_backward_hook`` per gradient)."""
         me = weakref.ref(self)
         for h in getattr(self, "_grad_hooks", []):
             h.remove()
         self._grad_hooks = []
         self._grad_accs.clear()
-        for name, p in self.module.named_parameters():
+        if self._hook_state is not None:
+            self._hook_state.detach()
+            self._hook_state = None
+        named = list(self.module.named_parameters())
+        reducer = self._engine.native_reducer() if NATIVE_HOOKS else None
+        if reducer is not None:
+            st = ext.HookState()
+
+            def on_first():
+                s = me()
+                return s._on_first_grad() if s is not None and not s._closed else False
+
+            def slow_path(index, p):
+                s = me()
+                if s is not None and not s._closed:
+                    s._engine.on_grad_slow(index, p)
+
+            st.attach(reducer, sorted(self._engine._communicated), len(named), on_first, None,
+                      slow_path)
+            self._hook_state = st
+        for index, (name, p) in enumerate(named):
             if not p.requires_grad:
                 continue
+            if reducer is not None:
+                h, acc = _native_grad_hook(p, self._hook_state, index)
+            else:
+                def on_grad(name=name, pref=weakref.ref(p)):
+                    s, p = me(), pref()
+                    if s is not None and not s._closed and p is not None:
+                        s._on_grad(name, p)
 
-            def on_grad(name=name, pref=weakref.ref(p)):
-                s, p = me(), pref()
-                if s is not None and not s._closed and p is not None:
-                    s._on_grad(name, p)
-
-            h, acc = _grad_hook(p, on_grad)
+                h, acc = _grad_hook(p, on_grad)
             self._grad_hooks.append(h)
             if acc is not None:
                 self._grad_accs.append(acc)
-        self._hooked_as = [(p, p.dtype, p.device) for _, p in self.module.named_parameters()]
+        self._hooked_as = [(p, p.dtype, p.device) for _, p in named]
 
     def _pre_forward(self, inputs):
         if not (self.module.training and torch.is_grad_enabled()):
@@ -372,14 +425,32 @@ class BaguaDistributedDataParallel:
 
     def _on_grad(self, name, p):
         if not self._in_backward:
+            begin = getattr(self._engine, "begin_backward", None)  # the C++ reducer's engine
+            if begin is not None:
+                begin()
             self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
         if self.find_unused_parameters:
             self._used.add(name)
         self._engine.on_grad(name, p)
 
+    def _on_first_grad(self):
+        """The C++ hooks' one Python call per backward: whether this backward communicates
+        (no_sync), and the end-of-backward callback (queued last: begin_backward may raise)."""
+        sync = self._engine.begin_backward()
+        if not self._in_backward:
+            self._in_backward = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._post_backward)
+        return sync
+
     def _post_backward(self):
         self._in_backward = False
+        st = self._hook_state
+        if st is not None:
+            st.end_backward()
+            if self.find_unused_parameters:
+                named = list(self.module.named_parameters())
+                self._used = {named[i][0] for i in st.used if i < len(named)}
         self._engine.post_backward()
 
     def _patch_optimizers(self):
@@ -390,6 +461,13 @@ class BaguaDistributedDataParallel:
             held = None if func is not None else orig
 
             def step(o, *args, _func=func, _held=held, **kwargs):
+                s = me()
+                steps = s._engine.steps() if s is not None and not s._closed else None
+                if steps is not None:
+                    if steps.finish_if_stepped(o, args, kwargs, fused=False):
+                        s._engine.post_step(o)  # its buckets were stepped inside backward
+                        return None
+                    steps.observe_step(o, args, kwargs)
                 r = _func(o, *args, **kwargs) if _func is not None else _held(*args, **kwargs)
                 s = me()
                 if s is not None and not s._closed:
@@ -398,6 +476,9 @@ class BaguaDistributedDataParallel:
 
             opt.step = _PatchedStep(step, opt)
             self._patched.append((opt, orig))
+            # The optimizer's own step, for stepping buckets inside backward (held weakly by
+            # way of the optimizer: a bound method of it would be a cycle through the wrap).
+            self._raw_steps.append((opt, _raw_step(opt, func, held)))
 
     # ---- user API --------------------------------------------------------------------------
 
@@ -417,6 +498,14 @@ class BaguaDistributedDataParallel:
     def bucket_layout(self):
         return self._engine.bucket_layout()
 
+    @property
+    def optimizer_steps_in_backward(self):
+        """``{optimizer: (mode, reason)}`` for the fused optimizers of this wrap: "on" (each
+        bucket is stepped inside the backward pass), "observe" (until the first step() decides)
+        or "off" (after backward; the reason says why). Empty for the Python engine."""
+        steps = self._engine.steps()
+        return steps.state() if steps is not None else {}
+
     def rebind(self):
         """Rebuilds on the parameters' current memory if any was replaced (done at every
         forward and optimizer step; call it yourself to do it earlier). Collective."""
@@ -427,6 +516,9 @@ class BaguaDistributedDataParallel:
         if self._closed:
             return
         self._closed = True
+        if self._hook_state is not None:
+            self._hook_state.detach()
+            self._hook_state = None
         for h in self._hooks + getattr(self, "_grad_hooks", []):
             h.remove()
         self._hooks.clear()
@@ -480,6 +572,17 @@ class _Engine:
             raise RuntimeError("bagua: the wrapper of this engine was freed")
         return d
 
+    def native_reducer(self):
+        """The _bagua_ext.Reducer the C++ gradient hooks feed, or None (Python hooks)."""
+        return None
+
+    def attach_optimizers(self):
+        pass
+
+    def steps(self):
+        """The wrap's StepInBackward (step_in_backward.py), or None."""
+        return None
+
 
 class _NativeEngine(_Engine):
     """The built-in algorithms on the C++ reducer (see the module docstring)."""
@@ -488,8 +591,37 @@ class _NativeEngine(_Engine):
         self._ddp = weakref.ref(ddp)  # the wrapper owns its engine
         self.impl = ddp.bagua_algorithm
         self._reducer = None
+        self._steps = None
         self._device_homes = IN_PLACE_DEVICE_BUCKETS  # as at the wrap, for every rebuild
         self._build(first=True)
+
+    def native_reducer(self):
+        return None if self._python_device else self._reducer
+
+    def attach_optimizers(self):
+        from .step_in_backward import StepInBackward
+
+        self._steps = StepInBackward(self)
+
+    def steps(self):
+        return self._steps
+
+    def begin_backward(self):
+        """The first gradient of a backward pass (C++ hooks): whether it communicates."""
+        sync = self._sync()
+        if self._steps is not None:
+            self._steps.begin_backward(sync)
+        return sync
+
+    def on_grad_slow(self, i, p):
+        """A gradient the C++ hook cannot hand over as it is (sparse, not contiguous)."""
+        g = p.grad
+        if g.is_sparse:
+            raise RuntimeError("bagua: sparse gradients are not supported ({})".format(
+                self._named_params[i][0]))
+        if not g.is_contiguous():
+            p.grad = g = g.contiguous()
+        self._reducer.mark_ready(i, g.data_ptr())
 
     def _build(self, first=False):
         ddp, impl = self.ddp, self.impl
@@ -551,7 +683,8 @@ class _NativeEngine(_Engine):
                     raise RuntimeError("bagua: CUDA model but no NCCL communicator (extension "
                                        "built without NCCL, or no GPU at init_process_group)")
                 host_group = group._nccl
-                stream = torch.cuda.current_stream(dev).cuda_stream
+                self._torch_stream = torch.cuda.current_stream(dev)  # the trainer's
+                stream = self._torch_stream.cuda_stream
             params = [_spec(n, p, self._grad_ptr(p)) for n, p in self._named_params]
             # do_flatten's laid-out gradients: the reducer's storage where they line up. The
             # reducer writes there until it is closed, so the views stay referenced here.
@@ -580,11 +713,14 @@ class _NativeEngine(_Engine):
 
     def _keep_views(self):
         # Laid-out gradients to re-point fresh ones at (see the module docstring): only where
-        # the reducer writes every reduced gradient back (communicated, the C++ reducer).
-        return [] if self._python_device else [
-            (p, v) for i, p in enumerate(self._params)
+        # the reducer writes every reduced gradient back (communicated, the C++ reducer). Also
+        # by parameter index, for stepping inside backward (step_in_backward.py).
+        keep = [] if self._python_device else [
+            (i, p, v) for i, p in enumerate(self._params)
             if i in self._communicated and (v := getattr(p, "_bagua_grad_view", None)) is not None
             and v.shape == p.shape and v.dtype == p.dtype and v.device == p.device]
+        self._keep_by_index = {i: v for i, _, v in keep}
+        return [(p, v) for _, p, v in keep]
 
     def _follow_layout(self):
         """When the reducer's bucket layout changed (the rebuild in gradient-ready order after
@@ -652,6 +788,9 @@ class _NativeEngine(_Engine):
         # The step counter and the algorithm's state go on in the new reducer (Bagua's counter
         # survives its resets; a decentralized schedule or replicas must not restart).
         schedule = old.save_schedule()
+        hooks = self.ddp._hook_state
+        if hooks is not None:
+            hooks.detach()  # re-attached to the new reducer below
         self._reducer = None
         if hasattr(old, "close"):
             old.close()
@@ -718,11 +857,18 @@ class _NativeEngine(_Engine):
         if not self._sync():
             self._reducer.finish_backward()
             return
-        for i in self._communicated:
+        # Unused this iteration: a zero gradient receives the others' average (without
+        # find_unused_parameters such a parameter is the reducer's error).
+        for i in self._communicated if self.ddp.find_unused_parameters else ():
             p = self._params[i]
             if p.grad is None:
-                # Unused this iteration: a zero gradient receives the others' average.
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        steps = self._steps
+        if steps is not None and steps.active:
+            # Each bucket stepped as soon as it is reduced, while the later ones communicate.
+            if not self._python_device:
+                self._reducer.set_grads(self._grad_ptrs())
+            steps.post_backward()
         fresh = []  # alive until the reducer is done with them (it may still be copying)
         for p, view in self._keep:
             g = p.grad
@@ -733,6 +879,8 @@ class _NativeEngine(_Engine):
             self._reducer.set_grads(self._grad_ptrs())
         self._reducer.finish_backward()
         del fresh
+        if steps is not None:
+            steps.after_finish(True)
         if self.impl._native_name == "decentralized":
             # Bagua's bucket exposes the averaged weights of the last communication step
             # (its tests read bagua_buckets[0]._peer_weight): here they are the weights the
@@ -816,6 +964,8 @@ class _NativeEngine(_Engine):
         return self._reducer.bucket_layout()
 
     def close(self):
+        if self._steps is not None:
+            self._steps.close()
         self._reducer = None
 
 

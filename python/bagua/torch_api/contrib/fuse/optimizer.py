@@ -140,19 +140,44 @@ def _fusable(params, state):
 
 
 def fuse_step(optimizer, closure=None):
-    """One optimizer step with byte-adjacent parameters updated as one tensor."""
+    """One optimizer step with byte-adjacent parameters updated as one tensor.
+
+    On a ``with_bagua`` model whose gradient all-reduce stepped this optimizer's buckets inside
+    the backward pass (``BAGUA_OPTIM_STEP_IN_BACKWARD``, see data_parallel/step_in_backward.py),
+    the call completes that step: the parameters no bucket holds are stepped, and the groups that
+    fused during the backward pass count as this call's."""
     if not is_fused_optimizer(optimizer):
         raise RuntimeError("bagua: call fuse_optimizer(optimizer) before fuse_step")
+    ctl = getattr(optimizer, "_bagua_step_ctl", None)
+    ctl = ctl() if ctl is not None else None
+    if ctl is not None and ctl.finish_if_stepped(optimizer, (closure,) if closure else (), {},
+                                                 fused=True):
+        return None
+    step = (lambda: optimizer.step(closure)) if closure is not None else optimizer.step
+    loss, fused = _fuse_and_step(optimizer, step)
+    optimizer._bagua_fused_count += len(fused)
+    resync = getattr(optimizer, "_bagua_resync_state", None)
+    if resync is not None:  # QAdam: its m and v live in the core, which the algorithm reads
+        resync()
+    return loss
+
+
+def _fuse_and_step(optimizer, step, subsets=None):
+    """Runs ``step()`` (the optimizer's step, no argument) once with every run of byte-adjacent
+    parameters replaced by one fused view (the optimizer's state laid out alike), then puts the
+    parameters and their states back. ``subsets``: per param group, the parameters to step (the
+    others are left out of this call); None steps every group's own. Returns (the step's result,
+    the indices of the groups in which at least one run was fused)."""
     state = optimizer.state
     saved = []
     restores = []
-    fused_groups = 0
+    fused_groups = set()
     with torch.no_grad():
-        for group in optimizer.param_groups:
+        for gi, group in enumerate(optimizer.param_groups):
             params = group["params"]
+            todo = params if subsets is None else subsets[gi]
             new_params = []
-            any_run = False
-            for part in _partitions([p for p in params if p.grad is not None]):
+            for part in _partitions([p for p in todo if p.grad is not None]):
                 info = _fusable(part, state) if len(part) >= 2 else None
                 if info is None or not _adjacent([p.data for p in part]):
                     if len(part) >= 2 and optimizer._bagua_check_flatten and info is not None:
@@ -176,13 +201,12 @@ def fuse_step(optimizer, closure=None):
                 state[fp] = st
                 new_params.append(fp)
                 restores.append((fp, part, elem))
-                any_run = True
-            new_params.extend(p for p in params if p.grad is None)
+                fused_groups.add(gi)
+            new_params.extend(p for p in todo if p.grad is None)
             saved.append((group, params))
             group["params"] = new_params
-            fused_groups += int(any_run)
     try:
-        loss = optimizer.step(closure) if closure is not None else optimizer.step()
+        loss = step()
     finally:
         with torch.no_grad():
             for group, params in saved:
@@ -201,8 +225,4 @@ def fuse_step(optimizer, closure=None):
                         else:
                             ps[k] = v
                     off += n
-    optimizer._bagua_fused_count += fused_groups
-    resync = getattr(optimizer, "_bagua_resync_state", None)
-    if resync is not None:  # QAdam: its m and v live in the core, which the algorithm reads
-        resync()
-    return loss
+    return loss, fused_groups
