@@ -47,7 +47,7 @@ struct RingOptions {
 struct RankResult {
   double seconds = 0;    // the pump phase, this rank
   double cpu = 0;        // process CPU seconds in the pump phase
-  double pluginCpu = 0;  // of which the plugin's helper threads
+  double pluginCpu = 0;  // of which the plugin's own threads (all but the progress thread)
   uint64_t sent = 0;     // payload bytes this rank sent
 };
 
@@ -60,8 +60,11 @@ void usage() {
       "the previous one over C connections (NCCL's channels), messages of each size with\n"
       "--window in flight, --bytes per connection. Cases: socket (one TCP socket per\n"
       "connection), bagua:S (the plugin, S streams), rr:S (equal split). Prints the ranks'\n"
-      "aggregate send rate and CPU seconds per GB sent (all threads, and the plugin's helper\n"
-      "threads alone). A plugin case may name its own build: bagua:8@/path/libnccl-net.so.\n"
+      "aggregate send rate and CPU seconds per GB sent (all threads, and the plugin's own\n"
+      "threads alone: all but the progress thread). A plugin case may name its own build: "
+      "bagua:8@/path/libnccl-net.so;\n"
+      "NAME@PATH loads another NCCL net plugin under that label (ncclNetPlugin_v11 or _v6:\n"
+      "fastsocket@/path/libnccl-net-fastsocket.so).\n"
       "--repeat R runs every size R times, the cases interleaved within each repetition, and\n"
       "prints each case's median with the range (the host's load drifts between runs).\n");
 }
@@ -81,7 +84,18 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
       o.cases.clear();
       for (const std::string& c : splitList(args.value())) {
         const size_t at = c.find('@');
-        Case k = parseCase(c.substr(0, at));
+        const std::string kind = c.substr(0, at);
+        if (at != std::string::npos && at + 1 < c.size() && kind.find(':') == std::string::npos &&
+            kind != "socket") {
+          // NAME@PATH: another NCCL net plugin (v11 or v6 table), e.g. Google's fastsocket.
+          Case k;
+          k.label = kind;
+          k.plugin = true;
+          k.pluginPath = c.substr(at + 1);
+          o.cases.push_back(k);
+          continue;
+        }
+        Case k = parseCase(kind);
         if (at != std::string::npos && at + 1 < c.size()) {
           if (!k.plugin) {
             die("--cases " + c + ": only plugin cases (bagua:S, rr:S) take @PATH");
@@ -311,12 +325,13 @@ void pluginRank(const RingOptions& o, const Case& kase, uint64_t size, int toPre
   ctlSend(toNext, &go, 1);
   ctlRecv(toPrev, &go, 1);
   double cpu0 = cpuSeconds();
-  double plugin0 = pluginThreadCpuSeconds();
+  double self0 = threadCpuSeconds();
   auto t0 = Clock::now();
   progressLoop(net, sends, recvs, size, count, o.window);
   out->seconds = secondsSince(t0);
-  out->pluginCpu = pluginThreadCpuSeconds() - plugin0;
   out->cpu = cpuSeconds() - cpu0;
+  // The transport's own threads: everything but this progress thread (NCCL's proxy here).
+  out->pluginCpu = std::max(0.0, out->cpu - (threadCpuSeconds() - self0));
   out->sent = size * static_cast<uint64_t>(count) * n;
   // Close the sends only once the next rank received everything (it says so to its previous).
   ctlSend(toPrev, &go, 1);
