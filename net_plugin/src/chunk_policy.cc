@@ -110,7 +110,8 @@ ChunkPlan planChunks(const CommLoad& load, const ChunkRules& rules) {
   }
   ChunkPlan plan = finish(size, chunk, streams, reason);
   // Rule 7: the copy costs less than the wake-up it saves.
-  plan.callerSends = !queued && plan.chunks == 1 && static_cast<double>(size) < breakEven;
+  plan.callerSends = !queued && plan.chunks == 1 && size <= kCallerSendMax &&
+                     static_cast<double>(size) < breakEven;
   return plan;
 }
 

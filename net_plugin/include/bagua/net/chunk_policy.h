@@ -30,10 +30,11 @@
 //     at size x slowest / sum of rates (unmeasured streams at the median; not below
 //     kAdaptiveFloor): fast streams take more chunks.
 //  6. Wake min(streams, chunks) parked streams: no more than the message has chunks.
-//  7. A lone message (nothing queued) cut into one chunk that is smaller than breakEven is written
-//     by the caller's isend itself on a parked stream (callerSends: copying it costs the caller
-//     less than the wake-up it saves; the socket takes what it can without blocking and that
-//     stream's thread sends the rest). When no stream is parked and free, isend wakes one.
+//  7. A lone message (nothing queued) cut into one chunk that is smaller than breakEven and at
+//     most kCallerSendMax is written by the caller's isend itself on a parked stream
+//     (callerSends: copying it costs the caller less than the wake-up it saves; the socket takes
+//     what it can without blocking and that stream's thread sends the rest). When no stream is
+//     parked and free, isend wakes one.
 // The fixed rule (!adaptive, or any knob that pins a floor: see EngineOptions): chunk =
 // clamp(ceil(size / streams), floor, maxChunk) with floor = loneChunk for a message with nothing
 // queued before it when 0 < loneChunk < minChunk, else minChunk. Round-robin: an equal split over
@@ -53,6 +54,10 @@ namespace bagua::net {
 // The adaptive floor never goes below this: a chunk's 32-byte header stays under 0.05% of it, and
 // its two system calls and one hop per side are spread over at least 64 KiB.
 inline constexpr uint64_t kAdaptiveFloor = 64 * 1024;
+// Rule 7's bound: the caller is NCCL's one proxy thread for every channel of the rank, so what it
+// copies itself holds the other connections up; a chunk up to this size costs it about as much as
+// the wake-up it saves on a loaded host (25-50 us at 5-10 GB/s).
+inline constexpr uint64_t kCallerSendMax = 256 * 1024;
 // A stream counts as slow (rule 5) below this fraction of the median rate.
 inline constexpr double kSlowStreamFraction = 0.25;
 
