@@ -163,6 +163,15 @@ inline double cpuSeconds() {
   return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
+// Voluntary context switches of this process, all threads: a thread blocking to wait for work or
+// for its socket, i.e. the wake-ups a transport costs (preemptions, which follow the host's load,
+// are left out).
+inline double contextSwitches() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_nvcsw);
+}
+
 // CPU seconds (user + system) of the calling thread.
 inline double threadCpuSeconds() {
   timespec ts{};
