@@ -32,6 +32,10 @@
 // untouched until test() reports done. After test() reported done (or an error) the request is
 // recycled: do not use the pointer again. Requests of one comm are tested by one thread at a
 // time (the caller's); different comms may be used from different threads concurrently.
+// isend never blocks. Besides posting, it writes what the sockets take at once: the control record
+// (with the payload of an inline message) and, when the chunk policy says so (a lone message cut
+// into one chunk that is cheaper to copy than a helper thread's wake-up), that chunk on a parked
+// data stream; the helper threads send the rest. test() reads the control stream likewise.
 //
 // Errors (Status codes from test(), isend(), irecv())
 // ---------------------------------------------------

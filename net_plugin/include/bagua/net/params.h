@@ -40,8 +40,10 @@ struct NetParams : ParamCatalogue {
       "How messages are cut into chunks. Adaptive takes the bytes a stream moves in one helper-"
       "thread wake-up as the smallest chunk (at least 64 KiB): on a host with idle cores a lone "
       "mid-sized message spreads over many streams at once, on a busy one it goes as fewer, "
-      "larger chunks; a message queued behind unclaimed bytes keeps at least MIN_CHUNKSIZE. "
-      "Setting MIN_CHUNKSIZE or LONE_CHUNKSIZE by hand selects fixed unless this is set too."};
+      "larger chunks; a message queued behind unclaimed bytes keeps at least MIN_CHUNKSIZE; a "
+      "lone one-chunk message up to 256 KiB that costs less to copy than a wake-up is written "
+      "by the caller itself. Setting MIN_CHUNKSIZE or LONE_CHUNKSIZE by hand selects fixed unless "
+      "this is set too; fixed is for comparisons and for hosts where the measurements mislead."};
   BytesParam minChunk{*this,
                       "BAGUA_NET_MIN_CHUNKSIZE",
                       256 * 1024,
