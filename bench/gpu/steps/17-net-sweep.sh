@@ -8,7 +8,8 @@
 #   fastsocket   Google's nccl-fastsocket (v6 plugin), built here from the sources carried in
 #                third_party_fetch/fastsocket/src (tools/net_bench/fastsocket.sh stage), or a
 #                carried third_party_fetch/fastsocket/libnccl-net-fastsocket.so
-#   bagua        Bagua-Net, defaults (and NET_SWEEP_VARIANTS, "label:VAR=value[,VAR=value]" words)
+#   bagua        Bagua-Net, defaults (and NET_SWEEP_VARIANTS, "label:VAR=value[,VAR=value]" words,
+#                e.g. "fixed:BAGUA_NET_CHUNK_POLICY=fixed cb1m:BAGUA_NET_TUNER_CHANNEL_BYTES=1M")
 # every result checked (bagua-nccl-bench --own-host), with the CPU seconds of the ranks' threads
 # (all but the launching one: NCCL's proxies and the plugin's own) per GB sent, and after Bagua-Net
 # at each rank count the host's ceiling for a TCP transport: the same rank processes move the same
@@ -54,17 +55,24 @@ run() {  # ranks, label, extra bench arguments (up to --), env assignments...
     grep -oE 'Loaded net plugin [A-Za-z]+ \(v[0-9]+\)|Using network [A-Za-z]+' | tail -1)
   echo "  ranks $n $label: ${loaded:-?}, $((SECONDS - t0)) s$([ "$rc" = 0 ] || echo ", rc=$rc")"
 }
+# NET_SWEEP_PEERS: the peers to run (default all three; a call comparing Bagua-Net variants
+# alone may leave them out, e.g. NET_SWEEP_PEERS=fastsocket).
+PEERS="${NET_SWEEP_PEERS-socket socket-4x4 fastsocket}"
 for n in ${NET_SWEEP_N:-2 4}; do
   if [ "$GPUS" -lt "$n" ]; then
     echo "  ranks $n: left out ($GPUS GPUs here)"
     continue
   fi
-  run "$n" socket -- NCCL_NET_PLUGIN=none NCCL_NET=Socket
-  run "$n" socket-4x4 -- NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 \
-    NCCL_NSOCKS_PERTHREAD=4
-  if [ -f "$FS" ]; then
+  if [[ " $PEERS " == *" socket "* ]]; then
+    run "$n" socket -- NCCL_NET_PLUGIN=none NCCL_NET=Socket
+  fi
+  if [[ " $PEERS " == *" socket-4x4 "* ]]; then
+    run "$n" socket-4x4 -- NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 \
+      NCCL_NSOCKS_PERTHREAD=4
+  fi
+  if [[ " $PEERS " == *" fastsocket "* ]] && [ -f "$FS" ]; then
     run "$n" fastsocket -- NCCL_NET_PLUGIN="$FS" NCCL_NET=FastSocket
-  else
+  elif [[ " $PEERS " == *" fastsocket "* ]]; then
     echo "  fastsocket: neither sources nor a build carried in third_party_fetch/fastsocket: left out"
   fi
   for v in ${NET_SWEEP_VARIANTS:-}; do
