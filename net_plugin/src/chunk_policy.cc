@@ -109,8 +109,9 @@ ChunkPlan planChunks(const CommLoad& load, const ChunkRules& rules) {
     }
   }
   ChunkPlan plan = finish(size, chunk, streams, reason);
-  // Rule 7: the copy costs less than the wake-up it saves.
-  plan.callerSends = !queued && plan.chunks == 1 && size <= kCallerSendMax &&
+  // Rule 7: the copy costs less than the wake-up it saves, and nothing of the comm's is still on
+  // its way (else the socket is likely full and the caller's send only half done).
+  plan.callerSends = !queued && load.inFlight == 0 && plan.chunks == 1 && size <= kCallerSendMax &&
                      static_cast<double>(size) < breakEven;
   return plan;
 }

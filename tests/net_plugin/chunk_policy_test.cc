@@ -245,8 +245,9 @@ TEST(ChunkPolicy, BoundsHoldOverAGridOfLoads) {
 }
 
 // Rule 7: a lone one-chunk message smaller than the break-even chunk is the caller's to send (its
-// copy costs less than the wake-up it saves); not a queued one, not one of several chunks, not
-// one as large as the break-even, never under the fixed rule.
+// copy costs less than the wake-up it saves); not a queued one, not one behind a message still in
+// flight, not one of several chunks, not one as large as the break-even, never under the fixed
+// rule.
 TEST(ChunkPolicy, CallerSendsALoneOneChunkMessageCheaperThanAWakeUp) {
   // 250 us x 5 GB/s: 1.25 MB.
   ChunkPlan p = planChunks(measured(kCallerSendMax, 8, 5e9, 250e-6), adaptiveRules());
@@ -258,6 +259,9 @@ TEST(ChunkPolicy, CallerSendsALoneOneChunkMessageCheaperThanAWakeUp) {
   CommLoad queued = measured(256 * kKiB, 8, 5e9, 250e-6);
   queued.queuedBytes = 1;
   EXPECT_FALSE(planChunks(queued, adaptiveRules()).callerSends) << "streams have work waiting";
+  CommLoad busy = measured(256 * kKiB, 8, 5e9, 250e-6);
+  busy.inFlight = 1;
+  EXPECT_FALSE(planChunks(busy, adaptiveRules()).callerSends) << "a message still in flight";
   EXPECT_FALSE(planChunks(measured(3 * kMiB, 8, 5e9, 250e-6), adaptiveRules()).callerSends)
       << "three chunks";
   // 20 us x 5 GB/s = 100 KB: a 96 KiB message is one chunk (floor 100 KB) and cheaper than the
@@ -536,15 +540,25 @@ TEST(ChunkPolicyEngine, CloseWithACallerSentChunkPendingIsClean) {
   Pair p = connectPair(o);
   ASSERT_TRUE(p.send && p.recv);
   p.send->seedMeasurementsForTesting(1.0, 5e9);
-  // Until isend finds a parked stream (just after connecting, or while an earlier message holds
-  // one, there may be none); nothing is ever received, so each message stays stuck in its socket.
+  // Until isend finds a parked stream (just after connecting there may be none): a message that
+  // went through a woken stream is received in full and the next one tried; the caller-sent one is
+  // never received, so it stays stuck in its socket.
   std::vector<uint8_t> buf(kCallerSendMax, 0x42);
+  std::vector<uint8_t> rbuf(kCallerSendMax);
   bool callerSent = false;
   for (int i = 0; i < 20 && !callerSent; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    p.send->seedMeasurementsForTesting(1.0, 5e9);
     Result<Request*> s = p.send->isend(buf.data(), buf.size());
     ASSERT_TRUE(s.isOk());
     callerSent = p.send->lastPlan().callerSent;
+    if (!callerSent) {
+      Result<Request*> r = p.recv->irecv(rbuf.data(), rbuf.size());
+      ASSERT_TRUE(r.isOk());
+      size_t n = 0;
+      ASSERT_TRUE(waitRequest(*r, &n).isOk());
+      ASSERT_TRUE(waitRequest(*s, &n).isOk());
+    }
   }
   EXPECT_TRUE(callerSent) << "20 messages, 5 ms apart, never found a parked stream";
   p.send.reset();

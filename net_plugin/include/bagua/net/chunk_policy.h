@@ -30,11 +30,12 @@
 //     at size x slowest / sum of rates (unmeasured streams at the median; not below
 //     kAdaptiveFloor): fast streams take more chunks.
 //  6. Wake min(streams, chunks) parked streams: no more than the message has chunks.
-//  7. A lone message (nothing queued) cut into one chunk that is smaller than breakEven and at
-//     most kCallerSendMax is written by the caller's isend itself on a parked stream
-//     (callerSends: copying it costs the caller less than the wake-up it saves; the socket takes
-//     what it can without blocking and that stream's thread sends the rest). When no stream is
-//     parked and free, isend wakes one.
+//  7. A message with nothing queued and nothing else in flight, cut into one chunk that is
+//     smaller than breakEven and at most kCallerSendMax, is written by the caller's isend itself
+//     on a parked stream (callerSends: copying it costs the caller less than the wake-up it
+//     saves; the socket takes what it can without blocking and that stream's thread sends the
+//     rest). With messages in flight the sockets are likely full: the stream's thread sends it.
+//     When no stream is parked and free, isend wakes one.
 // The fixed rule (!adaptive, or any knob that pins a floor: see EngineOptions): chunk =
 // clamp(ceil(size / streams), floor, maxChunk) with floor = loneChunk for a message with nothing
 // queued before it when 0 < loneChunk < minChunk, else minChunk. Round-robin: an equal split over
