@@ -80,10 +80,12 @@ ChunkPlan planChunks(const CommLoad& load, const ChunkRules& rules) {
   std::sort(rates.begin(), rates.begin() + static_cast<std::ptrdiff_t>(m));
   const double median = m % 2 == 1 ? rates[m / 2] : (rates[m / 2 - 1] + rates[m / 2]) / 2;
   const double breakEven = load.wakeSeconds * median;
-  uint64_t floor = breakEven >= static_cast<double>(rules.maxChunk)
-                       ? rules.maxChunk
-                       : std::max(kAdaptiveFloor, static_cast<uint64_t>(breakEven));
-  floor = std::min(floor, rules.maxChunk);
+  // Never coarser than the minimum (a busy host's wake-ups are mostly waits for a core, not work:
+  // larger chunks would not save what they cost in parallel copies), never below kAdaptiveFloor.
+  const uint64_t top = std::min(rules.minChunk, rules.maxChunk);
+  uint64_t floor = breakEven >= static_cast<double>(top)
+                       ? top
+                       : std::min(top, std::max(kAdaptiveFloor, static_cast<uint64_t>(breakEven)));
   if (queued) {
     floor = std::max(floor, rules.minChunk);
   }

@@ -136,22 +136,21 @@ TEST(ChunkPolicy, LoneMessageOnAnIdleHostSpreadsOverEveryStream) {
   EXPECT_EQ(p.wake, 4);
 }
 
-// Busy cores: a wake-up of 250 us at 5 GB/s is worth 1.25 MB, more than the largest chunk: a lone
-// message up to 1 MiB goes as one chunk (one hop each side), a larger one in 1 MiB chunks.
-TEST(ChunkPolicy, LoneMessageOnABusyHostGoesAsFewLargeChunks) {
-  for (uint64_t size : {128 * kKiB, 512 * kKiB, 1 * kMiB}) {
+// Busy cores: a wake-up of 250 us at 5 GB/s is worth 1.25 MB, more than the minimum chunk: the
+// floor stays at the minimum (256 KiB), the static rule's cut, never coarser. In between, 20 us x
+// 5 GB/s = 100 KB: a lone 1 MiB message in chunks of 128 KiB (its even split over 8 streams,
+// above the 100 KB floor); a lone 512 KiB one in 100 KB chunks (6, the last one shorter).
+TEST(ChunkPolicy, LoneMessageOnABusyHostKeepsTheMinimumChunk) {
+  for (uint64_t size : {512 * kKiB, 1 * kMiB, 3 * kMiB}) {
     ChunkPlan p = planChunks(measured(size, 8, 5e9, 250e-6), adaptiveRules());
     EXPECT_EQ(p.reason, PlanReason::kLone);
-    EXPECT_EQ(p.chunks, 1u) << size;
-    EXPECT_EQ(p.wake, 1);
+    EXPECT_EQ(p.chunk, wire::chunkBytesFor(size, 8, 256 * kKiB, 1 * kMiB)) << size;
   }
-  ChunkPlan p = planChunks(measured(3 * kMiB, 8, 5e9, 250e-6), adaptiveRules());
-  EXPECT_EQ(p.chunk, 1 * kMiB);
-  EXPECT_EQ(p.chunks, 3u);
-  // In between: 40 us x 5 GB/s = 200 KB: a lone 1 MiB message in chunks of 200 KB (6, the last
-  // one shorter).
-  p = planChunks(measured(1 * kMiB, 8, 5e9, 40e-6), adaptiveRules());
-  EXPECT_EQ(p.chunk, 200000u);
+  ChunkPlan p = planChunks(measured(1 * kMiB, 8, 5e9, 20e-6), adaptiveRules());
+  EXPECT_EQ(p.chunk, 128 * kKiB);
+  EXPECT_EQ(p.chunks, 8u);
+  p = planChunks(measured(512 * kKiB, 8, 5e9, 20e-6), adaptiveRules());
+  EXPECT_EQ(p.chunk, 100000u);
   EXPECT_EQ(p.chunks, 6u);
 }
 
@@ -164,10 +163,10 @@ TEST(ChunkPolicy, QueuedMessageKeepsTheMinimumChunk) {
   EXPECT_EQ(p.reason, PlanReason::kQueued);
   EXPECT_EQ(p.chunk, 256 * kKiB);
   EXPECT_EQ(p.chunks, 4u);
-  // A measured floor above the minimum still wins.
+  // Busy host: the minimum as well (the measured floor is capped at it).
   l = measured(1 * kMiB, 8, 5e9, 250e-6);
   l.queuedBytes = 1;
-  EXPECT_EQ(planChunks(l, adaptiveRules()).chunk, 1 * kMiB);
+  EXPECT_EQ(planChunks(l, adaptiveRules()).chunk, 256 * kKiB);
 }
 
 // Nothing queued but messages in flight: each may hold a stream, so the message is cut for the
@@ -253,7 +252,9 @@ TEST(ChunkPolicy, CallerSendsALoneOneChunkMessageCheaperThanAWakeUp) {
   ChunkPlan p = planChunks(measured(kCallerSendMax, 8, 5e9, 250e-6), adaptiveRules());
   EXPECT_EQ(p.chunks, 1u);
   EXPECT_TRUE(p.callerSends);
-  p = planChunks(measured(kCallerSendMax + 1, 8, 5e9, 250e-6), adaptiveRules());
+  ChunkRules large = adaptiveRules();
+  large.minChunk = 1 * kMiB;  // one chunk up to 1 MiB
+  p = planChunks(measured(kCallerSendMax + 1, 8, 5e9, 250e-6), large);
   EXPECT_EQ(p.chunks, 1u);
   EXPECT_FALSE(p.callerSends) << "above the bound: the proxy thread's copy would hold up others";
   CommLoad queued = measured(256 * kKiB, 8, 5e9, 250e-6);

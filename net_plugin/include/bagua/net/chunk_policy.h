@@ -7,9 +7,9 @@
 // Why per message: one static rule cannot fit both a lone 1 MiB all-reduce on a host with idle
 // cores (it wants every stream at once: small chunks, many wake-ups in parallel) and a queue of
 // 256 MiB ones on a host whose cores are busy (every chunk costs a helper-thread hop on each side,
-// so it wants few, large chunks). What tells them apart is measured: how long a parked data thread
-// takes to start a chunk after the message is posted (its wake-up), how fast each stream moves a
-// chunk, and whether earlier messages still wait for a stream.
+// so it wants no more chunks than it must). What tells them apart is measured: how long a parked
+// data thread takes to start a chunk after the message is posted (its wake-up), how fast each
+// stream moves a chunk, and whether earlier messages still wait for a stream.
 //
 // The adaptive rule (ChunkRules::adaptive):
 //  1. size <= inlineBytes: inline (no data stream, no helper thread).
@@ -18,10 +18,12 @@
 //     a few chunks; streams without one are left out of the median and of rule 5.
 //  3. breakEven = wake-up time x the measured streams' median rate: the bytes a stream moves in
 //     the time one wake-up costs. A chunk much smaller than that spends more on the hop than on
-//     the bytes. Floor = breakEven clamped to [kAdaptiveFloor, maxChunk] (maxChunk wins if it is
-//     the smaller); when earlier messages still have unclaimed bytes (queuedBytes > 0: every
-//     stream already has work waiting), also at least minChunk: splitting finer cannot make the
-//     message start earlier, it only adds hops.
+//     the bytes. Floor = breakEven clamped to [kAdaptiveFloor, minChunk]: finer than the minimum
+//     where wake-ups are short (idle cores: a lone message spreads over every stream at once),
+//     never coarser (on a busy host a wake-up is mostly a wait for a core, not work, and larger
+//     chunks cost the copies that ran in parallel). A message queued behind unclaimed bytes
+//     (queuedBytes > 0: every stream already has work waiting) keeps minChunk: splitting it finer
+//     cannot make it start earlier, it only adds hops.
 //  4. The message is cut for the streams free now: free = max(1, streams - inFlight) when nothing
 //     is queued (each message in flight may hold a stream), else every active stream:
 //     chunk = clamp(ceil(size / free), floor, maxChunk).

@@ -38,21 +38,21 @@ struct NetParams : ParamCatalogue {
         "comm's measured wake-up time and stream rates and the bytes queued before it"},
        {"fixed", "the static rule: ceil(size/streams) clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]"}},
       "How messages are cut into chunks. Adaptive takes the bytes a stream moves in one helper-"
-      "thread wake-up as the smallest chunk (at least 64 KiB): on a host with idle cores a lone "
-      "mid-sized message spreads over many streams at once, on a busy one it goes as fewer, "
-      "larger chunks; a message queued behind unclaimed bytes keeps at least MIN_CHUNKSIZE; a "
-      "lone one-chunk message up to 256 KiB that costs less to copy than a wake-up is written "
-      "by the caller itself. Setting MIN_CHUNKSIZE or LONE_CHUNKSIZE by hand selects fixed unless "
-      "this is set too; fixed is for comparisons and for hosts where the measurements mislead."};
+      "thread wake-up as the smallest chunk, between 64 KiB and MIN_CHUNKSIZE: on a host with "
+      "idle cores a lone mid-sized message spreads over many streams at once, on a busy one it "
+      "keeps MIN_CHUNKSIZE, as does a message queued behind unclaimed bytes; a lone one-chunk "
+      "message up to 256 KiB that costs less to copy than a wake-up is written by the caller "
+      "itself. Setting MIN_CHUNKSIZE or LONE_CHUNKSIZE by hand selects fixed unless this is set "
+      "too; fixed is for comparisons and for hosts where the measurements mislead."};
   BytesParam minChunk{*this,
                       "BAGUA_NET_MIN_CHUNKSIZE",
                       256 * 1024,
                       {4096, uint64_t{1} << 30},
                       "Smallest chunk a message is cut into on the data streams (Bagua-Net's "
                       "knob). Fixed policy: a message is split into ceil(size/nstreams) chunks "
-                      "clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]. Adaptive: the floor of a "
-                      "message queued behind unclaimed bytes, and of every message until the "
-                      "comm has measured its streams. Set it by hand to pin one floor for every "
+                      "clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]. Adaptive: the largest floor "
+                      "(a busy host's, a queued message's, and every message's until the comm "
+                      "has measured its streams). Set it by hand to pin one floor for every "
                       "message (e.g. 64K where one message must spread over many capped flows)."};
   BytesParam loneChunk{*this,
                        "BAGUA_NET_LONE_CHUNKSIZE",
