@@ -151,6 +151,7 @@ void CommCore::contribute(Slot* slot, int64_t delta) {
   int64_t before = slot->remaining.fetch_add(delta, std::memory_order_acq_rel);
   int64_t after = before + delta;
   if (after == 0) {
+    completed_.fetch_add(1, std::memory_order_relaxed);
     slot->done.store(true, std::memory_order_release);
     signal();
   } else if (after < 0) {

@@ -17,6 +17,9 @@
 // marks the slot done (release); test() observes it (acquire) and recycles the slot.
 // Idle threads spin for spinUs, then park (Park: condition variable, bounded re-check every
 // parkRecheckMs, 20 ms).
+// Chunk policy (bagua/net/chunk_policy.h): isend gathers what the comm sees (unclaimed bytes,
+// messages in flight, each stream's measured rate, the measured wake-up of a parked stream) and
+// cuts the message as planChunks says; data threads keep the measurements (relaxed atomics).
 // Live settings (LiveSettings): isend takes one snapshot (LiveCell, a seqlock over atomics) of
 // the comm's and the process's settings and records the active stream count and chunk size in
 // the slot; a send data thread only claims chunks of a message whose active count exceeds its
@@ -28,12 +31,14 @@
 // caller's thread and, on the receiver, are read by test(): no helper-thread hop). The receive
 // control thread polls the control stream only when the caller's test() has not looked at it
 // for kCallerGrace, or when a Notifier is set (a caller that sleeps until signalled).
-// Locks: ctrlMu_ (control stream state; the caller only try_locks it), claimMu_ (send data
-// threads), Park::mu (parking), errorMu_ (first error), LiveCell::mu_ (writers of live settings
-// only). Never nested. Teardown: stop flag,
+// Locks: ctrlMu_ (control stream state; the caller only try_locks it), StreamTx::mu (one per send
+// data stream: its writer, the thread or a caller-sent chunk's isend, which only try_locks it),
+// claimMu_ (the chunk cursor), Park::mu (parking), errorMu_ (first error), LiveCell::mu_ (writers
+// of live settings only). The one nesting: StreamTx::mu, then claimMu_. Teardown: stop flag,
 // shutdown(2) on every socket (wakes blocked I/O), notify, join.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -106,6 +111,7 @@ struct Slot : Request {
   uint64_t chunk = 0;    // send: chunk size (0 when inline)
   uint64_t nChunks = 0;  // send: chunks of the message
   uint64_t rrBase = 0;   // send, round-robin schedule: global index of the first chunk
+  int64_t postNs = 0;    // send: steady clock at isend (the wake-up measurement's start)
   // send, dynamic schedule: streams [0, active) may claim its chunks. Atomic because idle data
   // threads peek at it (unlocked) in their wake-up predicate while the caller may reuse the slot.
   std::atomic<int> active{0};
@@ -176,7 +182,8 @@ class CommCore {
   Fd control_;
   std::vector<Fd> data_;
   Slot slots_[kSlots];
-  std::atomic<uint64_t> posted_{0};  // messages posted by the caller (next sequence)
+  std::atomic<uint64_t> posted_{0};     // messages posted by the caller (next sequence)
+  std::atomic<uint64_t> completed_{0};  // requests that reached done (contribute)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> failed_{false};
   std::atomic<int> closedStreams_{0};  // receive side: streams that ended cleanly
@@ -227,10 +234,14 @@ struct SendComm::Impl : public CommCore {
 
   Result<Request*> isend(const void* data, size_t size);
   std::vector<uint64_t> bytesPerStream() const;
+  std::vector<uint64_t> chunksPerStream() const;
   uint64_t chunksPosted() const { return rrCursor_; }
+  const MessagePlan& lastPlan() const { return lastPlan_; }
+  void seedMeasurements(double wakeSeconds, double streamBytesPerSecond);
   Status setLive(const LiveSettings& settings);
   // The comm's, else the process's, else the options' values; activeStreams in [1, nStreams()].
-  LiveSettings resolveLive() const;
+  // *floorSet (optional): a live minimum chunk is set (it pins the fixed chunk rule).
+  LiveSettings resolveLive(bool* floorSet = nullptr) const;
 
  private:
   void controlLoop() override;
@@ -239,11 +250,31 @@ struct SendComm::Impl : public CommCore {
   // Sends one chunk on `stream`, counts its bytes and contributes them to the slot; false after a
   // failure (reported through ioError).
   bool sendChunk(int stream, Slot* slot, uint64_t offset, uint32_t length);
+  // A chunk fully sent on `stream`: the rate sample (t0: when its send began, 0 for none), the
+  // per-stream counters, and the slot's bytes (after which the slot may be recycled).
+  void chunkSent(int stream, Slot* slot, uint32_t length, int64_t t0);
+  // Chunk policy rule 7 (plan.callerSends): isend claims the message's chunk for a parked stream
+  // among [0, active) whose lock it gets, and sends what the socket takes without blocking; the
+  // stream's thread sends the rest. False when no such stream was free (the caller wakes one).
+  bool callerSend(int active);
+  // Finishes the chunk a caller left on `stream` (blocking); requires its StreamTx::mu.
+  bool finishPending(int stream);
   // Claims the next chunk for `stream`; false when none is available to it now (no message, or
   // the message at the cursor has fewer active streams than stream + 1).
   bool claim(int stream, Slot** slot, uint64_t* offset, uint32_t* length);
   // Unlocked hint for a parked data thread: the cursor's message has a chunk `stream` may claim.
   bool claimable(int stream) const;
+  // What the comm sees now for a message of `size` over `active` streams (the chunk policy's
+  // input): unclaimed bytes, messages in flight, the measured rates and wake-up time.
+  CommLoad observe(uint64_t size, int active, uint64_t seq) const;
+  // Estimates the data threads keep (relaxed: a lost update only delays them). average: the mean
+  // of the last ~8 samples. decayingMax: the largest recent sample, shrinking by a tenth per
+  // sample, so a sample slowed by the thread being descheduled mid-send hardly moves it while a
+  // stream slow for ~20 chunks in a row (paced, congested, a slow link) comes down to its rate.
+  static void average(std::atomic<double>& avg, double sample);
+  static void decayingMax(std::atomic<double>& max, double sample);
+  // Chunks a stream must have sent before its rate is reported to the chunk policy.
+  static constexpr uint64_t kRateSamples = 8;
   // Wakes up to `chunks` parked data threads among streams [0, streams).
   void wakeData(int streams, uint64_t chunks);
 
@@ -257,12 +288,44 @@ struct SendComm::Impl : public CommCore {
   uint64_t ctrlSeq_ = 0;               // guarded by ctrlMu_: next record to (finish) sending
   size_t ctrlSent_ = 0;                // guarded by ctrlMu_: bytes of it already sent
   std::atomic<uint64_t> ctrlDone_{0};  // mirrors ctrlSeq_ for lock-free checks
+  // Who writes a data stream: its thread, or isend for a caller-sent chunk (rule 7). mu is held
+  // while a chunk goes out (isend only try_locks it); the chunk a non-blocking caller send left
+  // unfinished waits in slot/offset/length/sent for the stream's thread. Taken before claimMu_.
+  struct StreamTx {
+    std::mutex mu;
+    Slot* slot = nullptr;  // guarded by mu: the unfinished chunk, if any
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    size_t sent = 0;  // of header + payload
+    uint8_t header[32] = {};
+    std::atomic<bool> pending{false};  // slot != nullptr, for the parked thread's predicate
+  };
+  std::unique_ptr<StreamTx[]> tx_;
   std::mutex claimMu_;
   std::atomic<uint64_t> claimSeq_{0};  // written under claimMu_
   uint64_t claimOffset_ = 0;           // guarded by claimMu_
   uint64_t rrCursor_ = 0;              // caller thread: chunks posted so far (round-robin base)
-  std::atomic<uint64_t> streamBytes_[kMaxStreams] = {};  // payload per data stream (stats)
-  LiveCell live_;                                        // this comm's override
+  std::atomic<uint64_t> streamBytes_[kMaxStreams] = {};   // payload per data stream (stats)
+  std::atomic<uint64_t> streamChunks_[kMaxStreams] = {};  // chunks per data stream (stats)
+  LiveCell live_;                                         // this comm's override
+  // Chunk policy inputs. postedBytes_: bytes of chunked messages posted (caller's thread);
+  // claimedBytes_: of those, claimed by a data thread (under claimMu_).
+  uint64_t postedBytes_ = 0;
+  std::atomic<uint64_t> claimedBytes_{0};
+  // Per data stream, payload bytes/s while sending a chunk (decayingMax); the post-to-first-chunk
+  // time of a parked stream (seconds, average). 0 until measured.
+  std::atomic<double> streamRate_[kMaxStreams] = {};
+  std::atomic<uint64_t> rateSamples_[kMaxStreams] = {};
+  std::atomic<double> wakeSeconds_{0};
+  MessagePlan lastPlan_;         // caller's thread
+  uint64_t callerSendTurn_ = 0;  // caller's thread: messages rule 7 applied to
+  static constexpr uint64_t kRemeasureEvery = 16;
+  // Caller's thread: messages per PlanReason, their chunks, caller-sent chunks (the summary that
+  // logPlanSummary writes at debug level when the comm closes).
+  std::array<uint64_t, 6> planCounts_{};
+  uint64_t planChunks_ = 0;
+  uint64_t callerSent_ = 0;
+  void logPlanSummary() const;
 };
 
 struct RecvComm::Impl : public CommCore {

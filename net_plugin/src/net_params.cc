@@ -24,6 +24,12 @@ Result<EngineOptions> EngineOptions::fromParams() {
   BAGUA_ASSIGN_OR_RETURN(o.minChunkBytes, p.minChunk.get());
   BAGUA_ASSIGN_OR_RETURN(o.maxChunkBytes, p.maxChunk.get());
   BAGUA_ASSIGN_OR_RETURN(o.loneChunkBytes, p.loneChunk.get());
+  BAGUA_ASSIGN_OR_RETURN(std::string chunkPolicy, p.chunkPolicy.get());
+  // A floor set by hand pins the rule, unless the policy itself was chosen too.
+  const bool floorPinned =
+      p.minChunk.source() != ParamSource::kDefault || p.loneChunk.source() != ParamSource::kDefault;
+  o.adaptiveChunks = chunkPolicy == "adaptive" &&
+                     (p.chunkPolicy.source() != ParamSource::kDefault || !floorPinned);
   BAGUA_ASSIGN_OR_RETURN(o.inlineBytes, p.inlineBytes.get());
   BAGUA_ASSIGN_OR_RETURN(o.socketBufferBytes, p.socketBuffer.get());
   BAGUA_ASSIGN_OR_RETURN(o.notSentLowatBytes, p.notSentLowat.get());

@@ -48,11 +48,18 @@ SendPacer& processPacer() {
   return pacer;
 }
 
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 SendComm::Impl::Impl(Fd control, std::vector<Fd> data, const EngineOptions& options,
                      SocketAddress peer)
-    : CommCore(std::move(control), std::move(data), options, peer, /*sender=*/true) {
+    : CommCore(std::move(control), std::move(data), options, peer, /*sender=*/true),
+      tx_(std::make_unique<StreamTx[]>(data_.size())) {
   if (options_.slowStreamBytesPerSec > 0 && !data_.empty()) {
     // Fault injection (EngineOptions::slowStreamBytesPerSec): the kernel paces stream 0.
     uint64_t rate = options_.slowStreamBytesPerSec;
@@ -66,6 +73,7 @@ SendComm::Impl::Impl(Fd control, std::vector<Fd> data, const EngineOptions& opti
 
 SendComm::Impl::~Impl() {
   stopThreads();
+  logPlanSummary();
 }
 
 Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
@@ -83,32 +91,36 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   slot->data = static_cast<uint8_t*>(const_cast<void*>(data));
   slot->size = size;
   slot->seq = seq;
-  bool isInline = size <= options_.inlineBytes;
+  const bool roundRobin = options_.schedule == Schedule::kRoundRobin;
+  // One snapshot of the live settings per message (see LiveSettings).
+  bool floorSet = false;
+  const LiveSettings live = resolveLive(&floorSet);
+  const int active = roundRobin ? nStreams() : live.activeStreams;
+  // The chunk policy (bagua/net/chunk_policy.h) on what the comm sees now.
+  lastPlan_.rules.adaptive = options_.adaptiveChunks && !floorSet && !roundRobin;
+  lastPlan_.rules.roundRobin = roundRobin;
+  lastPlan_.rules.inlineBytes = options_.inlineBytes;
+  lastPlan_.rules.minChunk = live.minChunkBytes;
+  lastPlan_.rules.loneChunk = options_.loneChunkBytes;
+  // Round-robin splits evenly with no upper clamp of its own (the NCCL Socket / Bagua-Net rule).
+  lastPlan_.rules.maxChunk = roundRobin ? wire::kMaxChunkWire : live.maxChunkBytes;
+  lastPlan_.load = observe(size, active, seq);
+  lastPlan_.plan = planChunks(lastPlan_.load, lastPlan_.rules);
+  const ChunkPlan& plan = lastPlan_.plan;
+  ++planCounts_[static_cast<size_t>(plan.reason)];
+  planChunks_ += plan.chunks;
+  const bool isInline = plan.chunk == 0;
   if (isInline && options_.sendRateMbps > 0) {
     // Sent from the caller's thread without waiting (NCCL's proxy must not block): the inline
     // payload pushes the clock, so the next chunk of any stream waits for it.
     (void)processPacer().reserve(size, options_.sendRateMbps);
   }
-  bool roundRobin = options_.schedule == Schedule::kRoundRobin;
-  // One snapshot of the live settings per message (see LiveSettings).
-  const LiveSettings live = resolveLive();
-  const int active = roundRobin ? nStreams() : live.activeStreams;
-  // A message that finds every earlier chunk claimed has the streams to itself: with a lone
-  // chunk size set, it is cut finer (latency), while queued messages keep the larger minimum
-  // (fewer hops per byte). The cursor is read without the lock: a hint, either cut is correct.
-  uint64_t minChunk = live.minChunkBytes;
-  if (!roundRobin && options_.loneChunkBytes > 0 &&
-      claimSeq_.load(std::memory_order_acquire) == seq) {
-    minChunk = std::min(minChunk, options_.loneChunkBytes);
-  }
-  // Round-robin splits evenly with no upper clamp (the NCCL Socket / Bagua-Net rule).
-  slot->chunk = isInline
-                    ? 0
-                    : wire::chunkBytesFor(size, active, minChunk,
-                                          roundRobin ? wire::kMaxChunkWire : live.maxChunkBytes);
+  slot->chunk = plan.chunk;
+  slot->postNs = lastPlan_.rules.adaptive ? steadyNs() : 0;
+  postedBytes_ += isInline ? 0 : size;
   slot->active.store(active, std::memory_order_relaxed);
   slot->done.store(false, std::memory_order_relaxed);
-  slot->nChunks = isInline ? 0 : wire::chunkCount(size, slot->chunk);
+  slot->nChunks = plan.chunks;
   slot->rrBase = rrCursor_;
   rrCursor_ += slot->nChunks;
   // Tokens: the control record (1) plus every data byte; an inline message instead holds a
@@ -132,13 +144,24 @@ Result<Request*> SendComm::Impl::isend(const void* data, size_t size) {
   // Fast path: write the control record (and an inline payload) from the caller's thread when
   // the control stream is idle; whatever the socket does not take now, the control thread sends.
   callerProgress();
+  lastPlan_.callerSent = false;
   if (roundRobin) {
     wakeData(active, UINT64_MAX);  // every stream walks every message
   } else if (!isInline) {
-    // As many parked streams as the message has chunks, so that no busy stream holds a chunk an
-    // idle one could take; the others stay asleep (waking all 8 for a 2-chunk message cost 21
-    // context switches per 128 KiB message on loopback, 6 of 8 wake-ups for nothing).
-    wakeData(active, slot->nChunks);
+    // Rule 7, except one such message in kRemeasureEvery: that one goes through a woken stream,
+    // so that the wake-up the rule weighs stays measured (caller-sent chunks wake nobody).
+    if (plan.callerSends && options_.sendRateMbps == 0 &&
+        ++callerSendTurn_ % kRemeasureEvery != 0) {
+      lastPlan_.callerSent = callerSend(active);
+      callerSent_ += lastPlan_.callerSent ? 1 : 0;
+    }
+    if (!lastPlan_.callerSent) {
+      // As many parked streams as the plan says (no more than the message has chunks), so that
+      // no busy stream holds a chunk an idle one could take; the others stay asleep (waking all
+      // 8 for a 2-chunk message cost 21 context switches per 128 KiB message on loopback, 6 of 8
+      // wake-ups for nothing).
+      wakeData(active, static_cast<uint64_t>(plan.wake));
+    }
   }
   if (ctrlDone_.load(std::memory_order_acquire) <= seq) {
     park_.wakeAll();  // the caller could not write the record: the control thread will
@@ -230,9 +253,12 @@ void SendComm::Impl::wakeData(int streams, uint64_t chunks) {
   }
 }
 
-LiveSettings SendComm::Impl::resolveLive() const {
+LiveSettings SendComm::Impl::resolveLive(bool* floorSet) const {
   const LiveSettings mine = live_.load();
   const LiveSettings all = processLiveCell().load();
+  if (floorSet != nullptr) {
+    *floorSet = mine.minChunkBytes > 0 || all.minChunkBytes > 0;
+  }
   auto pick = [](auto a, auto b, auto fallback) { return a > 0 ? a : b > 0 ? b : fallback; };
   LiveSettings r;
   r.activeStreams =
@@ -241,6 +267,73 @@ LiveSettings SendComm::Impl::resolveLive() const {
   r.maxChunkBytes = pick(mine.maxChunkBytes, all.maxChunkBytes, options_.maxChunkBytes);
   r.maxChunkBytes = std::max(r.maxChunkBytes, r.minChunkBytes);
   return r;
+}
+
+void SendComm::Impl::logPlanSummary() const {
+  uint64_t chunked = 0;
+  for (size_t r = 1; r < planCounts_.size(); ++r) {
+    chunked += planCounts_[r];
+  }
+  if (chunked + planCounts_[0] == 0 || !logEnabled(LogLevel::kDebug, kLogNet)) {
+    return;
+  }
+  double lo = 0;
+  double hi = 0;
+  for (int i = 0; i < nStreams(); ++i) {
+    const double r = streamRate_[i].load(std::memory_order_relaxed);
+    lo = (lo == 0 || (r > 0 && r < lo)) ? r : lo;
+    hi = std::max(hi, r);
+  }
+  BAGUA_LOG_DEBUG(
+      kLogNet,
+      "send comm to %s: messages inline %llu, fixed %llu, unmeasured %llu, lone %llu "
+      "(caller-sent %llu), queued %llu, uneven %llu; %.2f chunks per chunked message; "
+      "wake-up %.1f us; stream rates %.2f-%.2f GB/s",
+      peer_.toString().c_str(), static_cast<unsigned long long>(planCounts_[0]),
+      static_cast<unsigned long long>(planCounts_[1]),
+      static_cast<unsigned long long>(planCounts_[2]),
+      static_cast<unsigned long long>(planCounts_[3]), static_cast<unsigned long long>(callerSent_),
+      static_cast<unsigned long long>(planCounts_[4]),
+      static_cast<unsigned long long>(planCounts_[5]),
+      chunked == 0 ? 0.0 : static_cast<double>(planChunks_) / static_cast<double>(chunked),
+      wakeSeconds_.load(std::memory_order_relaxed) * 1e6, lo / 1e9, hi / 1e9);
+}
+
+CommLoad SendComm::Impl::observe(uint64_t size, int active, uint64_t seq) const {
+  CommLoad load;
+  load.size = size;
+  const uint64_t claimed = claimedBytes_.load(std::memory_order_acquire);
+  load.queuedBytes = postedBytes_ > claimed ? postedBytes_ - claimed : 0;
+  const uint64_t completed = completed_.load(std::memory_order_acquire);
+  load.inFlight = seq > completed ? seq - completed : 0;
+  load.streams = active;
+  for (int i = 0; i < active; ++i) {
+    // A stream's rate counts once it has a few samples (one chunk that waited for a slow
+    // receiver is not the stream's speed).
+    if (rateSamples_[i].load(std::memory_order_relaxed) >= kRateSamples) {
+      load.streamRates[static_cast<size_t>(i)] = streamRate_[i].load(std::memory_order_relaxed);
+    }
+  }
+  load.wakeSeconds = wakeSeconds_.load(std::memory_order_relaxed);
+  return load;
+}
+
+void SendComm::Impl::seedMeasurements(double wakeSeconds, double streamBytesPerSecond) {
+  wakeSeconds_.store(wakeSeconds, std::memory_order_relaxed);
+  for (int i = 0; i < nStreams(); ++i) {
+    streamRate_[i].store(streamBytesPerSecond, std::memory_order_relaxed);
+    rateSamples_[i].fetch_add(kRateSamples, std::memory_order_relaxed);
+  }
+}
+
+void SendComm::Impl::average(std::atomic<double>& avg, double sample) {
+  const double old = avg.load(std::memory_order_relaxed);
+  avg.store(old == 0 ? sample : old + (sample - old) / 8, std::memory_order_relaxed);
+}
+
+void SendComm::Impl::decayingMax(std::atomic<double>& max, double sample) {
+  const double old = max.load(std::memory_order_relaxed);
+  max.store(std::max(sample, old * 0.9), std::memory_order_relaxed);
 }
 
 Status SendComm::Impl::setLive(const LiveSettings& settings) {
@@ -275,6 +368,7 @@ bool SendComm::Impl::claim(int stream, Slot** slot, uint64_t* offset, uint32_t* 
       break;  // a message cut for fewer streams than this one: leave it to the active ones
     }
     uint64_t len = std::min(s->chunk, s->size - claimOffset_);
+    claimedBytes_.fetch_add(len, std::memory_order_release);
     *slot = s;
     *offset = claimOffset_;
     *length = static_cast<uint32_t>(len);
@@ -311,13 +405,101 @@ bool SendComm::Impl::sendChunk(int stream, Slot* slot, uint64_t offset, uint32_t
           start - now, std::chrono::milliseconds(10)));
     }
   }
+  const int64_t t0 = slot->postNs != 0 ? steadyNs() : 0;
   Status s = sendAllV(data_[static_cast<size_t>(stream)].get(), iov, 2);
   if (!s.isOk()) {
     ioError(std::move(s), "chunk", stream);
     return false;
   }
+  chunkSent(stream, slot, length, t0);
+  return true;
+}
+
+void SendComm::Impl::chunkSent(int stream, Slot* slot, uint32_t length, int64_t t0) {
+  if (t0 != 0) {
+    // The stream's rate while it sends (the copy into the kernel, or the wait for room when the
+    // link or the receiver is the limit): the chunk policy's per-stream rate.
+    const int64_t dt = std::max<int64_t>(steadyNs() - t0, 1000);
+    decayingMax(streamRate_[stream], static_cast<double>(length) * 1e9 / static_cast<double>(dt));
+    rateSamples_[stream].fetch_add(1, std::memory_order_relaxed);
+  }
   streamBytes_[stream].fetch_add(length, std::memory_order_relaxed);
+  streamChunks_[stream].fetch_add(1, std::memory_order_relaxed);
   contribute(slot, -static_cast<int64_t>(length));
+}
+
+bool SendComm::Impl::callerSend(int active) {
+  for (int i = 0; i < active; ++i) {
+    // Only a parked stream: a running one is about to claim on its own, and its lock may be
+    // held for a whole blocking send.
+    if (dataParks_[i].sleepers.load(std::memory_order_seq_cst) == 0) {
+      continue;
+    }
+    StreamTx& tx = tx_[static_cast<size_t>(i)];
+    std::unique_lock<std::mutex> lock(tx.mu, std::try_to_lock);
+    if (!lock.owns_lock() || tx.slot != nullptr) {
+      continue;
+    }
+    Slot* slot = nullptr;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    if (!claim(i, &slot, &offset, &length)) {
+      return true;  // a stream already took it
+    }
+    wire::ChunkHeader h;
+    h.seq = slot->seq;
+    h.offset = offset;
+    h.length = length;
+    wire::encodeChunk(h, tx.header);
+    iovec iov[2] = {{tx.header, sizeof(tx.header)}, {slot->data + offset, length}};
+    size_t sent = 0;
+    const int64_t t0 = slot->postNs != 0 ? steadyNs() : 0;
+    Status s = sendSomeV(data_[static_cast<size_t>(i)].get(), iov, 2, &sent);
+    if (!s.isOk()) {
+      lock.unlock();
+      ioError(std::move(s), "chunk", i);
+      return true;
+    }
+    if (sent == sizeof(tx.header) + length) {
+      chunkSent(i, slot, length, t0);
+      return true;
+    }
+    // The socket is full: the stream's thread sends the rest.
+    tx.slot = slot;
+    tx.offset = offset;
+    tx.length = length;
+    tx.sent = sent;
+    tx.pending.store(true, std::memory_order_seq_cst);
+    lock.unlock();
+    dataParks_[i].wakeAll();
+    return true;
+  }
+  return false;
+}
+
+bool SendComm::Impl::finishPending(int stream) {
+  StreamTx& tx = tx_[static_cast<size_t>(stream)];
+  Slot* slot = tx.slot;
+  iovec iov[2] = {{tx.header, sizeof(tx.header)}, {slot->data + tx.offset, tx.length}};
+  size_t skip = tx.sent;
+  iovec rest[2];
+  int n = 0;
+  for (iovec& v : iov) {
+    if (skip >= v.iov_len) {
+      skip -= v.iov_len;
+      continue;
+    }
+    rest[n++] = iovec{static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip};
+    skip = 0;
+  }
+  tx.slot = nullptr;
+  tx.pending.store(false, std::memory_order_relaxed);
+  Status s = sendAllV(data_[static_cast<size_t>(stream)].get(), rest, n);
+  if (!s.isOk()) {
+    ioError(std::move(s), "chunk", stream);
+    return false;
+  }
+  chunkSent(stream, slot, tx.length, 0);
   return true;
 }
 
@@ -349,18 +531,43 @@ void SendComm::Impl::dataLoop(int stream) {
     roundRobinLoop(stream);
     return;
   }
+  StreamTx& tx = tx_[static_cast<size_t>(stream)];
+  int64_t idleSince = 0;  // when this thread last found nothing to claim (0: busy since)
   for (;;) {
     Slot* slot = nullptr;
     uint64_t offset = 0;
     uint32_t length = 0;
-    if (!claim(stream, &slot, &offset, &length)) {
-      if (!waitUntil([&] { return claimable(stream); }, dataParks_[stream])) {
+    bool claimed = false;
+    {
+      std::lock_guard<std::mutex> lock(tx.mu);
+      if (tx.slot != nullptr) {
+        idleSince = 0;  // a caller's chunk, not a wake-up for one of this thread's own
+        if (!finishPending(stream)) {
+          return;
+        }
+      }
+      claimed = claim(stream, &slot, &offset, &length);
+      if (claimed) {
+        if (idleSince != 0 && slot->postNs >= idleSince) {
+          // Posted while this stream was idle: the time to its first chunk is the wake-up a
+          // lone message pays (the chunk policy's break-even chunk is this time x the rate).
+          average(wakeSeconds_, static_cast<double>(steadyNs() - slot->postNs) * 1e-9);
+        }
+        idleSince = 0;
+        if (!sendChunk(stream, slot, offset, length)) {
+          return;
+        }
+      }
+    }
+    if (!claimed) {
+      if (idleSince == 0) {
+        idleSince = steadyNs();
+      }
+      if (!waitUntil(
+              [&] { return claimable(stream) || tx.pending.load(std::memory_order_seq_cst); },
+              dataParks_[stream])) {
         return;
       }
-      continue;
-    }
-    if (!sendChunk(stream, slot, offset, length)) {
-      return;
     }
   }
 }
@@ -369,6 +576,14 @@ std::vector<uint64_t> SendComm::Impl::bytesPerStream() const {
   std::vector<uint64_t> v(static_cast<size_t>(nStreams()));
   for (size_t i = 0; i < v.size(); ++i) {
     v[i] = streamBytes_[i].load(std::memory_order_relaxed);
+  }
+  return v;
+}
+
+std::vector<uint64_t> SendComm::Impl::chunksPerStream() const {
+  std::vector<uint64_t> v(static_cast<size_t>(nStreams()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = streamChunks_[i].load(std::memory_order_relaxed);
   }
   return v;
 }
@@ -386,8 +601,17 @@ void SendComm::setNotifier(Notifier* notifier) {
 std::vector<uint64_t> SendComm::bytesPerStream() const {
   return impl_->bytesPerStream();
 }
+std::vector<uint64_t> SendComm::chunksPerStream() const {
+  return impl_->chunksPerStream();
+}
 uint64_t SendComm::chunksPosted() const {
   return impl_->chunksPosted();
+}
+MessagePlan SendComm::lastPlan() const {
+  return impl_->lastPlan();
+}
+void SendComm::seedMeasurementsForTesting(double wakeSeconds, double streamBytesPerSecond) {
+  impl_->seedMeasurements(wakeSeconds, streamBytesPerSecond);
 }
 std::vector<SocketAddress> SendComm::streamPeers() const {
   return impl_->dataPeers();

@@ -46,8 +46,8 @@ engine_objs=("$B"/obj/net_plugin_*.o)
 if [ -n "$NCCL_HOME_DIR" ] && [ -f "$ROOT/tools/nccl_bench/main.cc" ]; then
   CUDA="${CUDA_HOME:-/usr/local/cuda}"
   nccl_lib=$(ls "$NCCL_HOME_DIR"/lib/libnccl.so* | head -1)
-  "$CXX" "${FLAGS[@]}" -I"$CUDA/include" -isystem "$NCCL_HOME_DIR/include" \
-    "$ROOT/tools/nccl_bench/main.cc" "${base_objs[@]}" -L"$CUDA/lib64" -lcudart "$nccl_lib" \
+  "$CXX" "${FLAGS[@]}" -I"$ROOT/tools/gpu_tool_support/include" -I"$CUDA/include" -isystem "$NCCL_HOME_DIR/include" \
+    "$ROOT/tools/nccl_bench/main.cc" "${engine_objs[@]}" "${base_objs[@]}" -L"$CUDA/lib64" -lcudart "$nccl_lib" \
     -Wl,-rpath,"$NCCL_HOME_DIR/lib" -Wl,-rpath,"$CUDA/lib64" -o "$B/tools/nccl_bench/bagua-nccl-bench"
 fi
 ls -la "$B/net_plugin" "$B/tools/net_bench" "$B/tools/nccl_bench"

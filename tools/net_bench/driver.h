@@ -4,11 +4,11 @@
 // formatting. Single-threaded set-up; the pump functions run one sender and one receiver thread.
 #pragma once
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,8 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,41 +163,20 @@ inline double cpuSeconds() {
   return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
-// CPU seconds of this process's threads named bagua-net-* (the plugin's helper threads, alive
-// now), from /proc/self/task/*/stat: what the transport costs, without the bench's own polling.
-inline double pluginThreadCpuSeconds() {
-  double ticks = 0;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) {
-    return 0;
-  }
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') {
-      continue;
-    }
-    std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/stat");
-    std::string stat;
-    std::getline(f, stat);
-    size_t open = stat.find('(');
-    size_t close = stat.rfind(')');
-    if (open == std::string::npos || close == std::string::npos ||
-        stat.compare(open + 1, 9, "bagua-net") != 0) {
-      continue;
-    }
-    // Fields after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt
-    // cmajflt utime stime (utime is the 12th after the closing parenthesis).
-    std::istringstream rest(stat.substr(close + 2));
-    std::string skip;
-    for (int i = 0; i < 11; ++i) {
-      rest >> skip;
-    }
-    double utime = 0;
-    double stime = 0;
-    rest >> utime >> stime;
-    ticks += utime + stime;
-  }
-  closedir(d);
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+// Voluntary context switches of this process, all threads: a thread blocking to wait for work or
+// for its socket, i.e. the wake-ups a transport costs (preemptions, which follow the host's load,
+// are left out).
+inline double contextSwitches() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_nvcsw);
+}
+
+// CPU seconds (user + system) of the calling thread.
+inline double threadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
 // The control channel between the bench's processes (a socketpair made before fork).
@@ -226,8 +203,79 @@ inline bool peerGone(int ctl) {
   return ::recv(ctl, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-// The plugin, loaded like NCCL loads it. The stream count and schedule go through the plugin's
-// own environment variables (read at init), as a user would set them.
+// A plugin that exports only ncclNetPlugin_v6 (Google's nccl-fastsocket, for one) seen through
+// the v11 table the bench drives: sizes narrowed to int, no per-comm context, NCCL's devComm and
+// profiler arguments dropped, as NCCL's own v6 shim does. One v6 plugin per process at a time
+// (the ring's ranks and the loopback modes load one contestant after another).
+namespace v6 {
+
+inline ncclNet_v6_t*& table() {
+  static ncclNet_v6_t* t = nullptr;
+  return t;
+}
+
+inline void quietLogger(ncclDebugLogLevel, unsigned long, const char*, int, const char*, ...) {}
+
+inline ncclResult_t init(void** ctx, uint64_t, ncclNetCommConfig_v10_t*, ncclDebugLogger_t,
+                         ncclProfilerCallback_t) {
+  *ctx = nullptr;
+  return table()->init(quietLogger);  // v6 plugins may log through it unchecked
+}
+inline ncclResult_t listen(void*, int dev, void* handle, void** listenComm) {
+  return table()->listen(dev, handle, listenComm);
+}
+inline ncclResult_t connect(void*, int dev, void* handle, void** sendComm,
+                            ncclNetDeviceHandle_v7_t**) {
+  return table()->connect(dev, handle, sendComm);
+}
+inline ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v7_t**) {
+  return table()->accept(listenComm, recvComm);
+}
+inline ncclResult_t isend(void* comm, void* data, size_t size, int tag, void* mh, void*,
+                          void** request) {
+  if (size > INT32_MAX) {
+    return ncclInvalidUsage;
+  }
+  return table()->isend(comm, data, static_cast<int>(size), tag, mh, request);
+}
+inline ncclResult_t irecv(void* comm, int n, void** data, size_t* sizes, int* tags, void** mh,
+                          void**, void** request) {
+  if (n != 1 || sizes[0] > INT32_MAX) {
+    return ncclInvalidUsage;
+  }
+  int size = static_cast<int>(sizes[0]);
+  return table()->irecv(comm, 1, data, &size, tags, mh, request);
+}
+inline ncclResult_t finalize(void*) {
+  return ncclSuccess;
+}
+
+// The v11 view of `t` (members the bench does not call stay null).
+inline ncclNet_v11_t* adapt(ncclNet_v6_t* t) {
+  table() = t;
+  static ncclNet_v11_t view{};
+  view.name = t->name;
+  view.init = init;
+  view.devices = t->devices;
+  view.listen = listen;
+  view.connect = connect;
+  view.accept = accept;
+  view.deregMr = t->deregMr;
+  view.isend = isend;
+  view.irecv = irecv;
+  view.test = t->test;
+  view.closeSend = t->closeSend;
+  view.closeRecv = t->closeRecv;
+  view.closeListen = t->closeListen;
+  view.finalize = finalize;
+  return &view;
+}
+
+}  // namespace v6
+
+// The plugin, loaded like NCCL loads it: ncclNetPlugin_v11, else ncclNetPlugin_v6 (adapted). The
+// stream count and schedule go through our plugin's own environment variables (read at init), as
+// a user would set them; a foreign plugin ignores them.
 class Plugin {
  public:
   Plugin(const std::string& path, int streams, const char* schedule) {
@@ -239,7 +287,11 @@ class Plugin {
     }
     net_ = static_cast<ncclNet_v11_t*>(dlsym(lib_, "ncclNetPlugin_v11"));
     if (net_ == nullptr) {
-      die("no ncclNetPlugin_v11 in " + path);
+      auto* old = static_cast<ncclNet_v6_t*>(dlsym(lib_, "ncclNetPlugin_v6"));
+      if (old == nullptr) {
+        die("neither ncclNetPlugin_v11 nor ncclNetPlugin_v6 in " + path);
+      }
+      net_ = v6::adapt(old);
     }
     check(net_->init(&ctx_, 1, nullptr, nullptr, nullptr), "init");
   }

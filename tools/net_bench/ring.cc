@@ -45,10 +45,12 @@ struct RingOptions {
 };
 
 struct RankResult {
-  double seconds = 0;    // the pump phase, this rank
-  double cpu = 0;        // process CPU seconds in the pump phase
-  double pluginCpu = 0;  // of which the plugin's helper threads
-  uint64_t sent = 0;     // payload bytes this rank sent
+  double seconds = 0;     // the pump phase, this rank
+  double cpu = 0;         // process CPU seconds in the pump phase
+  double pluginCpu = 0;   // of which the plugin's own threads (all but the progress thread)
+  double switches = 0;    // voluntary context switches of the process in the pump phase
+  uint64_t sent = 0;      // payload bytes this rank sent
+  uint64_t messages = 0;  // messages this rank sent
 };
 
 void usage() {
@@ -60,8 +62,12 @@ void usage() {
       "the previous one over C connections (NCCL's channels), messages of each size with\n"
       "--window in flight, --bytes per connection. Cases: socket (one TCP socket per\n"
       "connection), bagua:S (the plugin, S streams), rr:S (equal split). Prints the ranks'\n"
-      "aggregate send rate and CPU seconds per GB sent (all threads, and the plugin's helper\n"
-      "threads alone). A plugin case may name its own build: bagua:8@/path/libnccl-net.so.\n"
+      "aggregate send rate, CPU seconds per GB sent (all threads, and the plugin's own\n"
+      "threads alone: all but the progress thread) and voluntary context switches per message\n"
+      "sent (the wake-ups it costs). A plugin case may name its own build: "
+      "bagua:8@/path/libnccl-net.so;\n"
+      "NAME@PATH loads another NCCL net plugin under that label (ncclNetPlugin_v11 or _v6:\n"
+      "fastsocket@/path/libnccl-net-fastsocket.so).\n"
       "--repeat R runs every size R times, the cases interleaved within each repetition, and\n"
       "prints each case's median with the range (the host's load drifts between runs).\n");
 }
@@ -81,7 +87,18 @@ RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
       o.cases.clear();
       for (const std::string& c : splitList(args.value())) {
         const size_t at = c.find('@');
-        Case k = parseCase(c.substr(0, at));
+        const std::string kind = c.substr(0, at);
+        if (at != std::string::npos && at + 1 < c.size() && kind.find(':') == std::string::npos &&
+            kind != "socket") {
+          // NAME@PATH: another NCCL net plugin (v11 or v6 table), e.g. Google's fastsocket.
+          Case k;
+          k.label = kind;
+          k.plugin = true;
+          k.pluginPath = c.substr(at + 1);
+          o.cases.push_back(k);
+          continue;
+        }
+        Case k = parseCase(kind);
         if (at != std::string::npos && at + 1 < c.size()) {
           if (!k.plugin) {
             die("--cases " + c + ": only plugin cases (bagua:S, rr:S) take @PATH");
@@ -175,6 +192,7 @@ void socketRank(const RingOptions& o, uint64_t size, int toPrev, int toNext, Ran
   ctlSend(toNext, &go, 1);  // both neighbours ready before anyone starts the clock
   ctlRecv(toPrev, &go, 1);
   double cpu0 = cpuSeconds();
+  double sw0 = contextSwitches();
   auto t0 = Clock::now();
   std::vector<std::thread> threads;
   for (int c = 0; c < o.channels; ++c) {
@@ -200,7 +218,9 @@ void socketRank(const RingOptions& o, uint64_t size, int toPrev, int toNext, Ran
   }
   out->seconds = secondsSince(t0);
   out->cpu = cpuSeconds() - cpu0;
+  out->switches = contextSwitches() - sw0;
   out->sent = size * static_cast<uint64_t>(count) * static_cast<uint64_t>(o.channels);
+  out->messages = static_cast<uint64_t>(count) * static_cast<uint64_t>(o.channels);
   for (int c = 0; c < o.channels; ++c) {
     ::close(sends[static_cast<size_t>(c)]);
     ::close(recvs[static_cast<size_t>(c)]);
@@ -311,12 +331,16 @@ void pluginRank(const RingOptions& o, const Case& kase, uint64_t size, int toPre
   ctlSend(toNext, &go, 1);
   ctlRecv(toPrev, &go, 1);
   double cpu0 = cpuSeconds();
-  double plugin0 = pluginThreadCpuSeconds();
+  double self0 = threadCpuSeconds();
+  double sw0 = contextSwitches();
   auto t0 = Clock::now();
   progressLoop(net, sends, recvs, size, count, o.window);
   out->seconds = secondsSince(t0);
-  out->pluginCpu = pluginThreadCpuSeconds() - plugin0;
   out->cpu = cpuSeconds() - cpu0;
+  out->switches = contextSwitches() - sw0;
+  out->messages = static_cast<uint64_t>(count) * n;
+  // The transport's own threads: everything but this progress thread (NCCL's proxy here).
+  out->pluginCpu = std::max(0.0, out->cpu - (threadCpuSeconds() - self0));
   out->sent = size * static_cast<uint64_t>(count) * n;
   // Close the sends only once the next rank received everything (it says so to its previous).
   ctlSend(toPrev, &go, 1);
@@ -333,6 +357,7 @@ struct Aggregate {
   double gbps = 0;      // payload GB/s sent by all ranks together (sum of bytes / slowest rank)
   double cpuPerGb = 0;  // CPU seconds of all ranks per GB sent
   double pluginCpuPerGb = 0;
+  double switchesPerMessage = 0;  // voluntary context switches of all ranks per message sent
 };
 
 Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
@@ -380,7 +405,9 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
   double slowest = 0;
   double cpu = 0;
   double pluginCpu = 0;
+  double switches = 0;
   uint64_t sent = 0;
+  uint64_t messages = 0;
   bool ok = true;
   for (int r = 0; r < n; ++r) {
     int fd = results[static_cast<size_t>(r)][0];
@@ -395,7 +422,9 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
     slowest = std::max(slowest, res.seconds);
     cpu += res.cpu;
     pluginCpu += res.pluginCpu;
+    switches += res.switches;
     sent += res.sent;
+    messages += res.messages;
   }
   for (pid_t pid : pids) {
     if (!ok) {
@@ -415,6 +444,7 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
   agg.gbps = gb / slowest;
   agg.cpuPerGb = cpu / gb;
   agg.pluginCpuPerGb = pluginCpu / gb;
+  agg.switchesPerMessage = switches / static_cast<double>(std::max<uint64_t>(messages, 1));
   return agg;
 }
 
@@ -441,7 +471,8 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
   if (o.repeat > 1) {
     std::printf("%d repetitions, cases interleaved: median [min - max]\n", o.repeat);
   }
-  std::printf("%8s %10s %10s %12s %14s\n", "size", "case", "GB/s", "CPU s/GB", "plugin s/GB");
+  std::printf("%8s %10s %10s %12s %14s %10s\n", "size", "case", "GB/s", "CPU s/GB", "plugin s/GB",
+              "wakes/msg");
   FILE* js = nullptr;
   if (!o.json.empty()) {
     js = std::fopen(o.json.c_str(), "w");
@@ -466,15 +497,17 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
       }
     }
     for (size_t k = 0; k < o.cases.size(); ++k) {
-      std::vector<double> gbps, cpu, pcpu;
+      std::vector<double> gbps, cpu, pcpu, sw;
       for (const Aggregate& a : runs[k]) {
         gbps.push_back(a.gbps);
         cpu.push_back(a.cpuPerGb);
         pcpu.push_back(a.pluginCpuPerGb);
+        sw.push_back(a.switchesPerMessage);
       }
-      Aggregate a{median(gbps), median(cpu), median(pcpu)};
-      std::printf("%8s %10s %10.3f %12.3f %14.3f", fmtBytes(size).c_str(), o.cases[k].label.c_str(),
-                  a.gbps, a.cpuPerGb, a.pluginCpuPerGb);
+      Aggregate a{median(gbps), median(cpu), median(pcpu), median(sw)};
+      std::printf("%8s %10s %10.3f %12.3f %14.3f %10.2f", fmtBytes(size).c_str(),
+                  o.cases[k].label.c_str(), a.gbps, a.cpuPerGb, a.pluginCpuPerGb,
+                  a.switchesPerMessage);
       if (o.repeat > 1) {
         std::printf(
             "   [%.3f - %.3f GB/s, %.3f - %.3f s/GB]", *std::min_element(gbps.begin(), gbps.end()),
@@ -484,17 +517,21 @@ int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
       std::printf("\n");
       std::fflush(stdout);
       if (js != nullptr) {
-        std::string each;
-        for (double g : gbps) {
-          each += (each.empty() ? "" : ", ") + strPrintf("%.4f", g);
-        }
+        auto list = [](const std::vector<double>& v) {
+          std::string each;
+          for (double x : v) {
+            each += (each.empty() ? "" : ", ") + strPrintf("%.4f", x);
+          }
+          return each;
+        };
         std::fprintf(js,
                      "%s\n  {\"case\": \"%s\", \"size\": %llu, \"GBps\": %.4f, "
                      "\"cpu_s_per_GB\": %.4f, \"plugin_cpu_s_per_GB\": %.4f, "
-                     "\"GBps_runs\": [%s]}",
+                     "\"switches_per_message\": %.3f, \"GBps_runs\": [%s], "
+                     "\"cpu_s_per_GB_runs\": [%s], \"switches_per_message_runs\": [%s]}",
                      first ? "" : ",", o.cases[k].label.c_str(),
                      static_cast<unsigned long long>(size), a.gbps, a.cpuPerGb, a.pluginCpuPerGb,
-                     each.c_str());
+                     a.switchesPerMessage, list(gbps).c_str(), list(cpu).c_str(), list(sw).c_str());
         first = false;
       }
     }

@@ -1,35 +1,38 @@
 #!/usr/bin/env bash
-# Issue 21's method on ONE GPU: 4 (and 2) ranks sharing GPU 0 through MPS, each its own
+# Several ranks on ONE GPU: 4 (and 2) ranks sharing GPU 0 through MPS, each its own
 # NCCL_HOSTID, P2P and SHM off, so NCCL's network path carries every byte over loopback. NCCL
 # all-reduce busbw 1 MiB..256 MiB (bagua-nccl-bench --share-gpu, every result checked), same run:
 #   socket       NCCL's Socket transport, defaults
 #   socket-4x4   Socket with 4 threads x 4 sockets
-#   fastsocket   Google's nccl-fastsocket (v6 plugin), when third_party_fetch/fastsocket/
-#                libnccl-net-fastsocket.so was built on the CPU machine with
-#                /work/shared/tools/build_fastsocket.sh and carried here
-#   bagua        Bagua-Net, defaults; at 4 ranks also, to tell the suspected causes of the loss at 4
-#                ranks apart: bagua-s4 / bagua-s2 (4 and 2 streams per connection: fewer helper
-#                threads per rank), bagua-c64k (BAGUA_NET_MIN_CHUNKSIZE=64K, the default
-#                until session 9: ring slices of 128-512 KiB cut into more, smaller chunks),
-#                bagua-lone64k (BAGUA_NET_LONE_CHUNKSIZE=64K: only a message posted with
-#                nothing queued is cut that fine),
-#                bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0: NCCL's own channel count),
-#                bagua-cb8m (BAGUA_NET_TUNER_CHANNEL_BYTES=8M: fewer channels, so larger ring
-#                slices, up to 32 MiB)
+#   fastsocket   Google's nccl-fastsocket (v6 plugin), built here from the sources carried in
+#                third_party_fetch/fastsocket/src (tools/net_bench/fastsocket.sh), or a carried
+#                third_party_fetch/fastsocket/libnccl-net-fastsocket.so
+#   bagua        Bagua-Net, defaults (chunks chosen per message: BAGUA_NET_CHUNK_POLICY=adaptive);
+#                at 4 ranks also, to tell causes apart: bagua-fixed (BAGUA_NET_CHUNK_POLICY=fixed:
+#                the static rule, 256 KiB minimum chunk), bagua-s4 / bagua-s2 (4 and 2 streams per
+#                connection: fewer helper threads per rank), bagua-c64k (BAGUA_NET_MIN_CHUNKSIZE=64K
+#                pins the static rule at 64 KiB), bagua-lone64k (static rule, 64 KiB only for a
+#                message posted with nothing queued), bagua-nocap (BAGUA_NET_TUNER_CHANNEL_BYTES=0:
+#                NCCL's own channel count), bagua-cb8m (BAGUA_NET_TUNER_CHANNEL_BYTES=8M: fewer
+#                channels, so larger ring slices, up to 32 MiB)
 # then the CPU-only ring of bagua-net-bench (4 processes x 4 connections each way over loopback,
-# the same streams and chunk variants): transport throughput and CPU s/GB on this host's cores,
-# the plugin's helper threads apart.
+# the same streams and chunk variants, and fastsocket when built): transport throughput and CPU
+# s/GB on this host's cores, the transport's own threads apart.
 # plus the CPU time of all ranks (user + system, bash `times` of the finished run) per GB the
-# ranks sent (2(n-1) x size per all-reduce, warm-up included). Targets (issue 21): 4 ranks,
-# Bagua-Net >= Socket at every size and >= 2.5x at 256 MiB; >= 1.3x fastsocket from 64 MiB.
+# ranks sent (2(n-1) x size per all-reduce, warm-up included).
 # Detail in $OUT/16-net-ranks.log and $OUT/ranks<N>-<label>.json; tables on stdout.
 # Alone: BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=16 bench/gpu/run.sh
 # step-timeout: 590
 set -uo pipefail
 LOG="$OUT/16-net-ranks.log"
 BENCH="$BUILD/tools/nccl_bench/bagua-nccl-bench"
-FS="$ROOT/third_party_fetch/fastsocket/libnccl-net-fastsocket.so"
 : > "$LOG"
+FS="$BUILD/fastsocket/libnccl-net-fastsocket.so"
+if [ ! -f "$FS" ] && [ -f "$ROOT/third_party_fetch/fastsocket/src/net_fastsocket.cc" ]; then
+  "$ROOT/tools/net_bench/fastsocket.sh" build "$ROOT/third_party_fetch/fastsocket/src" \
+    "$BUILD/fastsocket" >> "$LOG" 2>&1 || echo "16-net-ranks: fastsocket build failed (see the log)"
+fi
+[ -f "$FS" ] || FS="$ROOT/third_party_fetch/fastsocket/libnccl-net-fastsocket.so"
 [ -x "$BENCH" ] || { echo "16-net-ranks: bagua-nccl-bench not built"; exit 1; }
 
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
@@ -76,13 +79,13 @@ run() {  # ranks, label, env assignments...
   echo "$n $label $before $after" >> "$CPU_TABLE"
 }
 PLUG=(LD_LIBRARY_PATH="$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" NCCL_NET_PLUGIN=bagua NCCL_NET=Bagua)
-# NET_RANKS_N: the rank counts (default "4 2"). NET_RANKS_VARIANTS4 default: s4 / s2 (4 and 2
-# streams), c64k (64 KiB chunks, the default before session 9), lone64k (64 KiB chunks only for a
+# NET_RANKS_N: the rank counts (default "4 2"). NET_RANKS_VARIANTS4 default: fixed (the static
+# chunk rule), s4 / s2 (4 and 2 streams), c64k (64 KiB chunks), lone64k (64 KiB chunks only for a
 # message posted with nothing queued), nocap / cb8m (the tuner's channel cap off / at 8 MiB), i512k
 # (messages up to 512 KiB inline on the control stream: no helper threads, one flow).
 NS="${NET_RANKS_N:-4 2}"
-VARIANTS4="${NET_RANKS_VARIANTS4-s4:BAGUA_NET_NSTREAMS=4 s2:BAGUA_NET_NSTREAMS=2 \
-c64k:BAGUA_NET_MIN_CHUNKSIZE=64K lone64k:BAGUA_NET_LONE_CHUNKSIZE=64K \
+VARIANTS4="${NET_RANKS_VARIANTS4-fixed:BAGUA_NET_CHUNK_POLICY=fixed s4:BAGUA_NET_NSTREAMS=4 \
+s2:BAGUA_NET_NSTREAMS=2 c64k:BAGUA_NET_MIN_CHUNKSIZE=64K lone64k:BAGUA_NET_LONE_CHUNKSIZE=64K \
 nocap:BAGUA_NET_TUNER_CHANNEL_BYTES=0 \
 cb8m:BAGUA_NET_TUNER_CHANNEL_BYTES=8M i512k:BAGUA_NET_INLINE_BYTES=512K}"
 for n in $NS; do
@@ -130,11 +133,13 @@ PY
 [ "${NET_RANKS_RING:-1}" = 0 ] && exit 0
 echo "--- CPU-only ring: 4 processes x 4 connections each way, loopback (bagua-net-bench --ring)"
 RING="$BUILD/tools/net_bench/bagua-net-bench"
-for e in "" BAGUA_NET_MIN_CHUNKSIZE=64K BAGUA_NET_LONE_CHUNKSIZE=64K; do
+RING_CASES=socket,bagua:8,bagua:4,bagua:2
+[ -f "$FS" ] && RING_CASES="$RING_CASES,fastsocket@$FS"
+for e in "" BAGUA_NET_CHUNK_POLICY=fixed BAGUA_NET_MIN_CHUNKSIZE=64K; do
   echo "  ${e:-defaults}"
   tag=${e//=/-}
   env $e timeout 120 "$RING" --plugin "$PLUGIN_DIR/libnccl-net.so" \
-    --ring 4 --channels 4 --sizes 128K,512K,2M --cases socket,bagua:8,bagua:4,bagua:2 \
+    --ring 4 --channels 4 --sizes 128K,512K,2M --cases "$RING_CASES" \
     --bytes 256M --json "$OUT/16-ring${tag:+-$tag}.json" >> "$LOG" 2>&1 || echo "  ring rc=$?"
   python3 -c 'import json,sys
 for r in json.load(open(sys.argv[1]))["results"]:

@@ -6,7 +6,8 @@
 // One connection = one control TCP stream + N data TCP streams, one direction only: a SendComm
 // sends, the matching RecvComm receives. Messages are byte buffers; sends and receives match in
 // posting order (the k-th isend lands in the k-th irecv). A message larger than the inline limit
-// is cut into chunks that helper threads schedule dynamically: each data stream's thread takes
+// is cut into chunks (their size chosen per message: bagua/net/chunk_policy.h) that helper
+// threads schedule dynamically: each data stream's thread takes
 // the next chunk as soon as the kernel accepted its previous one, so a slow stream carries fewer
 // chunks instead of setting the pace. Each chunk carries a small header (message sequence,
 // offset, length), so the receiver writes it straight into the posted buffer at its offset (no
@@ -31,6 +32,10 @@
 // untouched until test() reports done. After test() reported done (or an error) the request is
 // recycled: do not use the pointer again. Requests of one comm are tested by one thread at a
 // time (the caller's); different comms may be used from different threads concurrently.
+// isend never blocks. Besides posting, it writes what the sockets take at once: the control record
+// (with the payload of an inline message) and, when the chunk policy says so (a lone message cut
+// into one chunk that is cheaper to copy than a helper thread's wake-up), that chunk on a parked
+// data stream; the helper threads send the rest. test() reads the control stream likewise.
 //
 // Errors (Status codes from test(), isend(), irecv())
 // ---------------------------------------------------
@@ -68,6 +73,7 @@
 #include <vector>
 
 #include "bagua/base/status.h"
+#include "bagua/net/chunk_policy.h"
 #include "bagua/net/params.h"  // netParams(), kMaxStreams, kLogNet
 
 namespace bagua::net {
@@ -86,11 +92,19 @@ inline constexpr uint64_t kMultiRailNotSentLowat = 256 * 1024;
 
 // Engine settings. Defaults come from netParams(); fields set explicitly win (API > env).
 struct EngineOptions {
-  int nStreams = 8;                      // data streams per connection (BAGUA_NET_NSTREAMS)
-  uint64_t minChunkBytes = 256 * 1024;   // smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE)
+  int nStreams = 8;  // data streams per connection (BAGUA_NET_NSTREAMS)
+  // How each message is cut (bagua/net/chunk_policy.h): adaptive (chosen per message from the
+  // comm's measured wake-ups, stream rates and queue) or the fixed rule of the three sizes below.
+  // fromParams() follows BAGUA_NET_CHUNK_POLICY: adaptive unless BAGUA_NET_MIN_CHUNKSIZE or
+  // BAGUA_NET_LONE_CHUNKSIZE is set (a knob set by hand pins its floor). Options built by hand
+  // keep the fixed rule unless they set this.
+  bool adaptiveChunks = false;
+  // Smallest data chunk (BAGUA_NET_MIN_CHUNKSIZE); adaptive: the smallest chunk of a message
+  // queued behind unclaimed bytes, and of every message until the comm has measured its streams.
+  uint64_t minChunkBytes = 256 * 1024;
   uint64_t maxChunkBytes = 1024 * 1024;  // largest data chunk (BAGUA_NET_MAX_CHUNKSIZE)
-  // Smallest chunk of a message posted with nothing queued before it, if below minChunkBytes
-  // (BAGUA_NET_LONE_CHUNKSIZE); 0: off.
+  // Fixed rule: smallest chunk of a message posted with nothing queued before it, if below
+  // minChunkBytes (BAGUA_NET_LONE_CHUNKSIZE); 0: off.
   uint64_t loneChunkBytes = 0;
   uint64_t inlineBytes = 64 * 1024;      // messages up to this go on the control stream
   uint64_t socketBufferBytes = 4 << 20;  // SO_SNDBUF/SO_RCVBUF; 0 = kernel default
@@ -300,10 +314,18 @@ class SendComm {
   void abort(const std::string& why);
   int nStreams() const;
   const SocketAddress& peer() const;
-  // Payload bytes each data stream has sent so far (how the schedule spread the chunks).
+  // Payload bytes and chunks each data stream has sent so far (how the schedule spread them).
   std::vector<uint64_t> bytesPerStream() const;
+  std::vector<uint64_t> chunksPerStream() const;
   // Data chunks the messages posted so far were cut into (caller's thread, or after it).
   uint64_t chunksPosted() const;
+  // How the last message posted was cut: what the comm saw (CommLoad), the rules in force and the
+  // chunk policy's plan, which isend applied (bagua/net/chunk_policy.h). Caller's thread.
+  MessagePlan lastPlan() const;
+  // Tests only: starts the comm's measurements (the wake-up, and every stream's rate with enough
+  // samples to count) from these values instead of from nothing; later chunks keep updating
+  // them. Any thread.
+  void seedMeasurementsForTesting(double wakeSeconds, double streamBytesPerSecond);
   // The remote address each data stream is connected to (its rail).
   std::vector<SocketAddress> streamPeers() const;
   // This comm's own live settings (beat the process-wide ones; all zero clears the override).

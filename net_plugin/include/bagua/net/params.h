@@ -29,29 +29,39 @@ struct NetParams : ParamCatalogue {
                     "Data TCP streams per connection (Bagua-Net's knob). Each stream has "
                     "its own helper thread on each side; chunks of a message are "
                     "scheduled dynamically over them."};
+  EnumParam chunkPolicy{
+      *this,
+      "BAGUA_NET_CHUNK_POLICY",
+      "adaptive",
+      {{"adaptive",
+        "each message's chunk size and the streams it wakes chosen when it is posted, from the "
+        "comm's measured wake-up time and stream rates and the bytes queued before it"},
+       {"fixed", "the static rule: ceil(size/streams) clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]"}},
+      "How messages are cut into chunks. Adaptive takes the bytes a stream moves in one helper-"
+      "thread wake-up as the smallest chunk, between 64 KiB and MIN_CHUNKSIZE: on a host with "
+      "idle cores a lone mid-sized message spreads over many streams at once, on a busy one it "
+      "keeps MIN_CHUNKSIZE, as does a message queued behind unclaimed bytes; a lone one-chunk "
+      "message up to 256 KiB that costs less to copy than a wake-up is written by the caller "
+      "itself. Setting MIN_CHUNKSIZE or LONE_CHUNKSIZE by hand selects fixed unless this is set "
+      "too; fixed is for comparisons and for hosts where the measurements mislead."};
   BytesParam minChunk{*this,
                       "BAGUA_NET_MIN_CHUNKSIZE",
                       256 * 1024,
                       {4096, uint64_t{1} << 30},
-                      "Smallest chunk a message is cut into on the data streams "
-                      "(Bagua-Net's knob). A message is split into ceil(size/nstreams) "
-                      "chunks, clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]. NCCL's ring "
-                      "steps of 128-512 KiB go as 1-2 chunks: fewer helper-thread hops "
-                      "per message, which is what several ranks on one host run out "
-                      "of (4 ranks sharing one H100: 1.04-2.20x Socket against "
-                      "0.95-1.74x with 64 KiB) and 1-8% more from 8 MiB on 2 idle "
-                      "H100s. There 64K is faster for 1-4 MiB all-reduces (1.3-1.7x): "
-                      "set it where such sizes dominate and cores are free, or where "
-                      "one message must spread over many capped flows."};
+                      "Smallest chunk a message is cut into on the data streams (Bagua-Net's "
+                      "knob). Fixed policy: a message is split into ceil(size/nstreams) chunks "
+                      "clamped to [MIN_CHUNKSIZE, MAX_CHUNKSIZE]. Adaptive: the largest floor "
+                      "(a busy host's, a queued message's, and every message's until the comm "
+                      "has measured its streams). Set it by hand to pin one floor for every "
+                      "message (e.g. 64K where one message must spread over many capped flows)."};
   BytesParam loneChunk{*this,
                        "BAGUA_NET_LONE_CHUNKSIZE",
                        0,
                        {0, uint64_t{1} << 30},
-                       "Smallest chunk of a message that finds every chunk of the earlier "
-                       "messages already taken by a stream (nothing queued: the message "
-                       "alone decides how long the streams take), if below "
-                       "MIN_CHUNKSIZE; 0: off. For latency-bound mid-sized all-reduces on "
-                       "hosts with free cores (64K there); not yet measured on GPUs."};
+                       "Fixed policy: smallest chunk of a message posted with nothing queued "
+                       "before it, if below MIN_CHUNKSIZE; 0: off. Setting it selects the fixed "
+                       "policy (unless BAGUA_NET_CHUNK_POLICY is set): a pinned pair of floors, "
+                       "one for lone messages and one for queued ones."};
   BytesParam maxChunk{*this,
                       "BAGUA_NET_MAX_CHUNKSIZE",
                       1024 * 1024,
