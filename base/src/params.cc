@@ -173,12 +173,6 @@ std::optional<std::string> ParamBase::lookupEnv() const {
 }
 
 Status ParamBase::badValue(const std::string& value, const Status& why) const {
-  if (secret()) {
-    // Neither the value nor a message quoting it: a key must not reach a log.
-    return Status(StatusCode::kInvalidArgument,
-                  strPrintf("%s (%zu characters, not shown) is invalid; accepted: %s", key_.c_str(),
-                            value.size(), acceptedString().c_str()));
-  }
   return Status(StatusCode::kInvalidArgument,
                 strPrintf("%s='%s' is invalid (%s); accepted: %s", key_.c_str(), value.c_str(),
                           why.message().c_str(), acceptedString().c_str()));
@@ -252,18 +246,6 @@ StringParam::StringParam(ParamCatalogue& catalogue, std::string key, std::string
           std::move(accepted),
           [](std::string_view t) -> Result<std::string> { return std::string(t); },
           std::move(validator), [](const std::string& v) { return v; }) {}
-
-SecretParam::SecretParam(ParamCatalogue& catalogue, std::string key, std::string description,
-                         std::string accepted, Validator validator)
-    : Param<std::string>(
-          catalogue, std::move(key), ParamType::kString, std::string(), std::move(description),
-          std::move(accepted),
-          [](std::string_view t) -> Result<std::string> { return std::string(t); },
-          std::move(validator),
-          [](const std::string& v) {
-            return v.empty() ? std::string("(not set)")
-                             : strPrintf("(set, %zu characters)", v.size());
-          }) {}
 
 namespace {
 

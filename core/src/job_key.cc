@@ -84,7 +84,7 @@ Result<std::string> readKeyFile(const std::string& path) {
   return text.substr(start);
 }
 
-Result<JobKey> loadJobKey() {
+Result<JobKey> loadJobKey(bool warnWhenAbsent) {
   BAGUA_ASSIGN_OR_RETURN(std::string secret, coreParams().jobKey.get());
   BAGUA_ASSIGN_OR_RETURN(std::string file, coreParams().jobKeyFile.get());
   if (!secret.empty() && !file.empty()) {
@@ -103,10 +103,18 @@ Result<JobKey> loadJobKey() {
     return k;
   }
   if (!secret.empty()) {
-    return JobKey::fromSecret(secret);  // the catalogue already checked the length
+    Result<JobKey> k = JobKey::fromSecret(secret);
+    if (!k.isOk()) {
+      // Never quoting the value: a key must not reach a log.
+      return BAGUA_ERROR(kInvalidArgument,
+                         "BAGUA_JOB_KEY has %zu characters (not shown); a job key needs at least "
+                         "%zu (e.g. `openssl rand -hex 32`)",
+                         secret.size(), kMinJobKeyChars);
+    }
+    return k;
   }
   Result<int64_t> rank = coreParams().rank.get();
-  if (rank.isOk() && *rank == 0) {
+  if (warnWhenAbsent && rank.isOk() && *rank == 0) {
     BAGUA_LOG_WARN(kLogCore,
                    "no job key (BAGUA_JOB_KEY or BAGUA_JOB_KEY_FILE): the TCP store, the host "
                    "backend's connections and its heartbeats accept any process that reaches "
@@ -120,7 +128,7 @@ Result<JobKey> loadJobKey() {
 }  // namespace
 
 Result<JobKey> readJobKeyFromParams() {
-  return loadJobKey();
+  return loadJobKey(false);
 }
 
 Result<JobKey> jobKeyFromParams() {
@@ -129,7 +137,7 @@ Result<JobKey> jobKeyFromParams() {
   static Result<JobKey> key = JobKey();
   std::lock_guard<std::mutex> lock(mu);
   if (!loaded) {
-    key = loadJobKey();
+    key = loadJobKey(true);
     loaded = true;
   }
   return key;

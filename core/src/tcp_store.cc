@@ -185,7 +185,7 @@ class TcpStoreServer::Impl {
       if (!wasAuthed) {
         timer_.cancel();
         reader_.setMaxFrame(sw::kMaxFrame);
-        inbuf_.resize(64 * 1024);  // the data after inPos_ stays where it is
+        inbuf_.resize(4096);  // the data after inPos_ stays where it is
         server_->admitted(this);
       }
       if (a.kind == sw::ServerSession::Action::kPark) {

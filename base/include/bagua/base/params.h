@@ -84,8 +84,6 @@ class ParamBase {
   virtual std::string acceptedString() const = 0;
   // Forgets the loaded value and any override (tests only).
   virtual void resetForTesting() = 0;
-  // A secret's value never appears in a dump or an error message (SecretParam).
-  virtual bool secret() const { return false; }
 
  protected:
   // Registers this parameter with `catalogue` (which must outlive it; a member of the catalogue
@@ -254,16 +252,6 @@ class StringParam final : public Param<std::string> {
  public:
   StringParam(ParamCatalogue& catalogue, std::string key, std::string def, std::string description,
               std::string accepted = "any string", Validator validator = nullptr);
-};
-
-// A secret (a key): read like a StringParam, but its text is never shown. Dumps print
-// "(set, N characters)" or "(not set)", and a bad value's error names the key and the rule, not
-// the value. The default is always empty.
-class SecretParam final : public Param<std::string> {
- public:
-  SecretParam(ParamCatalogue& catalogue, std::string key, std::string description,
-              std::string accepted, Validator validator = nullptr);
-  bool secret() const override { return true; }
 };
 
 // One of `choices` (case-insensitive; stored in the choice's spelling).

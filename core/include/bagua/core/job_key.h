@@ -44,7 +44,8 @@ class JobKey {
 // (RANK), one warning per process.
 Result<JobKey> jobKeyFromParams();
 
-// The same, read now and not remembered (tests of the variables; code calls jobKeyFromParams).
+// The same, read now and not remembered, and without the warning (tests of the variables, and
+// users of the key other than the control plane: the cache's value tags).
 Result<JobKey> readJobKeyFromParams();
 
 // A fresh random secret for a launcher to hand to its workers: 64 hex digits (32 bytes of the

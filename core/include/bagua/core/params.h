@@ -9,6 +9,7 @@
 
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/base/secret_param.h"
 
 namespace bagua::core {
 
@@ -43,11 +44,7 @@ struct CoreParams : ParamCatalogue {
       "for a job over several nodes started by other means, give every rank the same value (e.g. "
       "`openssl rand -hex 32`) or use BAGUA_JOB_KEY_FILE. Unset (and no key file): nothing is "
       "authenticated and rank 0 logs one warning",
-      "empty, or at least 32 characters", [](const std::string& v) -> Status {
-        return v.empty() || v.size() >= 32
-                   ? Status::ok()
-                   : BAGUA_ERROR(kInvalidArgument, "a key needs at least 32 characters");
-      }};
+      "empty, or at least 32 characters"};
   StringParam jobKeyFile{
       *this, "BAGUA_JOB_KEY_FILE", "",
       "a file holding the job's secret (its content, surrounding white space removed), instead of "

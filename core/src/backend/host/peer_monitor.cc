@@ -233,6 +233,9 @@ std::string PeerMonitor::describe(int rank) const {
 }
 
 void PeerMonitor::sendAll(uint32_t kind, uint32_t about, bool watchedOnly) {
+  if (key_ == nullptr) {
+    return;  // start() failed before the key was set: nobody to tell
+  }
   wire::Beat beat;
   beat.kind = kind;
   beat.from = static_cast<uint32_t>(rank_);
