@@ -4,7 +4,7 @@ single-node launch gets) and without it (an empty BAGUA_JOB_KEY: nothing authent
 alternating run by run so that the machine's load hits both alike.
 
 For each round and each contestant: bagua-train-demo on 4 ranks (samples/s over the run, and the
-wall time of a short run: process start, rendezvous and connection set-up, a few steps), once on
+wall time of a 20-step run: process start, rendezvous and connection set-up, the steps), once on
 the default transport (shared memory on one host) and once with BAGUA_HOST_TRANSPORT=engine (the
 engine's per-connection key challenge), and bagua-allreduce-bench (busbw at a few sizes, shm
 and engine groups). Prints the medians and the ratio keyed / keyless with the spread of the
@@ -51,22 +51,23 @@ def samples_per_s(out):
 
 
 def busbw(out):
-    """{(transport, size): busbw GB/s} from bagua-allreduce-bench's table."""
+    """{(transport, size): busbw GB/s} from bagua-allreduce-bench's table, whose lines read
+    "  64K   200 |   955.3   0.103 GB/s |   567.3   0.173 GB/s" under a header naming the
+    contestants ("size iters |  shm us  busbw | engine us  busbw")."""
     got = {}
-    header = None
+    names = None
     for line in out.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 2:
+        cells = [c.split() for c in line.split("|")]
+        if len(cells) < 2 or not cells[0]:
             continue
-        if cells[0] == "size":
-            header = cells
+        if cells[0][0] == "size":
+            names = [c[0] for c in cells[1:] if c]
             continue
-        if header is None or not re.match(r"^[0-9]+ ?[KMG]i?B?$", cells[0]):
+        if names is None or not re.match(r"^[0-9]+[KMG]?$", cells[0][0]):
             continue
-        for name, cell in zip(header[1:], cells[1:]):
-            m = re.match(r"^([0-9.]+)", cell)
-            if m and "busbw" in name:
-                got[(name.split()[0], cells[0])] = float(m.group(1))
+        for name, cell in zip(names, cells[1:]):
+            if len(cell) >= 3 and cell[2] == "GB/s":
+                got[(name, cells[0][0])] = float(cell[1])
     if not got:
         sys.exit("no busbw table in:\n" + out[-2000:])
     return got
@@ -94,8 +95,8 @@ def main():
                 env = env_for(keyed, {"BAGUA_HOST_TRANSPORT": transport})
                 out, _ = run(base + [demo, "--steps", str(args.steps)], env)
                 add("train demo samples/s ({})".format(transport), keyed, samples_per_s(out))
-                _, wall = run(base + [demo, "--steps", "5"], env)
-                add("train demo, 5 steps: wall s ({})".format(transport), keyed, wall)
+                _, wall = run(base + [demo, "--steps", "20"], env)
+                add("train demo, 20 steps: wall s ({})".format(transport), keyed, wall)
             out, _ = run(base + [bench, "--sizes", args.sizes, "--no_gloo", "--reps", "3",
                                  "--transports", "shm,engine"], env_for(keyed, {}))
             for (t, size), v in busbw(out).items():

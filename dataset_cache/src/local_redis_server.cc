@@ -310,8 +310,7 @@ Status LocalRedisServer::startOnce(int port) {
                          "'%s --port %d' by hand to see its message)",
                          port, exitDescription(status).c_str(), options_.binary.c_str(), port);
     }
-    Status ping =
-        pingRedis("127.0.0.1", port, std::chrono::milliseconds(200), options_.password);
+    Status ping = pingRedis("127.0.0.1", port, std::chrono::milliseconds(200), options_.password);
     if (ping.isOk()) {
       BAGUA_LOG_DEBUG(kLogCache, "redis-server pid %d answers on 127.0.0.1:%d",
                       static_cast<int>(pid_), port);

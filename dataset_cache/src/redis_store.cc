@@ -151,10 +151,10 @@ class RedisStore::Conn {
     }
     if (!server_.host.password.empty()) {
       SigpipeGuard guard;
-      auto* r = static_cast<redisReply*>(redisCommand(c, "AUTH %b", server_.host.password.data(),
-                                                      server_.host.password.size()));
+      auto* r = static_cast<redisReply*>(
+          redisCommand(c, "AUTH %b", server_.host.password.data(), server_.host.password.size()));
       const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
-      std::string why = r == nullptr ? std::string(c->errstr)
+      std::string why = r == nullptr                   ? std::string(c->errstr)
                         : r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
                                                        : std::string("unexpected reply");
       if (r != nullptr) {
@@ -163,8 +163,8 @@ class RedisStore::Conn {
       if (!ok) {
         redisFree(c);
         markDown("AUTH failed: " + why);
-        return BAGUA_ERROR(kUnavailable, "redis %s refused the password: %s",
-                           server_.name.c_str(), why.c_str());
+        return BAGUA_ERROR(kUnavailable, "redis %s refused the password: %s", server_.name.c_str(),
+                           why.c_str());
       }
     }
     ctx_ = c;

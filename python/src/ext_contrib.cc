@@ -91,10 +91,9 @@ class PyCacheLoader {
                 size_t writerBufferSize)
       : loader_(std::move(backend), cache::CacheLoaderOptions{name, writerBufferSize}) {}
 
-  // `checkValue(value)` (optional) decodes a cached value; when it raises, the value is a miss: counted
-  // as corrupt, logged with the exception's text, reloaded and overwritten.
-  pyb::bytes get(const std::string& key, const pyb::function& load,
-                 const pyb::object& checkValue) {
+  // `checkValue(value)` (optional) decodes a cached value; when it raises, the value is a miss:
+  // counted as corrupt, logged with the exception's text, reloaded and overwritten.
+  pyb::bytes get(const std::string& key, const pyb::function& load, const pyb::object& checkValue) {
     std::string value;
     auto fn = [&](std::string_view, std::string& out) -> Status {
       try {

@@ -218,8 +218,13 @@ TEST_F(Baguarun, KillMinus9LeavesNoWorkerAlive) {
   if (launcherPid == 0) {
     int devNull = ::open("/dev/null", O_WRONLY);
     ::dup2(devNull, 2);
-    std::vector<std::string> all = {launcher(), "--nproc_per_node", "2", "--master_port", "0",
-                                    "sh", "-c",
+    std::vector<std::string> all = {launcher(),
+                                    "--nproc_per_node",
+                                    "2",
+                                    "--master_port",
+                                    "0",
+                                    "sh",
+                                    "-c",
                                     "echo $$ > " + dir_ + "/w$RANK.tmp; sleep 300 & echo $! >> " +
                                         dir_ + "/w$RANK.tmp; mv " + dir_ + "/w$RANK.tmp " + dir_ +
                                         "/w$RANK; wait"};

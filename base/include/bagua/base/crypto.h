@@ -2,7 +2,7 @@
 // random bytes: what the control plane needs to authenticate its messages with the job's key
 // (core/README.md, "Security"). Written here rather than taken from OpenSSL so that no installed
 // library or wheel gains a dependency; the control plane MACs frames of a few hundred bytes, so
-// a portable implementation (no SHA extensions) is fast enough. Checked against the FIPS 180-4
+// a portable implementation (no SHA extensions) is enough. Checked against the FIPS 180-4
 // examples and the RFC 4231 test cases (tests/base/crypto_test.cc) and fuzzed through the
 // control-plane decoders.
 //

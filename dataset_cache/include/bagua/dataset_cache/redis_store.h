@@ -2,9 +2,10 @@
 //
 // Servers: a list of host:port. With none listed, the store spawns `spawn` local redis-server
 // processes (LocalRedisServer) with a memory cap, an eviction policy and a fresh random password
-// each (protected mode, loopback only), and stops them when it is destroyed. Cluster mode (the default) shards keys over every server by a stable hash of the
-// key; otherwise this node uses only server nodeRank % count. Batches are one MGET / MSET per
-// server, all sent before any reply is read (pipelined across servers).
+// each (protected mode, loopback only), and stops them when it is destroyed. Cluster mode (the
+// default) shards keys over every server by a stable hash of the key; otherwise this node uses only
+// server nodeRank % count. Batches are one MGET / MSET per server, all sent before any reply is
+// read (pipelined across servers).
 //
 // Faults: a command that fails on the connection (refused, reset, timed out) marks that server
 // down; calls that need it then fail fast with kUnavailable for `retryInterval`, after which one
