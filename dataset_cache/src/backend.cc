@@ -41,7 +41,7 @@ Result<std::vector<RedisHost>> parseRedisHosts(std::string_view text) {
       return BAGUA_ERROR(kInvalidArgument, "'%.*s': need a host and a port in [1, 65535]",
                          static_cast<int>(item.size()), item.data());
     }
-    hosts.push_back({std::string(host), p, ""});
+    hosts.push_back({std::string(host), p});
     if (comma == std::string_view::npos) {
       break;
     }

@@ -387,7 +387,7 @@ void bindContrib(pyb::module_& m) {
         if (!hosts.empty()) {
           o.redis.hosts.clear();
           for (const auto& [host, port] : hosts) {
-            o.redis.hosts.push_back(cache::RedisHost{host, port, ""});
+            o.redis.hosts.push_back(cache::RedisHost{host, port});
           }
         }
         if (clusterMode >= 0) {

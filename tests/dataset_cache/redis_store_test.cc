@@ -20,7 +20,7 @@ using testing::WarnCounter;
 RedisOptions optionsFor(const std::vector<int>& ports) {
   RedisOptions o;
   for (int p : ports) {
-    o.hosts.push_back({"127.0.0.1", p, ""});
+    o.hosts.push_back({"127.0.0.1", p});
   }
   // Generous: a loaded CI machine (sanitizer builds, tests in parallel) can stall a healthy local
   // server past half a second. The fault tests kill servers, which fails commands at once.

@@ -170,8 +170,7 @@ Result<std::unique_ptr<PeerMonitor>> PeerMonitor::start(Store& store, int rank, 
     }
     peer.address = f[0] + ":" + f[1];
     peer.host = f[4];
-    // Same host: its death closes our sockets.
-    peer.watched = f[3] != me || options.watchSameHost;
+    peer.watched = f[3] != me;  // same host: its death closes our sockets
     watched += peer.watched ? 1 : 0;
   }
   if (watched == 0) {

@@ -48,8 +48,6 @@ struct PeerMonitorOptions {
   std::chrono::milliseconds setupTimeout{60000};  // waiting for the peers' published addresses
   std::string bindAddress;                        // empty: the store's localAddress()
   std::optional<JobKey> key;                      // nullopt: the process's (jobKeyFromParams())
-  // Tests only: watch peers on this host too (ranks that are threads of one process).
-  bool watchSameHost = false;
 };
 
 class PeerMonitor {

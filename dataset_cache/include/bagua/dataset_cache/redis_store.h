@@ -38,7 +38,7 @@ namespace bagua::cache {
 struct RedisHost {
   std::string host;
   int port = 6379;
-  std::string password;  // sent with AUTH on every new connection when not empty
+  std::string password{};  // sent with AUTH on every new connection when not empty
 };
 
 // Parses "host:port[,host:port...]" (IPv6 as "[::1]:6379"); empty text gives an empty list.
