@@ -242,14 +242,8 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::initFromEnv(ProcessGroupOpti
   }
   std::unique_ptr<TcpStoreServer> server;
   if (e.rank == 0) {
-    // Listen on MASTER_ADDR when it is an IP literal of this host, else on every interface.
-    in_addr a4{};
-    in6_addr a6{};
-    std::string host = e.masterAddr == "localhost" ? "127.0.0.1" : e.masterAddr;
-    if (::inet_pton(AF_INET, host.c_str(), &a4) != 1 &&
-        ::inet_pton(AF_INET6, host.c_str(), &a6) != 1) {
-      host = "0.0.0.0";
-    }
+    // On MASTER_ADDR's interface, never every interface unless BAGUA_STORE_LISTEN_ADDR asks.
+    BAGUA_ASSIGN_OR_RETURN(std::string host, storeListenAddress(e.masterAddr));
     BAGUA_ASSIGN_OR_RETURN(server, TcpStoreServer::start(host, e.masterPort));
   }
   TcpStoreOptions so;

@@ -1,10 +1,10 @@
-// The TCP store: a Boost.Asio server on one thread and a POSIX-socket client.
-//
-// Wire format (both directions): u32 frame length, then the frame. Request frame: u8 op,
-// u32 argument count, each argument as u32 length + bytes. Response frame: u8 code
-// (0 ok, 1 deadline, 2 bad request), then arguments the same way. Integers are little endian.
+// The TCP store: a Boost.Asio server on one thread and a POSIX-socket client. The wire format,
+// the handshake and the request semantics are store_wire.h's; this file moves bytes, keeps
+// the server's resources bounded (pending connections, their memory and time) and turns
+// failures into errors that name the server.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,104 +14,56 @@
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <list>
 #include <set>
 #include <thread>
 
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
+#include "bagua/core/params.h"
 #include "bagua/core/store.h"
 #include "bagua/net/socket_io.h"
 #include "liveness.h"
+#include "store_wire.h"
 
 namespace bagua::core {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+namespace sw = storewire;
 
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCas = 5, kCheck = 6 };
-enum Code : uint8_t { kOk = 0, kDeadline = 1, kBad = 2 };
-
-constexpr uint32_t kMaxFrame = 256u << 20;
-
-uint32_t getU32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
-         (static_cast<uint32_t>(p[2]) << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-Bytes i64Bytes(int64_t v) {
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-  }
-  return b;
-}
-int64_t bytesI64(const Bytes& b) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < 8 && i < b.size(); ++i) {
-    v |= static_cast<uint64_t>(b[i]) << (8 * i);
-  }
-  return static_cast<int64_t>(v);
+Result<sw::Nonce> freshNonce() {
+  sw::Nonce n;
+  BAGUA_RETURN_IF_ERROR(randomBytes(n.data(), n.size()));
+  return n;
 }
 
-void writeU32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) {
-    p[i] = static_cast<uint8_t>(v >> (8 * i));
+std::string endpointText(const tcp::socket& s) {
+  boost::system::error_code ec;
+  tcp::endpoint ep = s.remote_endpoint(ec);
+  if (ec) {
+    return "?";
   }
+  return ep.address().is_v6() ? "[" + ep.address().to_string() + "]:" + std::to_string(ep.port())
+                              : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
-// Frame: u32 body length, then head byte + args. Sized once and filled with memcpy (g++ 13's
-// -Wstringop-overflow misreads the equivalent chain of vector inserts at -O3).
-Bytes encodeFrame(uint8_t head, const std::vector<Bytes>& args) {
-  size_t body = 1 + 4;
-  for (const auto& a : args) {
-    body += 4 + a.size();
+// 1, 2, ..., 10, then 100, 1000, ...: how often a repeated event is worth a log line.
+bool worthLogging(uint64_t n) {
+  if (n <= 10) {
+    return true;
   }
-  Bytes frame(4 + body);
-  uint8_t* p = frame.data();
-  writeU32(p, static_cast<uint32_t>(body));
-  p += 4;
-  *p++ = head;
-  writeU32(p, static_cast<uint32_t>(args.size()));
-  p += 4;
-  for (const auto& a : args) {
-    writeU32(p, static_cast<uint32_t>(a.size()));
-    p += 4;
-    if (!a.empty()) {
-      std::memcpy(p, a.data(), a.size());
-      p += a.size();
-    }
+  while (n % 10 == 0) {
+    n /= 10;
   }
-  return frame;
-}
-
-bool decodeBody(const Bytes& body, uint8_t* head, std::vector<Bytes>* args) {
-  if (body.size() < 5) {
-    return false;
-  }
-  *head = body[0];
-  uint32_t n = getU32(&body[1]);
-  size_t pos = 5;
-  args->clear();
-  for (uint32_t i = 0; i < n; ++i) {
-    if (pos + 4 > body.size()) {
-      return false;
-    }
-    uint32_t len = getU32(&body[pos]);
-    pos += 4;
-    if (pos + len > body.size()) {
-      return false;
-    }
-    args->emplace_back(body.begin() + static_cast<ptrdiff_t>(pos),
-                       body.begin() + static_cast<ptrdiff_t>(pos + len));
-    pos += len;
-  }
-  return pos == body.size();
+  return n == 1;
 }
 
 }  // namespace
@@ -122,179 +74,175 @@ class TcpStoreServer::Impl {
  public:
   class Session : public std::enable_shared_from_this<Session> {
    public:
-    Session(Impl* server, tcp::socket socket)
-        : server_(server), socket_(std::move(socket)), timer_(server->io_) {}
+    Session(Impl* server, tcp::socket socket, const sw::Nonce& nonce)
+        : server_(server),
+          socket_(std::move(socket)),
+          peer_(endpointText(socket_)),
+          timer_(server->io_),
+          core_(server->storeKey_, nonce),
+          reader_(sw::kMaxUnauthenticatedFrame),
+          inbuf_(512) {}
 
-    void start() { readHeader(); }
+    const std::string& peer() const { return peer_; }
+    bool authenticated() const { return core_.authenticated(); }
+
+    void start() {
+      auto self = shared_from_this();
+      // Until it proves the key: a deadline, and a small buffer.
+      timer_.expires_after(server_->options_.authTimeout);
+      timer_.async_wait([this, self](boost::system::error_code ec) {
+        if (!ec && !core_.authenticated()) {
+          drop(strPrintf("no hello within %lld ms",
+                         static_cast<long long>(server_->options_.authTimeout.count())));
+        }
+      });
+      send(core_.challengeFrame());
+    }
+
     void close() {
+      if (closed_) {
+        return;
+      }
+      closed_ = true;
       boost::system::error_code ec;
       timer_.cancel();
       socket_.close(ec);
+      server_->forget(this);
     }
 
-    // A parked get/wait: respond if its keys are all present now. Returns true if answered.
+    // A stranger (or a rank with another key): logged with its address, then closed.
+    void drop(const std::string& why) {
+      if (closed_) {
+        return;
+      }
+      server_->stranger(peer_, why);
+      close();
+    }
+
+    // A parked get/wait: answered if its keys are all present now. Returns true if answered.
     bool tryComplete() {
-      for (const auto& k : waitKeys_) {
-        if (server_->data_.find(k) == server_->data_.end()) {
-          return false;
-        }
+      if (closed_ || !server_->data_.ready(parked_)) {
+        return false;
       }
       timer_.cancel();
-      if (waitOp_ == kGet) {
-        respond(kOk, {server_->data_[waitKeys_[0]]});
-      } else {
-        respond(kOk, {});
-      }
+      send(core_.respond(server_->data_.complete(parked_)));
       return true;
     }
 
    private:
-    void readHeader() {
+    void readSome() {
       auto self = shared_from_this();
-      asio::async_read(socket_, asio::buffer(header_, 4),
-                       [this, self](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                           return;  // peer closed: the session ends with its last handler
-                         }
-                         uint32_t len = getU32(header_);
-                         if (len > kMaxFrame || len < 5) {
-                           close();
-                           return;
-                         }
-                         body_.resize(len);
-                         readBody();
-                       });
-    }
-    void readBody() {
-      auto self = shared_from_this();
-      asio::async_read(socket_, asio::buffer(body_),
-                       [this, self](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                           return;
-                         }
-                         handle();
-                       });
+      socket_.async_read_some(asio::buffer(inbuf_),
+                              [this, self](boost::system::error_code ec, size_t n) {
+                                if (ec || closed_) {
+                                  close();  // peer closed: the session ends with this handler
+                                  return;
+                                }
+                                inPos_ = 0;
+                                inLen_ = n;
+                                process();
+                              });
     }
 
-    void handle() {
-      uint8_t op = 0;
-      std::vector<Bytes> args;
-      if (!decodeBody(body_, &op, &args)) {
-        respond(kBad, {toBytes("malformed request")});
-        return;
-      }
-      auto& data = server_->data_;
-      switch (op) {
-      case kSet:
-        if (args.size() != 2) {
-          break;
-        }
-        data[toString(args[0])] = args[1];
-        respond(kOk, {});
-        server_->notifyWaiters();
-        return;
-      case kCheck:
-        if (args.size() != 1) {
-          break;
-        }
-        respond(kOk, {Bytes{static_cast<uint8_t>(data.count(toString(args[0])) ? 1 : 0)}});
-        return;
-      case kAdd: {
-        if (args.size() != 2) {
-          break;
-        }
-        std::string key = toString(args[0]);
-        int64_t v = 0;
-        auto it = data.find(key);
-        if (it != data.end() && !it->second.empty()) {
-          std::string s = toString(it->second);
-          char* end = nullptr;
-          v = std::strtoll(s.c_str(), &end, 10);
-          if (end == s.c_str() || *end != '\0') {
-            respond(kBad, {toBytes("key '" + key + "' does not hold an integer counter")});
-            return;
+    // Frames in what was read, one at a time: a request is answered before the next is read.
+    void process() {
+      while (!busy_ && !closed_ && inPos_ < inLen_) {
+        Result<size_t> used = reader_.feed(inbuf_.data() + inPos_, inLen_ - inPos_);
+        if (!used.isOk()) {
+          if (core_.authenticated()) {
+            BAGUA_LOG_WARN(kLogCore, "TCP store: closing the connection of %s: %s", peer_.c_str(),
+                           used.status().message().c_str());
+            close();
+          } else {
+            drop(used.status().message());
           }
-        }
-        v += bytesI64(args[1]);
-        data[key] = toBytes(std::to_string(v));
-        respond(kOk, {i64Bytes(v)});
-        server_->notifyWaiters();
-        return;
-      }
-      case kCas: {
-        if (args.size() != 3) {
-          break;
-        }
-        std::string key = toString(args[0]);
-        auto it = data.find(key);
-        Bytes current = it == data.end() ? Bytes{} : it->second;
-        if (current == args[1]) {
-          data[key] = args[2];
-          current = args[2];
-        }
-        respond(kOk, {current});
-        server_->notifyWaiters();
-        return;
-      }
-      case kGet:
-      case kWait: {
-        if (args.size() < 2) {
-          break;
-        }
-        int64_t timeoutMs = bytesI64(args[0]);
-        waitOp_ = op;
-        waitKeys_.clear();
-        for (size_t i = 1; i < args.size(); ++i) {
-          waitKeys_.push_back(toString(args[i]));
-        }
-        if (tryComplete()) {
           return;
         }
-        server_->waiters_.insert(shared_from_this());
-        timer_.expires_after(std::chrono::milliseconds(timeoutMs));
-        auto self = shared_from_this();
-        timer_.async_wait([this, self](boost::system::error_code ec) {
-          if (ec || server_->waiters_.erase(self) == 0) {
-            return;
-          }
-          std::vector<Bytes> missing;
-          for (const auto& k : waitKeys_) {
-            if (server_->data_.find(k) == server_->data_.end()) {
-              missing.push_back(toBytes(k));
-            }
-          }
-          respond(kDeadline, missing);
-        });
-        return;
+        inPos_ += *used;
+        if (reader_.hasFrame()) {
+          handle(reader_.take());
+        }
       }
-      default:
-        break;
+      if (!busy_ && !closed_) {
+        readSome();
       }
-      respond(kBad, {toBytes(strPrintf("bad request op %u with %zu args", op, args.size()))});
     }
 
-    void respond(uint8_t code, const std::vector<Bytes>& args) {
-      out_ = encodeFrame(code, args);
+    void handle(const Bytes& body) {
+      const bool wasAuthed = core_.authenticated();
+      bool changed = false;
+      sw::ServerSession::Action a = core_.onFrame(body, server_->data_, &changed);
+      if (a.kind == sw::ServerSession::Action::kClose) {
+        if (wasAuthed) {
+          BAGUA_LOG_WARN(kLogCore, "TCP store: closing the connection of %s: %s", peer_.c_str(),
+                         a.reason.c_str());
+          close();
+        } else {
+          drop(a.reason);
+        }
+        return;
+      }
+      if (!wasAuthed) {
+        timer_.cancel();
+        reader_.setMaxFrame(sw::kMaxFrame);
+        inbuf_.resize(4096);  // the data after inPos_ stays where it is
+        server_->admitted(this);
+      }
+      if (a.kind == sw::ServerSession::Action::kPark) {
+        park(std::move(a.parked));
+      } else {
+        send(std::move(a.frame));
+      }
+      if (changed) {
+        server_->notifyWaiters();
+      }
+    }
+
+    void park(sw::Parked p) {
+      parked_ = std::move(p);
+      busy_ = true;
+      auto self = shared_from_this();
+      server_->waiters_.insert(self);
+      timer_.expires_after(std::chrono::milliseconds(parked_.timeoutMs));
+      timer_.async_wait([this, self](boost::system::error_code ec) {
+        if (ec || server_->waiters_.erase(self) == 0) {
+          return;
+        }
+        send(core_.respond(server_->data_.complete(parked_)));
+      });
+    }
+
+    void send(Bytes frame) {
+      busy_ = true;
+      out_ = std::move(frame);
       auto self = shared_from_this();
       asio::async_write(socket_, asio::buffer(out_),
                         [this, self](boost::system::error_code ec, size_t) {
-                          if (!ec) {
-                            readHeader();
+                          if (ec) {
+                            close();
+                            return;
                           }
+                          busy_ = false;
+                          process();
                         });
     }
 
     Impl* server_;
     tcp::socket socket_;
-    asio::steady_timer timer_;
-    uint8_t header_[4] = {};
-    Bytes body_;
+    std::string peer_;
+    asio::steady_timer timer_;  // the hello deadline, then a parked request's
+    sw::ServerSession core_;
+    sw::FrameReader reader_;
+    std::vector<uint8_t> inbuf_;
+    size_t inPos_ = 0;
+    size_t inLen_ = 0;
     Bytes out_;
-    uint8_t waitOp_ = 0;
-    std::vector<std::string> waitKeys_;
+    bool busy_ = false;  // a reply is being written, or a request is parked
+    bool closed_ = false;
+    sw::Parked parked_;
   };
 
-  Impl() : acceptor_(io_) {}
+  Impl() : acceptor_(io_), acceptRetry_(io_) {}
 
   Status listen(const std::string& host, int port) {
     boost::system::error_code ec;
@@ -322,6 +270,7 @@ class TcpStoreServer::Impl {
                          host.c_str(), port, ec.message().c_str());
     }
     port_ = acceptor_.local_endpoint().port();
+    address_ = host;
     accept();
     thread_ = std::jthread([this] {
       setThreadName("bagua-store");
@@ -332,20 +281,119 @@ class TcpStoreServer::Impl {
 
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-      if (ec) {
+      if (ec == asio::error::operation_aborted || stopped_) {
         return;  // acceptor closed
       }
-      boost::system::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      // A client whose host vanished: its session (and parked waits) go within the bound
-      // instead of lingering for TCP's two hours.
-      (void)setDeadPeerBound(socket.native_handle(), deadPeerTimeout_);
-      auto s = std::make_shared<Session>(this, std::move(socket));
-      sessions_.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
-      sessions_.push_back(s);
-      s->start();
+      if (ec) {
+        acceptFailed(ec);
+        return;
+      }
+      if (acceptErrors_ > 0) {
+        BAGUA_LOG_INFO(kLogCore,
+                       "TCP store %s:%d accepts connections again (after %llu failed "
+                       "accepts)",
+                       address_.c_str(), port_, static_cast<unsigned long long>(acceptErrors_));
+        acceptErrors_ = 0;
+      }
+      Result<sw::Nonce> nonce = freshNonce();
+      if (nonce.isOk()) {
+        boost::system::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        // A client whose host vanished: its session (and parked waits) go within the bound
+        // instead of lingering for TCP's two hours.
+        (void)setDeadPeerBound(socket.native_handle(), deadPeerTimeout_);
+        auto s = std::make_shared<Session>(this, std::move(socket), *nonce);
+        while (pending_.size() >= options_.maxPending) {
+          std::shared_ptr<Session> oldest = pending_.front().lock();
+          pending_.pop_front();
+          if (oldest) {
+            oldest->drop(
+                strPrintf("more than %zu connections waiting to authenticate; the oldest "
+                          "goes",
+                          options_.maxPending));
+          }
+        }
+        sessions_.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+        sessions_.push_back(s);
+        pending_.push_back(s);
+        s->start();
+      } else {
+        BAGUA_LOG_ERROR(kLogCore, "TCP store: no random nonce for a connection: %s",
+                        nonce.status().message().c_str());
+      }
       accept();
     });
+  }
+
+  // Every accept error is survived. Out of descriptors or memory: close the oldest connection
+  // still waiting to authenticate (strangers hold descriptors too), back off and retry, one log
+  // line per episode. Anything else (a connection reset while queued): retry soon.
+  void acceptFailed(const boost::system::error_code& ec) {
+    const int e = ec.value();
+    const bool exhausted = e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+    const auto now = std::chrono::steady_clock::now();
+    ++acceptErrors_;
+    if (exhausted) {
+      // One line per minute at most: a storm alternates failures with the successes that each
+      // freed descriptor allows.
+      if (exhaustedLogged_ && now - lastExhaustedLog_ < std::chrono::seconds(60)) {
+        ++exhaustedSilenced_;
+      } else {
+        BAGUA_LOG_WARN(kLogCore,
+                       "TCP store %s:%d cannot accept connections: %s; retrying every 100 ms "
+                       "(raise the descriptor limit, ulimit -n, if this job needs more)%s",
+                       address_.c_str(), port_, ec.message().c_str(),
+                       exhaustedSilenced_ > 0
+                           ? strPrintf(" (%llu more since the last report)",
+                                       static_cast<unsigned long long>(exhaustedSilenced_))
+                                 .c_str()
+                           : "");
+        exhaustedLogged_ = true;
+        lastExhaustedLog_ = now;
+        exhaustedSilenced_ = 0;
+      }
+    } else if (acceptErrors_ == 1) {
+      BAGUA_LOG_DEBUG(kLogCore, "TCP store %s:%d: accept failed: %s; retrying", address_.c_str(),
+                      port_, ec.message().c_str());
+    }
+    if (exhausted && !pending_.empty()) {
+      std::shared_ptr<Session> oldest = pending_.front().lock();
+      pending_.pop_front();
+      if (oldest) {
+        oldest->drop("descriptors exhausted; the oldest unauthenticated connection goes");
+      }
+    }
+    acceptRetry_.expires_after(std::chrono::milliseconds(exhausted ? 100 : 10));
+    acceptRetry_.async_wait([this](boost::system::error_code tec) {
+      if (!tec && !stopped_) {
+        accept();
+      }
+    });
+  }
+
+  void admitted(Session* s) {
+    pending_.remove_if([s](const std::weak_ptr<Session>& w) {
+      auto p = w.lock();
+      return !p || p.get() == s;
+    });
+    BAGUA_LOG_DEBUG(kLogCore, "TCP store: %s authenticated", s->peer().c_str());
+  }
+  void forget(Session* s) {
+    pending_.remove_if([s](const std::weak_ptr<Session>& w) {
+      auto p = w.lock();
+      return !p || p.get() == s;
+    });
+  }
+
+  void stranger(const std::string& peer, const std::string& why) {
+    ++strangers_;
+    if (worthLogging(strangers_)) {
+      BAGUA_LOG_WARN(kLogCore,
+                     "TCP store %s:%d: dropped the connection from %s: %s (%llu dropped "
+                     "so far)",
+                     address_.c_str(), port_, peer.c_str(), why.c_str(),
+                     static_cast<unsigned long long>(strangers_));
+    }
   }
 
   void notifyWaiters() {
@@ -371,12 +419,14 @@ class TcpStoreServer::Impl {
     // cancelled handlers (which own the sessions).
     boost::system::error_code ec;
     acceptor_.close(ec);
+    acceptRetry_.cancel();
     for (auto& w : sessions_) {
       if (auto s = w.lock()) {
         s->close();
       }
     }
     waiters_.clear();
+    pending_.clear();
   }
 
   ~Impl() { stop(); }
@@ -385,21 +435,42 @@ class TcpStoreServer::Impl {
 
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  asio::steady_timer acceptRetry_;
+  TcpStoreServerOptions options_;
+  Digest storeKey_{};
+  std::string address_;
   int port_ = 0;
   Millis deadPeerTimeout_{0};
-  bool stopped_ = false;
-  std::map<std::string, Bytes> data_;
+  std::atomic<bool> stopped_{false};
+  uint64_t acceptErrors_ = 0;  // failed accepts since the last success (io thread)
+  bool exhaustedLogged_ = false;
+  std::chrono::steady_clock::time_point lastExhaustedLog_{};
+  uint64_t exhaustedSilenced_ = 0;
+  uint64_t strangers_ = 0;  // connections dropped before authenticating (io thread)
+  sw::Data data_;
   std::set<std::shared_ptr<Session>> waiters_;
   std::list<std::weak_ptr<Session>> sessions_;
+  std::list<std::weak_ptr<Session>> pending_;  // not yet authenticated, oldest first
   std::jthread thread_;
 };
 
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host, int port) {
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(
+    const std::string& host, int port, const TcpStoreServerOptions& options) {
   auto impl = std::make_unique<Impl>();
   BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
   impl->deadPeerTimeout_ = live.timeout;
+  impl->options_ = options;
+  impl->options_.maxPending = std::max<size_t>(1, options.maxPending);
+  JobKey key;
+  if (options.key.has_value()) {
+    key = *options.key;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(key, jobKeyFromParams());
+  }
+  impl->storeKey_ = key.derive("store");
   BAGUA_RETURN_IF_ERROR(impl->listen(host, port));
-  BAGUA_LOG_INFO(kLogInit, "TCP store server listening on %s:%d", host.c_str(), impl->port_);
+  BAGUA_LOG_INFO(kLogInit, "TCP store server listening on %s:%d (%s)", host.c_str(), impl->port_,
+                 key.present() ? "job key required" : "no job key: unauthenticated");
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
 
@@ -414,6 +485,98 @@ void TcpStoreServer::stop() {
   if (impl_) {
     impl_->stop();
   }
+}
+
+// ---- Listen address --------------------------------------------------------------------------
+
+namespace {
+
+bool isIpLiteral(const std::string& s) {
+  in_addr a4{};
+  in6_addr a6{};
+  return ::inet_pton(AF_INET, s.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, s.c_str(), &a6) == 1;
+}
+
+std::string addrText(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (sa->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof(buf));
+  } else if (sa->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
+
+bool isLoopback(const std::string& ip) {
+  return ip.rfind("127.", 0) == 0 || ip == "::1";
+}
+
+}  // namespace
+
+Result<std::string> storeListenAddress(const std::string& masterAddr) {
+  BAGUA_ASSIGN_OR_RETURN(std::string asked, coreParams().storeListenAddr.get());
+  if (!asked.empty()) {
+    if (!isIpLiteral(asked)) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "BAGUA_STORE_LISTEN_ADDR='%s' is not an IP address (0.0.0.0 or :: for "
+                         "every interface)",
+                         asked.c_str());
+    }
+    return asked;
+  }
+  const std::string host = masterAddr == "localhost" ? "127.0.0.1" : masterAddr;
+  if (isIpLiteral(host)) {
+    return host;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "MASTER_ADDR=%s: cannot resolve it (%s); rank 0 listens on its address",
+                       host.c_str(), gai_strerror(rc));
+  }
+  std::vector<std::string> resolved;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    std::string ip = addrText(ai->ai_addr);
+    if (!ip.empty() && std::find(resolved.begin(), resolved.end(), ip) == resolved.end()) {
+      resolved.push_back(ip);
+    }
+  }
+  ::freeaddrinfo(res);
+  std::set<std::string> local;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr != nullptr &&
+          (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6)) {
+        local.insert(addrText(i->ifa_addr));
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  std::string all;
+  for (const std::string& ip : resolved) {
+    all += (all.empty() ? "" : ", ") + ip;
+    if (local.count(ip) != 0 || isLoopback(ip)) {
+      if (isLoopback(ip)) {
+        BAGUA_LOG_WARN(kLogCore,
+                       "MASTER_ADDR=%s is %s on this host, a loopback address: ranks on other "
+                       "hosts cannot reach the store there (give MASTER_ADDR as this host's IP "
+                       "address, or set BAGUA_STORE_LISTEN_ADDR)",
+                       host.c_str(), ip.c_str());
+      }
+      return ip;
+    }
+  }
+  return BAGUA_ERROR(kInvalidArgument,
+                     "MASTER_ADDR=%s resolves to %s, none of which is an address of this host, "
+                     "and rank 0 hosts the store: start rank 0 on that host, set MASTER_ADDR to "
+                     "one of this host's addresses, or set BAGUA_STORE_LISTEN_ADDR (0.0.0.0: every "
+                     "interface)",
+                     host.c_str(), all.empty() ? "nothing" : all.c_str());
 }
 
 // ---- Client ----------------------------------------------------------------------------------
@@ -441,7 +604,86 @@ Status ioAll(int fd, uint8_t* data, size_t len, bool write, Clock::time_point de
   return s;
 }
 
+// One frame's body, its buffer grown as the bytes arrive (up to 1 MiB at a time).
+Result<Bytes> readFrame(int fd, uint32_t maxFrame, Clock::time_point deadline,
+                        const std::string& server, bool* closedFirst = nullptr) {
+  uint8_t header[4];
+  bool eof = false;
+  Status s = net::recvAll(fd, header, 4, deadline, &eof);
+  if (closedFirst != nullptr) {
+    *closedFirst = !s.isOk() && eof;
+  }
+  if (!s.isOk()) {
+    return s.withContext(strPrintf("TCP store %s", server.c_str()));
+  }
+  const uint32_t len = static_cast<uint32_t>(header[0]) | (static_cast<uint32_t>(header[1]) << 8) |
+                       (static_cast<uint32_t>(header[2]) << 16) |
+                       (static_cast<uint32_t>(header[3]) << 24);
+  if (len == 0 || len > maxFrame) {
+    return BAGUA_ERROR(kRemoteError, "TCP store %s sent a bad frame length %u", server.c_str(),
+                       len);
+  }
+  Bytes body;
+  while (body.size() < len) {
+    const size_t old = body.size();
+    const size_t step = std::min<size_t>(len - old, 1 << 20);
+    body.resize(old + step);
+    BAGUA_RETURN_IF_ERROR(ioAll(fd, body.data() + old, step, false, deadline, server));
+  }
+  return body;
+}
+
+enum class Handshake { kOk, kRetry, kFail };
+
+// The client's half of the challenge-response (store_wire.h). kRetry: the server closed the
+// connection before its challenge (it may be shedding connections) or right after our hello.
+Handshake handshake(int fd, sw::ClientSession& session, Clock::time_point deadline,
+                    const std::string& server, Status* why) {
+  bool closed = false;
+  Result<Bytes> challenge = readFrame(fd, sw::kMaxUnauthenticatedFrame, deadline, server, &closed);
+  if (!challenge.isOk()) {
+    *why = challenge.takeStatus();
+    return closed ? Handshake::kRetry : Handshake::kFail;
+  }
+  Result<Bytes> hello = session.answer(*challenge);
+  if (!hello.isOk()) {
+    *why = hello.takeStatus().withContext(strPrintf("TCP store %s", server.c_str()));
+    return Handshake::kFail;
+  }
+  Status s = ioAll(fd, hello->data(), hello->size(), true, deadline, server);
+  if (!s.isOk()) {
+    *why = s;
+    return Handshake::kRetry;
+  }
+  Result<Bytes> welcome = readFrame(fd, sw::kMaxUnauthenticatedFrame, deadline, server, &closed);
+  if (!welcome.isOk()) {
+    if (closed) {
+      *why = BAGUA_ERROR(kInvalidArgument,
+                         "TCP store %s closed the connection after this process's hello: it "
+                         "refused this process's job key (BAGUA_JOB_KEY or BAGUA_JOB_KEY_FILE "
+                         "must be the same on every rank; the store logs the refused address)",
+                         server.c_str());
+      return Handshake::kRetry;
+    }
+    *why = welcome.takeStatus();
+    return Handshake::kFail;
+  }
+  s = session.welcome(*welcome);
+  if (!s.isOk()) {
+    *why = s.withContext(strPrintf("TCP store %s", server.c_str()));
+    return Handshake::kFail;
+  }
+  return Handshake::kOk;
+}
+
 }  // namespace
+
+TcpStore::TcpStore(int fd, std::string server, std::string localAddress,
+                   std::unique_ptr<sw::ClientSession> session)
+    : fd_(fd),
+      session_(std::move(session)),
+      server_(std::move(server)),
+      localAddress_(std::move(localAddress)) {}
 
 Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& options) {
   const std::string server = strPrintf("%s:%d", options.host.c_str(), options.port);
@@ -450,9 +692,17 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& optio
     BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
     deadPeer = live.timeout;
   }
+  JobKey key;
+  if (options.key.has_value()) {
+    key = *options.key;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(key, jobKeyFromParams());
+  }
+  const Digest storeKey = key.derive("store");
   const auto deadline = Clock::now() + options.connectTimeout;
   std::string lastError = "no attempt";
   int attempts = 0;
+  int refusals = 0;  // handshakes the server ended after our hello
   while (true) {
     ++attempts;
     addrinfo hints{};
@@ -484,33 +734,56 @@ Result<std::unique_ptr<TcpStore>> TcpStore::connect(const TcpStoreOptions& optio
             errno = ETIMEDOUT;
           }
         }
-        if (r == 0) {
-          ::freeaddrinfo(res);
-          int one = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-          Status bound = setDeadPeerBound(fd, deadPeer);
-          if (!bound.isOk()) {
-            ::close(fd);
-            return bound.withContext(strPrintf("TCP store %s", server.c_str()));
-          }
-          sockaddr_storage local{};
-          socklen_t llen = sizeof(local);
-          char buf[INET6_ADDRSTRLEN] = "127.0.0.1";
-          if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0) {
-            if (local.ss_family == AF_INET) {
-              ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&local)->sin_addr, buf,
-                          sizeof(buf));
-            } else if (local.ss_family == AF_INET6) {
-              ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, buf,
-                          sizeof(buf));
-            }
-          }
-          BAGUA_LOG_DEBUG(kLogInit, "connected to TCP store %s after %d attempt(s)", server.c_str(),
-                          attempts);
-          return std::unique_ptr<TcpStore>(new TcpStore(fd, server, buf));
+        if (r != 0) {
+          lastError = std::strerror(errno);
+          ::close(fd);
+          continue;
         }
-        lastError = std::strerror(errno);
-        ::close(fd);
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        Status bound = setDeadPeerBound(fd, deadPeer);
+        if (!bound.isOk()) {
+          ::close(fd);
+          ::freeaddrinfo(res);
+          return bound.withContext(strPrintf("TCP store %s", server.c_str()));
+        }
+        Result<sw::Nonce> nonce = freshNonce();
+        if (!nonce.isOk()) {
+          ::close(fd);
+          ::freeaddrinfo(res);
+          return nonce.takeStatus();
+        }
+        auto session = std::make_unique<sw::ClientSession>(storeKey, *nonce);
+        // The server answers at once; a few seconds cover a loaded host.
+        const auto hsDeadline = std::min(deadline, Clock::now() + Millis(10000));
+        Status why;
+        Handshake h = handshake(fd, *session, std::max(hsDeadline, Clock::now() + Millis(1000)),
+                                server, &why);
+        if (h != Handshake::kOk) {
+          ::close(fd);
+          lastError = why.message();
+          // A refusal after our hello is a wrong key, or a server shedding connections under
+          // a flood: a third one is the key.
+          const bool refused = h == Handshake::kRetry && why.code() == StatusCode::kInvalidArgument;
+          if (h == Handshake::kFail || (refused && ++refusals >= 3)) {
+            ::freeaddrinfo(res);
+            return why;
+          }
+          continue;
+        }
+        ::freeaddrinfo(res);
+        sockaddr_storage local{};
+        socklen_t llen = sizeof(local);
+        std::string localIp = "127.0.0.1";
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0) {
+          std::string ip = addrText(reinterpret_cast<sockaddr*>(&local));
+          if (!ip.empty()) {
+            localIp = ip;
+          }
+        }
+        BAGUA_LOG_DEBUG(kLogInit, "connected to TCP store %s after %d attempt(s)", server.c_str(),
+                        attempts);
+        return std::unique_ptr<TcpStore>(new TcpStore(fd, server, localIp, std::move(session)));
       }
       ::freeaddrinfo(res);
     }
@@ -537,26 +810,23 @@ Result<std::vector<Bytes>> TcpStore::request(uint8_t op, const std::vector<Bytes
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) {
     return BAGUA_ERROR(kFailedPrecondition,
-                       "TCP store %s: connection unusable after an earlier timeout",
+                       "TCP store %s: connection unusable after an earlier failure",
                        server_.c_str());
   }
   // The server answers blocking requests itself at their deadline; allow it some slack.
   const auto deadline = Clock::now() + timeout + Millis(10000);
-  Bytes frame = encodeFrame(op, args);
+  Bytes frame = session_->request(op, args);
   Status s = ioAll(fd_, frame.data(), frame.size(), true, deadline, server_);
-  uint8_t header[4];
+  Result<sw::Reply> reply = Status();
   if (s.isOk()) {
-    s = ioAll(fd_, header, 4, false, deadline, server_);
-  }
-  Bytes body;
-  if (s.isOk()) {
-    uint32_t len = getU32(header);
-    if (len > kMaxFrame || len < 5) {
-      s = BAGUA_ERROR(kRemoteError, "TCP store %s sent a bad frame length %u", server_.c_str(),
-                      len);
+    Result<Bytes> body = readFrame(fd_, sw::kMaxFrame, deadline, server_);
+    if (body.isOk()) {
+      reply = session_->response(*body);
+      if (!reply.isOk()) {
+        s = reply.takeStatus().withContext(strPrintf("TCP store %s", server_.c_str()));
+      }
     } else {
-      body.resize(len);
-      s = ioAll(fd_, body.data(), len, false, deadline, server_);
+      s = body.takeStatus();
     }
   }
   if (!s.isOk()) {
@@ -564,12 +834,9 @@ Result<std::vector<Bytes>> TcpStore::request(uint8_t op, const std::vector<Bytes
     fd_ = -1;
     return s;
   }
-  uint8_t code = 0;
-  std::vector<Bytes> out;
-  if (!decodeBody(body, &code, &out)) {
-    return BAGUA_ERROR(kRemoteError, "TCP store %s sent a malformed response", server_.c_str());
-  }
-  if (code == kDeadline) {
+  const uint8_t code = reply->code;
+  std::vector<Bytes>& out = reply->args;
+  if (code == sw::kDeadline) {
     std::string missing;
     for (size_t i = 0; i < out.size() && i < 8; ++i) {
       missing += (i ? ", " : "") + toString(out[i]);
@@ -578,21 +845,41 @@ Result<std::vector<Bytes>> TcpStore::request(uint8_t op, const std::vector<Bytes
                        "TCP store %s: waited %lld ms for keys that never appeared: %s",
                        server_.c_str(), static_cast<long long>(timeout.count()), missing.c_str());
   }
-  if (code != kOk) {
+  if (code != sw::kOk) {
     return BAGUA_ERROR(kInvalidArgument, "TCP store %s rejected the request: %s", server_.c_str(),
                        out.empty() ? "?" : toString(out[0]).c_str());
   }
-  return out;
+  return std::move(out);
 }
 
+namespace {
+
+Bytes i64Bytes(int64_t v) {
+  Bytes b(8);
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  }
+  return b;
+}
+int64_t bytesI64(const Bytes& b) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8 && i < b.size(); ++i) {
+    v |= static_cast<uint64_t>(b[i]) << (8 * i);
+  }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
 Status TcpStore::set(const std::string& key, const Bytes& value) {
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kSet, {toBytes(key), value}, Millis(0)));
+  BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kSet, {toBytes(key), value}, Millis(0)));
   (void)r;
   return Status::ok();
 }
 
 Result<Bytes> TcpStore::get(const std::string& key, Millis timeout) {
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kGet, {i64Bytes(timeout.count()), toBytes(key)}, timeout));
+  BAGUA_ASSIGN_OR_RETURN(auto r,
+                         request(sw::kGet, {i64Bytes(timeout.count()), toBytes(key)}, timeout));
   if (r.size() != 1) {
     return BAGUA_ERROR(kRemoteError, "TCP store %s: bad get response", server_.c_str());
   }
@@ -607,13 +894,13 @@ Status TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   for (const auto& k : keys) {
     args.push_back(toBytes(k));
   }
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kWait, args, timeout));
+  BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kWait, args, timeout));
   (void)r;
   return Status::ok();
 }
 
 Result<int64_t> TcpStore::add(const std::string& key, int64_t delta) {
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kAdd, {toBytes(key), i64Bytes(delta)}, Millis(0)));
+  BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kAdd, {toBytes(key), i64Bytes(delta)}, Millis(0)));
   if (r.size() != 1) {
     return BAGUA_ERROR(kRemoteError, "TCP store %s: bad add response", server_.c_str());
   }
@@ -622,7 +909,7 @@ Result<int64_t> TcpStore::add(const std::string& key, int64_t delta) {
 
 Result<Bytes> TcpStore::compareSet(const std::string& key, const Bytes& expected,
                                    const Bytes& desired) {
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kCas, {toBytes(key), expected, desired}, Millis(0)));
+  BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kCas, {toBytes(key), expected, desired}, Millis(0)));
   if (r.size() != 1) {
     return BAGUA_ERROR(kRemoteError, "TCP store %s: bad compareSet response", server_.c_str());
   }
@@ -630,7 +917,7 @@ Result<Bytes> TcpStore::compareSet(const std::string& key, const Bytes& expected
 }
 
 Result<bool> TcpStore::check(const std::string& key) {
-  BAGUA_ASSIGN_OR_RETURN(auto r, request(kCheck, {toBytes(key)}, Millis(0)));
+  BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kCheck, {toBytes(key)}, Millis(0)));
   return r.size() == 1 && r[0].size() == 1 && r[0][0] == 1;
 }
 

@@ -78,7 +78,8 @@ Result<int> freeLoopbackPort() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
-Status pingRedis(const std::string& host, int port, std::chrono::milliseconds timeout) {
+Status pingRedis(const std::string& host, int port, std::chrono::milliseconds timeout,
+                 const std::string& password) {
   const auto deadline = Clock::now() + timeout;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -104,13 +105,28 @@ Status pingRedis(const std::string& host, int port, std::chrono::milliseconds ti
   if (err != 0) {
     return BAGUA_ERRNO(err, strPrintf("connect %s:%d", host.c_str(), port));
   }
-  static constexpr char kPing[] = "PING\r\n";
-  if (::send(fd.get(), kPing, sizeof(kPing) - 1, MSG_NOSIGNAL) != sizeof(kPing) - 1) {
+  // AUTH as a RESP array, so that no byte of the password is taken for a separator.
+  std::string request;
+  if (!password.empty()) {
+    request = strPrintf("*2\r\n$4\r\nAUTH\r\n$%zu\r\n", password.size()) + password + "\r\n";
+  }
+  request += "PING\r\n";
+  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     return BAGUA_ERRNO(errno, strPrintf("send PING to %s:%d", host.c_str(), port));
   }
   std::string reply;
   char buf[64];
-  while (reply.find("\r\n") == std::string::npos) {
+  const size_t lines = password.empty() ? 1 : 2;
+  auto complete = [&] {
+    size_t n = 0;
+    for (size_t pos = reply.find("\r\n"); pos != std::string::npos;
+         pos = reply.find("\r\n", pos + 2)) {
+      ++n;
+    }
+    return n >= lines;
+  };
+  while (!complete()) {
     p = pollfd{fd.get(), POLLIN, 0};
     if (::poll(&p, 1, remainingMs(deadline)) != 1) {
       return BAGUA_ERROR(kDeadlineExceeded, "no PING reply from %s:%d in time", host.c_str(), port);
@@ -121,6 +137,13 @@ Status pingRedis(const std::string& host, int port, std::chrono::milliseconds ti
                          host.c_str(), port);
     }
     reply.append(buf, static_cast<size_t>(n));
+  }
+  if (!password.empty()) {
+    if (reply.rfind("+OK\r\n", 0) != 0) {
+      return BAGUA_ERROR(kUnavailable, "%s:%d refused the password: '%s'", host.c_str(), port,
+                         reply.substr(0, reply.find("\r\n")).c_str());
+    }
+    reply = reply.substr(5);
   }
   if (reply.rfind("+PONG", 0) != 0) {
     // "-LOADING ..." while a server loads its data set, "-NOAUTH ..." with a password.
@@ -184,12 +207,20 @@ Status LocalRedisServer::startOnce(int port) {
                                    "--daemonize",
                                    "no",
                                    "--protected-mode",
-                                   "no",
+                                   "yes",
                                    "--loglevel",
                                    "warning"};
   if (options_.maxMemoryBytes > 0) {
     args.insert(args.end(), {"--maxmemory", std::to_string(options_.maxMemoryBytes),
                              "--maxmemory-policy", options_.maxMemoryPolicy});
+  }
+  if (!options_.password.empty()) {
+    if (options_.password.find_first_of(" \t\r\n\"'") != std::string::npos) {
+      return BAGUA_ERROR(kInvalidArgument,
+                         "redis-server password: no white space or quotes (it goes into a "
+                         "configuration line)");
+    }
+    args.push_back("-");  // the rest of the configuration (the password) on standard input
   }
   std::vector<char*> argv;
   for (std::string& a : args) {
@@ -211,6 +242,22 @@ Status LocalRedisServer::startOnce(int port) {
   if (devNull.get() < 0) {
     return BAGUA_ERRNO(errno, "open /dev/null");
   }
+  // The server's standard input: the configuration lines that must not be on its command line,
+  // written before the fork (a few bytes: the pipe holds them) and closed so it reads to EOF.
+  Fd configRead;
+  if (!options_.password.empty()) {
+    int cfg[2];
+    if (::pipe2(cfg, O_CLOEXEC) != 0) {
+      return BAGUA_ERRNO(errno, "pipe2");
+    }
+    configRead.reset(cfg[0]);
+    Fd configWrite(cfg[1]);
+    const std::string config = "requirepass " + options_.password + "\n";
+    if (::write(configWrite.get(), config.data(), config.size()) !=
+        static_cast<ssize_t>(config.size())) {
+      return BAGUA_ERRNO(errno, "writing redis-server's configuration");
+    }
+  }
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -221,7 +268,7 @@ Status LocalRedisServer::startOnce(int port) {
     if (::getppid() != parent) {
       ::_exit(127);
     }
-    ::dup2(devNull.get(), STDIN_FILENO);
+    ::dup2(configRead.get() >= 0 ? configRead.get() : devNull.get(), STDIN_FILENO);
     ::dup2(devNull.get(), STDOUT_FILENO);
     ::dup2(devNull.get(), STDERR_FILENO);
     ::execvp(argv[0], argv.data());
@@ -263,7 +310,7 @@ Status LocalRedisServer::startOnce(int port) {
                          "'%s --port %d' by hand to see its message)",
                          port, exitDescription(status).c_str(), options_.binary.c_str(), port);
     }
-    Status ping = pingRedis("127.0.0.1", port, std::chrono::milliseconds(200));
+    Status ping = pingRedis("127.0.0.1", port, std::chrono::milliseconds(200), options_.password);
     if (ping.isOk()) {
       BAGUA_LOG_DEBUG(kLogCache, "redis-server pid %d answers on 127.0.0.1:%d",
                       static_cast<int>(pid_), port);

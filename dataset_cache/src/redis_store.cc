@@ -11,6 +11,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "bagua/base/crypto.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
 #include "bagua/dataset_cache/params.h"
@@ -148,6 +149,24 @@ class RedisStore::Conn {
       return BAGUA_ERROR(kUnavailable, "redis %s: setting the timeout failed: %s",
                          server_.name.c_str(), why.c_str());
     }
+    if (!server_.host.password.empty()) {
+      SigpipeGuard guard;
+      auto* r = static_cast<redisReply*>(
+          redisCommand(c, "AUTH %b", server_.host.password.data(), server_.host.password.size()));
+      const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+      std::string why = r == nullptr                   ? std::string(c->errstr)
+                        : r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
+                                                       : std::string("unexpected reply");
+      if (r != nullptr) {
+        freeReplyObject(r);
+      }
+      if (!ok) {
+        redisFree(c);
+        markDown("AUTH failed: " + why);
+        return BAGUA_ERROR(kUnavailable, "redis %s refused the password: %s", server_.name.c_str(),
+                           why.c_str());
+      }
+    }
     ctx_ = c;
     std::lock_guard<std::mutex> lock(server_.mu);
     if (server_.down) {
@@ -262,6 +281,9 @@ Result<std::unique_ptr<RedisStore>> RedisStore::create(RedisOptions options) {
       lo.binary = o.serverBinary;
       lo.maxMemoryBytes = o.capacityPerNode;
       lo.maxMemoryPolicy = o.maxMemoryPolicy;
+      uint8_t raw[24];
+      BAGUA_RETURN_IF_ERROR(randomBytes(raw, sizeof(raw)));
+      lo.password = toHex(raw, sizeof(raw));
       Status s = server.start(lo);
       if (!s.isOk()) {
         return std::move(s.withContext("redis cache: spawning a local redis-server")
@@ -270,7 +292,7 @@ Result<std::unique_ptr<RedisStore>> RedisStore::create(RedisOptions options) {
       BAGUA_LOG_INFO(kLogCache, "spawned redis-server pid %d on 127.0.0.1:%d (maxmemory %s, %s)",
                      static_cast<int>(server.pid()), server.port(),
                      formatBytes(o.capacityPerNode).c_str(), o.maxMemoryPolicy.c_str());
-      o.hosts.push_back({"127.0.0.1", server.port()});
+      o.hosts.push_back({"127.0.0.1", server.port(), lo.password});
       store->spawned_.push_back(std::move(server));
     }
   }

@@ -323,7 +323,12 @@ void bindComm(pyb::module_& m) {
   m.def(
       "start_store_server",
       [](const std::string& host, int port) {
-        Result<std::unique_ptr<core::TcpStoreServer>> r = core::TcpStoreServer::start(host, port);
+        // `host` is MASTER_ADDR: listen on its interface (or BAGUA_STORE_LISTEN_ADDR).
+        Result<std::string> addr = core::storeListenAddress(host);
+        if (!addr.isOk()) {
+          check(addr.takeStatus());
+        }
+        Result<std::unique_ptr<core::TcpStoreServer>> r = core::TcpStoreServer::start(*addr, port);
         return std::make_shared<PyStoreServer>(take(std::move(r)));
       },
       pyb::arg("host"), pyb::arg("port") = 0,

@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "bagua/core/job_key.h"
 #include "bagua/dataset_cache/cache.h"
+#include "bagua/dataset_cache/value_codec.h"
 #include "bagua/loader/batch_sampler.h"
 #include "bagua/loader/elastic_plan.h"
 #include "bagua/loader/sampler.h"
@@ -89,7 +91,9 @@ class PyCacheLoader {
                 size_t writerBufferSize)
       : loader_(std::move(backend), cache::CacheLoaderOptions{name, writerBufferSize}) {}
 
-  pyb::bytes get(const std::string& key, const pyb::function& load) {
+  // `checkValue(value)` (optional) decodes a cached value; when it raises, the value is a miss:
+  // counted as corrupt, logged with the exception's text, reloaded and overwritten.
+  pyb::bytes get(const std::string& key, const pyb::function& load, const pyb::object& checkValue) {
     std::string value;
     auto fn = [&](std::string_view, std::string& out) -> Status {
       try {
@@ -101,7 +105,19 @@ class PyCacheLoader {
         return BAGUA_ERROR(kInvalidArgument, "load function must return bytes (%s)", e.what());
       }
     };
-    check(loader_.get(key, value, fn));
+    if (checkValue.is_none()) {
+      check(loader_.get(key, value, fn));
+    } else {
+      auto verify = [&](std::string_view cached) -> Status {
+        try {
+          checkValue(pyb::bytes(cached.data(), cached.size()));
+          return Status::ok();
+        } catch (pyb::error_already_set& e) {
+          return BAGUA_ERROR(kInvalidArgument, "%s", e.what());
+        }
+      };
+      check(loader_.get(key, value, fn, verify));
+    }
     return pyb::bytes(value);
   }
   void flush() { check(loader_.flush()); }
@@ -114,6 +130,7 @@ class PyCacheLoader {
     d["writes"] = s.writes;
     d["dropped_writes"] = s.droppedWrites;
     d["backend_errors"] = s.backendErrors;
+    d["corrupt"] = s.corrupt;
     return d;
   }
 
@@ -121,9 +138,114 @@ class PyCacheLoader {
   cache::CacheLoader loader_;
 };
 
+// The typed cache codec (value_codec.h) for contrib/utils/codec.py: items as tuples whose first
+// field is the tag: (0,) None, (1,) False, (2,) True, (3, int), (4, float), (5, str),
+// (6, bytes), (7, n) list, (8, n) tuple, (9, pairs) dict, (10, elem, flavor, shape, data) array.
+pyb::bytes cacheEncode(const pyb::list& items) {
+  namespace codec = cache::codec;
+  std::vector<codec::Item> v(items.size());
+  std::vector<std::string> text;  // the UTF-8 of str items, alive until encode returns
+  text.reserve(items.size());
+  std::vector<pyb::buffer_info> buffers;
+  buffers.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const pyb::tuple t = items[i].cast<pyb::tuple>();
+    codec::Item& it = v[i];
+    it.tag = static_cast<codec::Tag>(t[0].cast<int>());
+    switch (it.tag) {
+    case codec::Tag::kInt:
+      it.integer = t[1].cast<int64_t>();
+      break;
+    case codec::Tag::kFloat:
+      it.real = t[1].cast<double>();
+      break;
+    case codec::Tag::kStr:
+      text.push_back(t[1].cast<std::string>());
+      it.data = text.back();
+      break;
+    case codec::Tag::kBytes:
+    case codec::Tag::kArray: {
+      const size_t at = it.tag == codec::Tag::kBytes ? 1 : 4;
+      buffers.push_back(pyb::buffer(t[at]).request());
+      const pyb::buffer_info& b = buffers.back();
+      it.data = std::string_view(static_cast<const char*>(b.ptr),
+                                 static_cast<size_t>(b.size * b.itemsize));
+      if (it.tag == codec::Tag::kArray) {
+        it.elem = t[1].cast<uint8_t>();
+        it.flavor = t[2].cast<uint8_t>();
+        it.shape = t[3].cast<std::vector<uint64_t>>();
+      }
+      break;
+    }
+    case codec::Tag::kList:
+    case codec::Tag::kTuple:
+    case codec::Tag::kDict:
+      it.count = t[1].cast<uint64_t>();
+      break;
+    default:
+      break;
+    }
+  }
+  return pyb::bytes(take(codec::encode(v)));
+}
+
+pyb::list cacheDecode(const pyb::bytes& data) {
+  namespace codec = cache::codec;
+  const std::string_view bytes = data;
+  pyb::list out;
+  for (const codec::Item& it : take(codec::decode(bytes))) {
+    const int tag = static_cast<int>(it.tag);
+    switch (it.tag) {
+    case codec::Tag::kInt:
+      out.append(pyb::make_tuple(tag, it.integer));
+      break;
+    case codec::Tag::kFloat:
+      out.append(pyb::make_tuple(tag, it.real));
+      break;
+    case codec::Tag::kStr:
+      out.append(pyb::make_tuple(tag, pyb::str(it.data.data(), it.data.size())));
+      break;
+    case codec::Tag::kBytes:
+      out.append(pyb::make_tuple(tag, pyb::bytes(it.data.data(), it.data.size())));
+      break;
+    case codec::Tag::kList:
+    case codec::Tag::kTuple:
+    case codec::Tag::kDict:
+      out.append(pyb::make_tuple(tag, it.count));
+      break;
+    case codec::Tag::kArray: {
+      // Writable, so that torch.frombuffer can take it without a copy or a warning.
+      pyb::bytearray b(it.data.data(), it.data.size());
+      out.append(pyb::make_tuple(tag, it.elem, it.flavor, pyb::tuple(pyb::cast(it.shape)), b));
+      break;
+    }
+    default:
+      out.append(pyb::make_tuple(tag));
+      break;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void bindContrib(pyb::module_& m) {
+  m.def("cache_encode", &cacheEncode, pyb::arg("items"),
+        "Encodes a value's items (pre-order tuples, value_codec.h) as a typed cache value");
+  m.def("cache_decode", &cacheDecode, pyb::arg("data"),
+        "The items of a typed cache value; ValueError-like RuntimeError when it is damaged");
+  m.def(
+      "cache_value_key",
+      []() -> pyb::object {
+        core::JobKey k = take(core::readJobKeyFromParams());
+        if (!k.present()) {
+          return pyb::none();
+        }
+        const Digest d = k.derive("cache");
+        return pyb::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      "The key cached pickles are authenticated with (derived from the job key), or None without "
+      "a job key");
   pyb::class_<PySampler>(m, "LoadBalancingSampler")
       .def(pyb::init<std::vector<int64_t>, int, int, bool, uint64_t, bool, double>(),
            pyb::arg("complexities"), pyb::arg("num_replicas"), pyb::arg("rank"),
@@ -284,7 +406,8 @@ void bindContrib(pyb::module_& m) {
   pyb::class_<PyCacheLoader>(m, "CacheLoader")
       .def(pyb::init<std::shared_ptr<cache::CacheBackend>, const std::string&, size_t>(),
            pyb::arg("backend"), pyb::arg("dataset_name"), pyb::arg("writer_buffer_size"))
-      .def("get", &PyCacheLoader::get, pyb::arg("key"), pyb::arg("load"))
+      .def("get", &PyCacheLoader::get, pyb::arg("key"), pyb::arg("load"),
+           pyb::arg("check") = pyb::none())
       .def("flush", &PyCacheLoader::flush)
       .def("num_keys", &PyCacheLoader::numKeys)
       .def("stats", &PyCacheLoader::stats);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -180,6 +181,98 @@ TEST_F(Baguarun, ForwardsSigtermToTheWorkers) {
   EXPECT_EQ(read("t0"), "got") << r.err;
   EXPECT_EQ(read("t1"), "got") << r.err;
   EXPECT_NE(r.err.find("forwarding"), std::string::npos) << r.err;
+}
+
+TEST_F(Baguarun, GivesSingleNodeWorkersAFreshJobKeyAndKeepsTheUsers) {
+  ASSERT_FALSE(bagua::processEnv("BAGUA_JOB_KEY").has_value());
+  const std::vector<std::string> cmd = {"sh", "-c",
+                                        "echo \"$BAGUA_JOB_KEY\" > " + dir_ + "/k$RANK"};
+  auto launch = [&](std::vector<std::string> args) {
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    LaunchResult r = runLauncher(args);
+    EXPECT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.err;
+  };
+  launch({"--nproc_per_node", "2", "--master_port", "0"});
+  const std::string first = read("k0");
+  EXPECT_EQ(first.size(), 64u);
+  EXPECT_EQ(first.find_first_not_of("0123456789abcdef"), std::string::npos) << first;
+  EXPECT_EQ(read("k1"), first);  // one job, one key
+  launch({"--nproc_per_node", "2", "--master_port", "0"});
+  EXPECT_NE(read("k0"), first);  // another job, another key
+  // Several nodes: each node's baguarun would make a different one, so none is made.
+  launch({"--nproc_per_node", "1", "--nnodes", "2", "--node_rank", "1", "--master_port", "29999"});
+  EXPECT_EQ(read("k1"), "");
+  // The user's key passes through.
+  ::setenv("BAGUA_JOB_KEY", "the-users-own-key-0123456789abcdef", 1);
+  launch({"--nproc_per_node", "1", "--master_port", "0"});
+  ::unsetenv("BAGUA_JOB_KEY");
+  EXPECT_EQ(read("k0"), "the-users-own-key-0123456789abcdef");
+}
+
+// kill -9 of baguarun: its workers (SIGKILL from PR_SET_PDEATHSIG) and their children (the
+// guardian ends their process groups) are gone within 2 s.
+TEST_F(Baguarun, KillMinus9LeavesNoWorkerAlive) {
+  // Orphans come to this process, which reaps them, so that a zombie does not look alive.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  pid_t launcherPid = ::fork();
+  if (launcherPid == 0) {
+    int devNull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devNull, 2);
+    std::vector<std::string> all = {launcher(),
+                                    "--nproc_per_node",
+                                    "2",
+                                    "--master_port",
+                                    "0",
+                                    "sh",
+                                    "-c",
+                                    "echo $$ > " + dir_ + "/w$RANK.tmp; sleep 300 & echo $! >> " +
+                                        dir_ + "/w$RANK.tmp; mv " + dir_ + "/w$RANK.tmp " + dir_ +
+                                        "/w$RANK; wait"};
+    std::vector<char*> argv;
+    for (auto& a : all) {
+      argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(launcherPid, 0);
+  std::vector<pid_t> pids;
+  const auto started = Clock::now();
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string path = dir_ + "/w" + std::to_string(rank);
+    while (!std::filesystem::exists(path) && Clock::now() - started < 30s) {
+      std::this_thread::sleep_for(20ms);
+    }
+    std::ifstream f(path);
+    pid_t p = 0;
+    while (f >> p) {
+      pids.push_back(p);
+    }
+  }
+  ASSERT_EQ(pids.size(), 4u) << "the workers did not start";
+  ASSERT_EQ(::kill(launcherPid, SIGKILL), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(launcherPid, &st, 0), launcherPid);
+  const auto killed = Clock::now();
+  std::vector<pid_t> alive = pids;
+  while (!alive.empty() && Clock::now() - killed < 2s) {
+    while (::waitpid(-1, &st, WNOHANG) > 0) {
+    }
+    std::erase_if(alive, [](pid_t p) { return ::kill(p, 0) != 0; });
+    std::this_thread::sleep_for(10ms);
+  }
+  for (pid_t p : alive) {
+    ADD_FAILURE() << "pid " << p << " still alive 2 s after kill -9 of baguarun";
+    ::kill(p, SIGKILL);
+  }
+  // The guardian leaves too (it is reaped here, as an orphan).
+  const auto until = Clock::now() + 10s;
+  while (Clock::now() < until && ::waitpid(-1, &st, WNOHANG) >= 0) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(::waitpid(-1, &st, WNOHANG), -1) << "a process of the job is still running";
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
 
 TEST_F(Baguarun, RejectsBadArguments) {

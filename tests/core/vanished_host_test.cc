@@ -174,6 +174,9 @@ class VanishedHost : public ::testing::Test {
       // Far above the bound: a pass shows the heartbeat, not the collective deadline, at work.
       ::setenv("BAGUA_COLLECTIVE_TIMEOUT_MS", "60000", 1);
       ::setenv("BAGUA_NET_TIMEOUT_MS", "60000", 1);
+      // One job key across the "hosts": the store, the engine and the heartbeats authenticated
+      // over a real network, as in a multi-node job.
+      ::setenv("BAGUA_JOB_KEY", "vanished-host-test-key-0123456789abcdef", 1);
       ::execlp("ip", "ip", "netns", "exec", ns.c_str(), worker_.c_str(), mode.c_str(), nullptr);
       ::_exit(127);
     }

@@ -267,8 +267,16 @@ TEST(RedisSpawn, StartsItsOwnServersAndStopsThemOnDestruction) {
   ASSERT_EQ(hosts.size(), 2u);
   EXPECT_NE(hosts[0].port, hosts[1].port);
   for (const RedisHost& h : hosts) {
-    EXPECT_TRUE(pingRedis(h.host, h.port, 1000ms).isOk()) << h.port;
+    // A spawned server answers only with its password: no other process of the machine reads
+    // or plants cached values.
+    EXPECT_GE(h.password.size(), 32u);
+    EXPECT_TRUE(pingRedis(h.host, h.port, 1000ms, h.password).isOk()) << h.port;
+    Status stranger = pingRedis(h.host, h.port, 1000ms);
+    EXPECT_FALSE(stranger.isOk());
+    EXPECT_NE(stranger.message().find("NOAUTH"), std::string::npos) << stranger.toString();
+    EXPECT_FALSE(pingRedis(h.host, h.port, 1000ms, "not-the-password").isOk());
   }
+  EXPECT_NE(hosts[0].password, hosts[1].password);
   for (size_t i = 0; i < 100; ++i) {
     ASSERT_TRUE((*r)->put(keyOf(i), patternSample(6, i)).isOk());
   }

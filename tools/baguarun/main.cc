@@ -9,14 +9,23 @@
 // --master_port 0 picks a free port (single-node jobs only). Exit status: 0 when every worker
 // succeeded, else the first failed worker's exit code (128 + signal when it was killed).
 //
+// The job key (core/README.md, "Security"): for a single-node job without BAGUA_JOB_KEY or
+// BAGUA_JOB_KEY_FILE in its environment, baguarun makes a fresh random BAGUA_JOB_KEY for its
+// workers; several nodes need the user's key, the same on every node. Workers die with baguarun:
+// each gets SIGKILL when baguarun dies (PR_SET_PDEATHSIG), and a guardian process ends their
+// process groups (SIGTERM, SIGKILL 1 s later) when baguarun ends without saying goodbye, so a
+// `kill -9` of baguarun leaves no worker or worker's child running.
+//
 // Elastic jobs (--nnodes MIN:MAX, or any --rdzv_* option) are torchrun's: baguarun replaces
 // itself with `--torchrun CMD` (default: python3 -m bagua.distributed.run) and torchrun's flags,
 //   CMD --nnodes MIN:MAX --nproc_per_node N --rdzv_backend B --rdzv_endpoint E --rdzv_id ID
 //       --max_restarts R [--rdzv_conf C] --no_python program [args...]
 // (B default c10d, E default --master_addr:--master_port, ID default "baguarun", R default 3),
 // so C++ trainers restart on membership changes like Python ones.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bagua/base/crypto.h"
 #include "bagua/base/params.h"
 
 namespace {
@@ -285,6 +295,146 @@ int exitCodeOf(int status) {
   return 1;
 }
 
+// ---- The job key ------------------------------------------------------------------------------
+
+// Gives the workers a fresh BAGUA_JOB_KEY (through this process's environment, which they
+// inherit) when the user set none and every worker is on this node. Several nodes must share
+// the user's key; their ranks then run unauthenticated, and rank 0 warns naming the variable.
+// Returns false when no random key could be made.
+bool ensureJobKey(bool singleNode) {
+  if (bagua::processEnv("BAGUA_JOB_KEY").has_value() ||
+      bagua::processEnv("BAGUA_JOB_KEY_FILE").has_value() || !singleNode) {
+    return true;
+  }
+  uint8_t raw[32];
+  bagua::Status s = bagua::randomBytes(raw, sizeof(raw));
+  if (!s.isOk()) {
+    std::fprintf(stderr, "baguarun: cannot make a job key: %s\n", s.message().c_str());
+    return false;
+  }
+  return ::setenv("BAGUA_JOB_KEY", bagua::toHex(raw, sizeof(raw)).c_str(), 1) == 0;
+}
+
+// ---- Workers die with baguarun -----------------------------------------------------------------
+
+// In a worker, between fork and exec: SIGKILL when baguarun (`parent`) dies, even by SIGKILL. If
+// it died already (before the call), exit now.
+void dieWithParent(pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) {
+    ::_exit(128 + SIGKILL);
+  }
+}
+
+// A process outside baguarun's process group that outlives baguarun: when baguarun ends without
+// writing 0 to the pipe (it was killed), it ends every worker's process group (a worker's own
+// children are in it) that baguarun has not reported reaped: SIGTERM, then SIGKILL after
+// `graceMs` for what is left. baguarun writes a worker's pid when it reaps it (its group may be
+// gone and the number reused), and 0 when it exits normally.
+class Guardian {
+ public:
+  Guardian() = default;
+  Guardian(const Guardian&) = delete;
+  Guardian& operator=(const Guardian&) = delete;
+  ~Guardian() { release(); }
+
+  bool start(const std::vector<pid_t>& groups, int graceMs) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "baguarun: pipe: %s\n", std::strerror(errno));
+      return false;
+    }
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "baguarun: fork (guardian): %s\n", std::strerror(errno));
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return false;
+    }
+    if (pid == 0) {
+      ::close(fds[1]);
+      run(fds[0], parent, groups, graceMs);  // never returns
+    }
+    ::close(fds[0]);
+    write_ = fds[1];
+    return true;
+  }
+
+  void reaped(pid_t worker) { send(static_cast<int32_t>(worker)); }
+  // Normal exit: the guardian leaves the process groups alone and exits.
+  void release() {
+    if (write_ >= 0) {
+      send(0);
+      ::close(write_);
+      write_ = -1;
+    }
+  }
+
+ private:
+  void send(int32_t v) {
+    if (write_ >= 0) {
+      ssize_t n = ::write(write_, &v, sizeof(v));
+      (void)n;
+    }
+  }
+
+  [[noreturn]] static void run(int fd, pid_t parent, std::vector<pid_t> groups, int graceMs) {
+    ::setpgid(0, 0);  // not killed with baguarun's group
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
+      sigaction(sig, &ign, nullptr);
+    }
+    int devNull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devNull >= 0) {
+      ::dup2(devNull, STDIN_FILENO);
+      ::dup2(devNull, STDOUT_FILENO);
+    }
+    int32_t v = 0;
+    while (true) {
+      ssize_t n = ::read(fd, &v, sizeof(v));
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n != static_cast<ssize_t>(sizeof(v))) {
+        break;  // EOF: baguarun is gone without a goodbye
+      }
+      if (v == 0) {
+        ::_exit(0);
+      }
+      std::erase(groups, static_cast<pid_t>(v));
+    }
+    if (groups.empty()) {
+      ::_exit(0);
+    }
+    std::fprintf(stderr,
+                 "baguarun: baguarun (pid %d) died; ending its %zu worker process group(s)\n",
+                 static_cast<int>(parent), groups.size());
+    for (pid_t g : groups) {
+      ::kill(-g, SIGTERM);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(graceMs);
+    while (std::chrono::steady_clock::now() < until) {
+      bool any = false;
+      for (pid_t g : groups) {
+        any = any || ::kill(-g, 0) == 0;
+      }
+      if (!any) {
+        ::_exit(0);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (pid_t g : groups) {
+      ::kill(-g, SIGKILL);
+    }
+    ::_exit(0);
+  }
+
+  int write_ = -1;
+};
+
 // Replaces this process with torchrun (see the file comment); returns only on failure.
 int execTorchrun(const Options& o) {
   std::vector<std::string> args;
@@ -345,6 +495,10 @@ int main(int argc, char** argv) {
     usage(rc < 0 ? stdout : stderr);
     return rc < 0 ? 0 : rc;
   }
+  // Elastic: one node when MAX is 1 (torchrun's agent hands the environment to its workers).
+  if (!ensureJobKey(o.nnodes == 1)) {
+    return 1;
+  }
   if (o.elastic()) {
     return execTorchrun(o);
   }
@@ -362,6 +516,7 @@ int main(int argc, char** argv) {
     sigaction(s, &sa, nullptr);
   }
   const int world = o.nprocPerNode * o.nnodes;
+  const pid_t self = ::getpid();
   std::vector<Worker> workers(o.nprocPerNode);
   for (int l = 0; l < o.nprocPerNode; ++l) {
     Worker& w = workers[l];
@@ -380,6 +535,7 @@ int main(int argc, char** argv) {
     if (pid == 0) {
       // Own process group: signals reach the worker's whole tree (shells, helpers).
       ::setpgid(0, 0);
+      dieWithParent(self);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       for (int s : {SIGINT, SIGTERM, SIGHUP}) {
@@ -406,6 +562,18 @@ int main(int argc, char** argv) {
     ::setpgid(pid, pid);  // also here, so there is no window before the child runs
     w.pid = pid;
     w.running = true;
+  }
+  Guardian guardian;
+  {
+    std::vector<pid_t> groups;
+    for (const Worker& w : workers) {
+      groups.push_back(w.pid);
+    }
+    if (!guardian.start(groups, 1000)) {
+      std::fprintf(stderr,
+                   "baguarun: continuing without a guardian: a kill -9 of baguarun would "
+                   "leave the workers' children running\n");
+    }
   }
   std::fprintf(stderr,
                "baguarun: started %d worker(s) (ranks %d..%d of %d) for '%s', master %s:%d\n",
@@ -458,6 +626,7 @@ int main(int argc, char** argv) {
         w.running = false;
         w.status = status;
         --running;
+        guardian.reaped(w.pid);
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
             (candidate < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(workers[candidate].status)))) {

@@ -12,9 +12,15 @@ workers inherit:
     --autotune_max_samples ...   front end does not autotune: python/README.md)
     --bagua_service_port P       BAGUA_SERVICE_PORT (accepted; no autotune service here)
     --report_metrics             BAGUA_REPORT_METRICS=1
+
+The job key: a single-node launch without BAGUA_JOB_KEY or BAGUA_JOB_KEY_FILE in the environment
+gives its workers a fresh random BAGUA_JOB_KEY (``job_key_env``), which bagua's TCP store, the
+host backend's connection set-up and its heartbeats authenticate with (core/README.md,
+"Security"). A launch over several nodes needs the user's key, the same on every node.
 """
 
 import os
+import secrets
 import warnings
 
 
@@ -75,6 +81,21 @@ def bagua_env(args):
         warnings.warn("bagua: --host_list / --ssh_port are not used by this launcher (run it "
                       "on every node, or use baguarun)")
     return e
+
+
+def job_key_env(single_node):
+    """``{"BAGUA_JOB_KEY": <64 random hex digits>}`` for a single-node launch whose environment
+    has no key (nor key file); else ``{}`` (the user's key passes through; on several nodes each
+    launcher would make a different one)."""
+    if not single_node or os.environ.get("BAGUA_JOB_KEY") or os.environ.get("BAGUA_JOB_KEY_FILE"):
+        return {}
+    return {"BAGUA_JOB_KEY": secrets.token_hex(32)}
+
+
+def single_node(nnodes):
+    """True when torchrun's ``--nnodes`` ("N" or "MIN:MAX") allows one node only."""
+    text = str(nnodes)
+    return text.split(":")[-1].strip() == "1"
 
 
 def _fix_std_parsing():

@@ -63,6 +63,7 @@ def main(argv=None):
         raise SystemExit("Don't use both the '--no_python' flag and the '--module' flag at the "
                          "same time.")
     env = _bagua_flags.bagua_env(args)
+    env.update(_bagua_flags.job_key_env(args.nnodes == 1))
     env["NODE_RANK"] = str(args.node_rank)
     targs = torchrun.get_args_parser().parse_args(torch_argv(args))
     return _bagua_flags.launch(targs, env)

@@ -20,6 +20,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = _bagua_flags.bagua_env(args)
+    env.update(_bagua_flags.job_key_env(args.standalone or _bagua_flags.single_node(args.nnodes)))
     if args.rdzv_backend == "c10d" and not args.standalone:
         # Faster loss detection and re-rendezvous (_elastic.py); --rdzv_conf overrides.
         from . import _elastic

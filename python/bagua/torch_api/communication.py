@@ -22,7 +22,6 @@ at once, as in Bagua.
 import datetime
 import functools
 import io
-import ipaddress
 import os
 import pickle
 import threading
@@ -188,17 +187,6 @@ def _init_device(current, local_rank, ngpu):
     return current if current != 0 else local_rank % ngpu
 
 
-def _listen_host(addr):
-    """Listen on MASTER_ADDR when it is an IP literal (as the core's env:// init does), else on
-    every interface."""
-    a = "127.0.0.1" if addr == "localhost" else addr
-    try:
-        ipaddress.ip_address(a)
-        return a
-    except ValueError:
-        return "0.0.0.0"
-
-
 def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
     """Initialises the default process group, and ``torch.distributed`` as Bagua does.
 
@@ -261,7 +249,8 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
         server = None
         if r == 0:
             addr = env.get_master_addr()
-            server = ext.start_store_server(_listen_host(addr), 0)
+            # The core listens on MASTER_ADDR's interface (or BAGUA_STORE_LISTEN_ADDR).
+            server = ext.start_store_server(addr, 0)
             tstore.set(key, "{}:{}".format(addr, server.port))
             port = server.port
         else:

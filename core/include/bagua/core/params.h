@@ -9,6 +9,7 @@
 
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/base/secret_param.h"
 
 namespace bagua::core {
 
@@ -35,6 +36,26 @@ struct CoreParams : ParamCatalogue {
                           -1,
                           {-1, 1 << 20},
                           "processes per node (-1: WORLD_SIZE, i.e. one node)"};
+  SecretParam jobKey{
+      *this, "BAGUA_JOB_KEY",
+      "the job's secret: every TCP store request, host-backend connection set-up and heartbeat "
+      "carries an HMAC-SHA256 under it, and a process without it is refused at its first frame. "
+      "baguarun and python -m bagua.distributed.launch/run set a fresh one for a single-node job; "
+      "for a job over several nodes started by other means, give every rank the same value (e.g. "
+      "`openssl rand -hex 32`) or use BAGUA_JOB_KEY_FILE. Unset (and no key file): nothing is "
+      "authenticated and rank 0 logs one warning",
+      "empty, or at least 32 characters"};
+  StringParam jobKeyFile{
+      *this, "BAGUA_JOB_KEY_FILE", "",
+      "a file holding the job's secret (its content, surrounding white space removed), instead of "
+      "BAGUA_JOB_KEY: the same file on every node, readable by its owner only (chmod 600)",
+      "a file path, or empty"};
+  StringParam storeListenAddr{
+      *this, "BAGUA_STORE_LISTEN_ADDR", "",
+      "address rank 0's TCP store listens on; empty: MASTER_ADDR's, resolved to an address of "
+      "this host (a host name that resolves to no address here fails naming it); 0.0.0.0 or :: "
+      "listens on every interface, which lets any host that reaches the port try to connect",
+      "an IP address, or empty"};
   IntParam rendezvousTimeoutMs{
       *this,
       "BAGUA_RENDEZVOUS_TIMEOUT_MS",

@@ -2,6 +2,11 @@
 // store for ranks that are threads of one process (tests), a TCP store whose server (Boost.Asio)
 // is hosted by rank 0 or runs standalone, and a prefix view so process groups share one store.
 //
+// Authentication: the TCP store's connections open with a challenge-response under the job key
+// (job_key.h) and every request and response after it carries an HMAC with a sequence number;
+// a connection without the key is closed at its first frame, logged with its address, and gets
+// nothing (core/README.md, "Security").
+//
 // Contract: every operation is bounded. get() and wait() take a timeout and fail with
 // DeadlineExceeded naming the missing keys; the TCP client fails with Unavailable/RemoteError
 // naming the server address when it cannot reach the server within its connect timeout.
@@ -17,10 +22,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bagua/base/status.h"
+#include "bagua/core/job_key.h"
 
 namespace bagua::core {
 
@@ -94,13 +101,25 @@ class PrefixStore final : public Store {
   std::shared_ptr<Store> base_;
 };
 
+struct TcpStoreServerOptions {
+  // nullopt: the process's key (jobKeyFromParams()).
+  std::optional<JobKey> key;
+  // A connection that has not proved the key this long after it was accepted is closed.
+  Millis authTimeout{5000};
+  // Connections accepted but not yet authenticated; beyond it the oldest is closed, so a flood
+  // of strangers costs the job neither memory nor descriptors beyond this many.
+  size_t maxPending = 128;
+};
+
 // The TCP store's server: a Boost.Asio io_context on one named thread ("bagua-store"). Blocking
 // gets and waits are parked server-side until their keys appear or their deadline passes, so
-// clients never poll.
+// clients never poll. Its acceptor survives every accept error (descriptors exhausted: it backs
+// off 100 ms, retries, and logs once per episode).
 class TcpStoreServer {
  public:
-  // Listens on host:port (port 0 picks a free port; see port()).
-  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port);
+  // Listens on host:port (port 0 picks a free port; see port()). `host` is an IP address.
+  static Result<std::unique_ptr<TcpStoreServer>> start(const std::string& host, int port,
+                                                       const TcpStoreServerOptions& options = {});
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -124,7 +143,19 @@ struct TcpStoreOptions {
   // A server whose host vanished (no FIN/RST) fails the call waiting on it within about this
   // long (TCP_USER_TIMEOUT + keepalive); negative: BAGUA_PEER_TIMEOUT_MS; 0: TCP's defaults.
   Millis deadPeerTimeout{-1};
+  // nullopt: the process's key (jobKeyFromParams()).
+  std::optional<JobKey> key;
 };
+
+// The address rank 0's store listens on for the rendezvous address `masterAddr`:
+// BAGUA_STORE_LISTEN_ADDR when set; else MASTER_ADDR itself when it is an IP address; else the
+// first address the name resolves to that belongs to this host (InvalidArgument naming the
+// name and its addresses when none does). Never every interface unless asked.
+Result<std::string> storeListenAddress(const std::string& masterAddr);
+
+namespace storewire {
+class ClientSession;
+}
 
 // The client. Speaks a small length-prefixed binary protocol (core/README.md).
 class TcpStore final : public Store {
@@ -144,12 +175,13 @@ class TcpStore final : public Store {
   std::string localAddress() const override { return localAddress_; }
 
  private:
-  TcpStore(int fd, std::string server, std::string localAddress)
-      : fd_(fd), server_(std::move(server)), localAddress_(std::move(localAddress)) {}
+  TcpStore(int fd, std::string server, std::string localAddress,
+           std::unique_ptr<storewire::ClientSession> session);
   Result<std::vector<Bytes>> request(uint8_t op, const std::vector<Bytes>& args, Millis timeout);
 
   std::mutex mu_;
   int fd_ = -1;
+  std::unique_ptr<storewire::ClientSession> session_;
   std::string server_;
   std::string localAddress_;
 };

@@ -15,8 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "backend/host/control_wire.h"
 #include "backend/host/transport.h"
+#include "bagua/base/crypto.h"
 #include "bagua/base/logging.h"
+#include "bagua/core/job_key.h"
+#include "bagua/core/params.h"
 #include "bagua/net/engine.h"
 
 namespace bagua::core::host {
@@ -86,6 +90,7 @@ class EngineTransport final : public TransportBase {
   }
 
   Status connect(Store& store, const EngineTransportOptions& options);
+  Status authenticate(const EngineTransportOptions& options, Deadline deadline);
 
  private:
   struct SendState {
@@ -240,6 +245,123 @@ Status EngineTransport::connect(Store& store, const EngineTransportOptions& opti
     }
     if (!progress) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return authenticate(options, deadline);
+}
+
+// Each connection pair proves the job key before any data moves (control_wire.h): my challenge
+// to every peer over my SendComm, its answer over its connection to me. The engine's own hello
+// already carried the listener's nonce, which only readers of the (authenticated) store know;
+// this makes the key itself the proof, so a process that learnt a handle still cannot join.
+Status EngineTransport::authenticate(const EngineTransportOptions& options, Deadline deadline) {
+  JobKey key;
+  if (options.key.has_value()) {
+    key = *options.key;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(key, jobKeyFromParams());
+  }
+  const Digest ek = key.derive("engine");
+  HmacSha256 engineKey(ek.data(), ek.size());
+  struct PeerAuth {
+    wire::Challenge mine{};
+    wire::Challenge theirs{};
+    Digest answer{};       // to their challenge
+    Digest theirAnswer{};  // to mine
+  };
+  std::vector<PeerAuth> auth(size_);
+  // One batch of four messages per peer, matched in posting order on each comm: challenge out,
+  // challenge in, then the answers.
+  auto run = [&](auto post) -> Status {
+    std::vector<net::Request*> reqs;
+    std::vector<int> who;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) {
+        continue;
+      }
+      Status s = post(p, reqs);
+      if (!s.isOk()) {
+        return peerError(s, "authenticating with", p);
+      }
+      who.push_back(p);
+      who.push_back(p);
+    }
+    size_t done = 0;
+    std::vector<bool> finished(reqs.size(), false);
+    while (done < reqs.size()) {
+      const uint64_t seen = notifier_.epoch();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (finished[i]) {
+          continue;
+        }
+        bool ok = false;
+        size_t got = 0;
+        Status st = reqs[i]->test(&ok, &got);
+        if (!st.isOk()) {
+          return peerError(st, "authenticating with", who[i]);
+        }
+        if (ok) {
+          finished[i] = true;
+          ++done;
+        }
+      }
+      if (done == reqs.size()) {
+        break;
+      }
+      if (Clock::now() >= deadline) {
+        return BAGUA_ERROR(kDeadlineExceeded,
+                           "rank %d: engine connections made, but the peers did not answer the "
+                           "key challenge within the rendezvous timeout",
+                           rank_);
+      }
+      notifier_.waitChange(seen, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+    }
+    return Status::ok();
+  };
+  for (PeerAuth& a : auth) {
+    BAGUA_RETURN_IF_ERROR(randomBytes(a.mine.data(), a.mine.size()));
+  }
+  BAGUA_RETURN_IF_ERROR(run([&](int p, std::vector<net::Request*>& reqs) -> Status {
+    BAGUA_ASSIGN_OR_RETURN(net::Request * out,
+                           sends_[p]->isend(auth[p].mine.data(), auth[p].mine.size()));
+    BAGUA_ASSIGN_OR_RETURN(net::Request * in,
+                           recvs_[p]->irecv(auth[p].theirs.data(), auth[p].theirs.size()));
+    reqs.push_back(out);
+    reqs.push_back(in);
+    return Status::ok();
+  }));
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) {
+      auth[p].answer = wire::engineProof(engineKey, static_cast<uint32_t>(rank_),
+                                         static_cast<uint32_t>(p), auth[p].theirs);
+    }
+  }
+  BAGUA_RETURN_IF_ERROR(run([&](int p, std::vector<net::Request*>& reqs) -> Status {
+    BAGUA_ASSIGN_OR_RETURN(net::Request * out,
+                           sends_[p]->isend(auth[p].answer.data(), auth[p].answer.size()));
+    BAGUA_ASSIGN_OR_RETURN(net::Request * in, recvs_[p]->irecv(auth[p].theirAnswer.data(),
+                                                               auth[p].theirAnswer.size()));
+    reqs.push_back(out);
+    reqs.push_back(in);
+    return Status::ok();
+  }));
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      continue;
+    }
+    const Digest want = wire::engineProof(engineKey, static_cast<uint32_t>(p),
+                                          static_cast<uint32_t>(rank_), auth[p].mine);
+    if (!constantTimeEqual(want.data(), auth[p].theirAnswer.data(), want.size())) {
+      const std::string from = recvs_[p]->peer().toString();
+      BAGUA_LOG_WARN(kLogCore,
+                     "rank %d: the engine connection from %s, made with rank %d's handle, did not "
+                     "prove the job key",
+                     rank_, from.c_str(), p);
+      return BAGUA_ERROR(kFailedPrecondition,
+                         "rank %d: the engine connection from %s claiming rank %d did not prove "
+                         "the job key (a process that learnt rank %d's engine handle, or "
+                         "BAGUA_JOB_KEY differs between ranks)",
+                         rank_, from.c_str(), p, rank_);
     }
   }
   return Status::ok();

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "backend/host/transport.h"
 #include "bagua/base/logging.h"
@@ -22,12 +21,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kMagic = 0x42474842;  // "BGHB"
-constexpr uint32_t kBeat = 1;
-constexpr uint32_t kBye = 2;
-constexpr uint32_t kLost = 3;     // `about` is the rank the sender declared lost
-constexpr size_t kDatagram = 24;  // magic, kind, rank, about (u32 each), sender's token (u64)
-constexpr char kSep = '\x1f';     // field separator of the published value
+using wire::kBeat;
+using wire::kBye;
+using wire::kLost;
+constexpr char kSep = '\x1f';  // field separator of the published value
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out(1);
@@ -56,6 +53,51 @@ bool toSockaddr(const std::string& ip, int port, std::vector<unsigned char>* out
     a6.sin6_port = htons(static_cast<uint16_t>(port));
     out->assign(reinterpret_cast<unsigned char*>(&a6), reinterpret_cast<unsigned char*>(&a6 + 1));
     return true;
+  }
+  return false;
+}
+
+std::string sockaddrText(const std::vector<unsigned char>& sa) {
+  if (sa.size() < sizeof(sockaddr)) {
+    return "?";
+  }
+  const auto* a = reinterpret_cast<const sockaddr*>(sa.data());
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (a->sa_family == AF_INET && sa.size() >= sizeof(sockaddr_in)) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(sa.data());
+    ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof(buf));
+    return strPrintf("%s:%d", buf, ntohs(v4->sin_port));
+  }
+  if (a->sa_family == AF_INET6 && sa.size() >= sizeof(sockaddr_in6)) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(sa.data());
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof(buf));
+    return strPrintf("[%s]:%d", buf, ntohs(v6->sin6_port));
+  }
+  return buf;
+}
+
+// The same family, address and port (the published sockaddr against recvfrom's).
+bool sameEndpoint(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
+  if (a.size() < sizeof(sockaddr) || b.size() < sizeof(sockaddr)) {
+    return false;
+  }
+  const auto* x = reinterpret_cast<const sockaddr*>(a.data());
+  const auto* y = reinterpret_cast<const sockaddr*>(b.data());
+  if (x->sa_family != y->sa_family) {
+    return false;
+  }
+  if (x->sa_family == AF_INET && a.size() >= sizeof(sockaddr_in) &&
+      b.size() >= sizeof(sockaddr_in)) {
+    const auto* p = reinterpret_cast<const sockaddr_in*>(a.data());
+    const auto* q = reinterpret_cast<const sockaddr_in*>(b.data());
+    return p->sin_port == q->sin_port && p->sin_addr.s_addr == q->sin_addr.s_addr;
+  }
+  if (x->sa_family == AF_INET6 && a.size() >= sizeof(sockaddr_in6) &&
+      b.size() >= sizeof(sockaddr_in6)) {
+    const auto* p = reinterpret_cast<const sockaddr_in6*>(a.data());
+    const auto* q = reinterpret_cast<const sockaddr_in6*>(b.data());
+    return p->sin6_port == q->sin6_port &&
+           std::memcmp(&p->sin6_addr, &q->sin6_addr, sizeof(in6_addr)) == 0;
   }
   return false;
 }
@@ -96,10 +138,17 @@ Result<std::unique_ptr<PeerMonitor>> PeerMonitor::start(Store& store, int rank, 
   }
   const int port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
                                            : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-  std::random_device rd;
-  m->token_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  JobKey key;
+  if (options.key.has_value()) {
+    key = *options.key;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(key, jobKeyFromParams());
+  }
+  const Digest hk = key.derive("heartbeat");
+  m->key_ = std::make_unique<HmacSha256>(hk.data(), hk.size());
+  BAGUA_ASSIGN_OR_RETURN(m->nonce_, wire::freshNonce());
   const std::string me = hostIdentity();
-  const std::string value = ip + kSep + std::to_string(port) + kSep + std::to_string(m->token_) +
+  const std::string value = ip + kSep + std::to_string(port) + kSep + wire::nonceHex(m->nonce_) +
                             kSep + me + kSep + hostName();
   BAGUA_RETURN_IF_ERROR(store.set(strPrintf("hb/%d", rank), toBytes(value)));
   const auto setupDeadline = Clock::now() + options.setupTimeout;
@@ -114,12 +163,12 @@ Result<std::unique_ptr<PeerMonitor>> PeerMonitor::start(Store& store, int rank, 
         Bytes b, store.get(strPrintf("hb/%d", p), std::max(left, std::chrono::milliseconds(1))));
     std::vector<std::string> f = split(toString(b));
     Peer& peer = m->peers_[p];
-    if (f.size() != 5 || !toSockaddr(f[0], std::atoi(f[1].c_str()), &peer.sockaddr)) {
+    if (f.size() != 5 || !toSockaddr(f[0], std::atoi(f[1].c_str()), &peer.sockaddr) ||
+        !wire::parseNonceHex(f[2], &peer.nonce)) {
       return BAGUA_ERROR(kRemoteError, "heartbeat: rank %d published a bad address '%s'", p,
                          toString(b).c_str());
     }
     peer.address = f[0] + ":" + f[1];
-    peer.token = std::strtoull(f[2].c_str(), nullptr, 10);
     peer.host = f[4];
     peer.watched = f[3] != me;  // same host: its death closes our sockets
     watched += peer.watched ? 1 : 0;
@@ -183,14 +232,15 @@ std::string PeerMonitor::describe(int rank) const {
 }
 
 void PeerMonitor::sendAll(uint32_t kind, uint32_t about, bool watchedOnly) {
-  unsigned char d[kDatagram];
-  const uint32_t magic = kMagic;
-  const uint32_t rank = static_cast<uint32_t>(rank_);
-  std::memcpy(d, &magic, 4);
-  std::memcpy(d + 4, &kind, 4);
-  std::memcpy(d + 8, &rank, 4);
-  std::memcpy(d + 12, &about, 4);
-  std::memcpy(d + 16, &token_, 8);
+  if (key_ == nullptr) {
+    return;  // start() failed before the key was set: nobody to tell
+  }
+  wire::Beat beat;
+  beat.kind = kind;
+  beat.from = static_cast<uint32_t>(rank_);
+  beat.about = about;
+  beat.counter = ++counter_;
+  const wire::Datagram d = wire::encodeBeat(*key_, nonce_, beat);
   for (size_t r = 0; r < peers_.size(); ++r) {
     const Peer& p = peers_[r];
     if (static_cast<int>(r) == rank_ || (watchedOnly && !p.watched)) {
@@ -198,7 +248,7 @@ void PeerMonitor::sendAll(uint32_t kind, uint32_t about, bool watchedOnly) {
     }
     // Errors (no route while our own link is down, ICMP unreachable) are what the peer's
     // silence will tell us anyway.
-    (void)::sendto(fd_, d, sizeof(d), MSG_DONTWAIT | MSG_NOSIGNAL,
+    (void)::sendto(fd_, d.data(), d.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
                    reinterpret_cast<const sockaddr*>(p.sockaddr.data()),
                    static_cast<socklen_t>(p.sockaddr.size()));
   }
@@ -217,33 +267,57 @@ void PeerMonitor::declareLost(const std::string& why) {
   onLost_(why);
 }
 
+void PeerMonitor::rejected(const std::vector<unsigned char>& from, const std::string& why) {
+  ++rejected_;
+  if (rejected_ <= 10 || rejected_ % 1000 == 0) {
+    BAGUA_LOG_WARN(kLogCore, "rank %d: heartbeat: ignored a datagram from %s: %s (%llu so far)",
+                   rank_, sockaddrText(from).c_str(), why.c_str(),
+                   static_cast<unsigned long long>(rejected_));
+  }
+}
+
 void PeerMonitor::drain(Clock::time_point now) {
-  unsigned char d[64];
+  unsigned char d[128];
+  std::vector<unsigned char> source(sizeof(sockaddr_storage));
   while (true) {
-    ssize_t n = ::recv(fd_, d, sizeof(d), MSG_DONTWAIT);
+    socklen_t slen = sizeof(sockaddr_storage);
+    source.resize(sizeof(sockaddr_storage));
+    ssize_t n = ::recvfrom(fd_, d, sizeof(d), MSG_DONTWAIT,
+                           reinterpret_cast<sockaddr*>(source.data()), &slen);
     if (n < 0) {
       if (errno == EINTR) {
         continue;
       }
       return;  // EAGAIN, or a queued ICMP error: nothing more to read now
     }
-    if (n != static_cast<ssize_t>(kDatagram)) {
+    source.resize(std::min<size_t>(slen, sizeof(sockaddr_storage)));
+    Result<wire::Beat> beat = wire::parseBeat(d, static_cast<size_t>(n));
+    if (!beat.isOk()) {
+      rejected(source, beat.status().message());
       continue;
     }
-    uint32_t magic = 0;
-    uint32_t kind = 0;
-    uint32_t from = 0;
-    uint32_t about = 0;
-    uint64_t token = 0;
-    std::memcpy(&magic, d, 4);
-    std::memcpy(&kind, d + 4, 4);
-    std::memcpy(&from, d + 8, 4);
-    std::memcpy(&about, d + 12, 4);
-    std::memcpy(&token, d + 16, 8);
-    if (magic != kMagic || from >= peers_.size() || static_cast<int>(from) == rank_ ||
-        peers_[from].token != token) {
+    const uint32_t from = beat->from;
+    if (from >= peers_.size() || static_cast<int>(from) == rank_) {
+      rejected(source, strPrintf("claims rank %u", from));
       continue;
     }
+    if (!wire::verifyBeat(d, *key_, peers_[from].nonce)) {
+      rejected(source, strPrintf("claims rank %u without the job key's proof", from));
+      continue;
+    }
+    if (!sameEndpoint(source, peers_[from].sockaddr)) {
+      rejected(source, strPrintf("claims rank %u, which sends from %s", from,
+                                 peers_[from].address.c_str()));
+      continue;
+    }
+    if (beat->counter <= peers_[from].counter) {
+      rejected(source, strPrintf("rank %u's counter %llu again (a replay)", from,
+                                 static_cast<unsigned long long>(beat->counter)));
+      continue;
+    }
+    peers_[from].counter = beat->counter;
+    const uint32_t kind = beat->kind;
+    const uint32_t about = beat->about;
     Peer& p = peers_[from];
     p.lastHeard = now;
     if (kind == kBye && !p.departed) {

@@ -7,11 +7,15 @@
 // rank of the communicator, which adopts the same reason at once. The communicator aborts, so
 // every survivor fails within about timeout + interval, each naming the lost peer.
 //
-// Datagrams carry the sender's rank and a random token published through the store, so strays
-// (an earlier job on a reused port) are ignored. A monitor that stops in order sends "bye": its
-// peers stop watching it (a rank that finished is not a lost one; its closed sockets still fail
-// any collective that needs it). Peers on this host (hostIdentity(): host name, boot id, network
-// namespace) are not watched: their death closes the sockets.
+// Datagrams carry the sender's rank, a counter and an HMAC under the job key's heartbeat key
+// over the sender's nonce (published through the store with its address; control_wire.h). A
+// datagram whose tag does not verify, whose counter is not above the last one accepted from that
+// rank, or that comes from another address than the rank published is dropped (logged with its
+// source, rate-limited) and changes nothing: strays of an earlier job, replays and forgeries
+// can neither keep a lost peer alive nor declare a live one lost. A monitor that stops in order
+// sends "bye": its peers stop watching it (a rank that finished is not a lost one; its closed
+// sockets still fail any collective that needs it). Peers on this host (hostIdentity(): host name,
+// boot id, network namespace) are not watched: their death closes the sockets.
 //
 // Thread model: one thread per monitor, "bagua-heartbeat", sending, receiving (non-blocking
 // socket, poll at most 200 ms at a time to see the stop request) and checking; onLost runs on
@@ -25,11 +29,15 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/host/control_wire.h"
+#include "bagua/base/crypto.h"
 #include "bagua/base/status.h"
+#include "bagua/core/job_key.h"
 #include "bagua/core/store.h"
 
 namespace bagua::core::host {
@@ -39,6 +47,7 @@ struct PeerMonitorOptions {
   std::chrono::milliseconds interval{1000};
   std::chrono::milliseconds setupTimeout{60000};  // waiting for the peers' published addresses
   std::string bindAddress;                        // empty: the store's localAddress()
+  std::optional<JobKey> key;                      // nullopt: the process's (jobKeyFromParams())
 };
 
 class PeerMonitor {
@@ -64,10 +73,11 @@ class PeerMonitor {
 
  private:
   struct Peer {
-    std::string address;  // "ip:port" of its UDP socket
-    std::string host;     // its host name, for messages
-    uint64_t token = 0;
-    std::vector<unsigned char> sockaddr;  // where to send
+    std::string address;                  // "ip:port" of its UDP socket
+    std::string host;                     // its host name, for messages
+    wire::Nonce nonce{};                  // its datagrams' tags are over this
+    uint64_t counter = 0;                 // the highest counter accepted from it
+    std::vector<unsigned char> sockaddr;  // where to send, and where its datagrams must come from
     bool watched = false;                 // on another host
     bool departed = false;                // said bye
     std::chrono::steady_clock::time_point lastHeard;
@@ -80,9 +90,14 @@ class PeerMonitor {
   void declareLost(const std::string& why);  // thread only
   std::string describe(int rank) const;
 
+  void rejected(const std::vector<unsigned char>& from, const std::string& why);
+
   int rank_ = 0;
   int fd_ = -1;
-  uint64_t token_ = 0;
+  wire::Nonce nonce_{};
+  uint64_t counter_ = 0;  // of the last datagram sent
+  std::unique_ptr<HmacSha256> key_;
+  uint64_t rejected_ = 0;  // datagrams dropped (thread only)
   PeerMonitorOptions options_;
   LostFn onLost_;
   std::vector<Peer> peers_;  // indexed by rank; peers_[rank_] unused

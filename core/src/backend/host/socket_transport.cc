@@ -14,9 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "backend/host/control_wire.h"
 #include "backend/host/shm_mesh.h"
 #include "backend/host/transport.h"
+#include "bagua/base/crypto.h"
 #include "bagua/base/logging.h"
+#include "bagua/core/job_key.h"
 #include "bagua/core/params.h"
 #include "bagua/net/socket_io.h"
 #include "liveness.h"
@@ -26,7 +29,6 @@ namespace bagua::core::host {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kHelloMagic = 0xBA6A0C0Du;
 
 int msLeft(Deadline d) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now()).count();
@@ -443,6 +445,152 @@ std::string hostIdentity() {
   return id;
 }
 
+namespace {
+
+std::string peerText(const sockaddr_storage& sa) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (sa.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&sa);
+    ::inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
+    port = ntohs(a->sin_port);
+    return strPrintf("%s:%d", buf, port);
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&sa);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
+    port = ntohs(a->sin6_port);
+    return strPrintf("[%s]:%d", buf, port);
+  }
+  return buf;
+}
+
+// An accepted connection whose hello has not fully arrived.
+struct PendingHello {
+  Fd fd;
+  std::string peer;
+  wire::Hello buf{};
+  size_t got = 0;
+  Clock::time_point since;
+};
+
+// Accepts the ranks above `rank` on `listener`, every pending connection progressed at once:
+// one that sends a bad hello, claims a rank already connected, stays silent past the hello
+// timeout or is the oldest of too many is dropped and logged with its address. Only the
+// deadline (rendezvous timeout) fails the set-up, naming the ranks that never came.
+Status acceptHigherRanks(int listener, int rank, int size, const SocketTransportOptions& options,
+                         HmacSha256& meshKey, const wire::Nonce& nonce, Deadline deadline,
+                         std::vector<Fd>& fds) {
+  constexpr size_t kMaxPending = 64;
+  int expected = size - 1 - rank;
+  std::vector<PendingHello> pending;
+  uint64_t dropped = 0;
+  bool exhaustedLogged = false;
+  auto drop = [&](PendingHello& p, const std::string& why) {
+    ++dropped;
+    if (dropped <= 10 || dropped % 1000 == 0) {
+      BAGUA_LOG_WARN(kLogCore, "rank %d: dropped the connection from %s: %s (%llu dropped so far)",
+                     rank, p.peer.c_str(), why.c_str(), static_cast<unsigned long long>(dropped));
+    }
+    p.fd.reset();
+  };
+  std::vector<pollfd> pfds;
+  while (expected > 0) {
+    const int left = msLeft(deadline);
+    if (left == 0) {
+      std::string missing;
+      for (int p = rank + 1; p < size; ++p) {
+        if (fds[p].get() < 0) {
+          missing += strPrintf("%s%d", missing.empty() ? "" : ",", p);
+        }
+      }
+      return BAGUA_ERROR(kDeadlineExceeded,
+                         "rank %d: ranks [%s] never connected within the rendezvous timeout%s",
+                         rank, missing.c_str(),
+                         dropped > 0 ? strPrintf(" (%llu connections were dropped for bad or "
+                                                 "missing hellos: see the log)",
+                                                 static_cast<unsigned long long>(dropped))
+                                           .c_str()
+                                     : "");
+    }
+    pfds.assign(1, pollfd{listener, POLLIN, 0});
+    for (const PendingHello& p : pending) {
+      pfds.push_back({p.fd.get(), POLLIN, 0});
+    }
+    ::poll(pfds.data(), pfds.size(), std::min(left, 100));
+    const auto now = Clock::now();
+    // Progress the pending hellos (the listener's new ones come after, at the next round).
+    for (size_t i = 0; i < pending.size(); ++i) {
+      PendingHello& p = pending[i];
+      if ((pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        const ssize_t n = ::recv(p.fd.get(), p.buf.data() + p.got, p.buf.size() - p.got, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          drop(p, strPrintf("closed after %zu of the hello's %zu bytes", p.got, p.buf.size()));
+          continue;
+        }
+        if (n > 0) {
+          p.got += static_cast<size_t>(n);
+        }
+      }
+      if (p.got == p.buf.size()) {
+        Result<int> from = wire::verifyHello(p.buf.data(), p.got, meshKey, nonce, rank, size);
+        if (!from.isOk()) {
+          drop(p, from.status().message());
+        } else if (fds[*from].get() >= 0) {
+          drop(p, strPrintf("a second connection claiming rank %d", *from));
+        } else {
+          tuneSocket(p.fd.get(), options.socketBuffer, options.deadPeerTimeout);
+          fds[*from] = std::move(p.fd);
+          --expected;
+        }
+      } else if (now - p.since > options.helloTimeout) {
+        drop(p, strPrintf("no complete hello within %lld ms (%zu bytes)",
+                          static_cast<long long>(options.helloTimeout.count()), p.got));
+      }
+    }
+    std::erase_if(pending, [](const PendingHello& p) { return p.fd.get() < 0; });
+    if ((pfds[0].revents & POLLIN) == 0) {
+      continue;
+    }
+    for (int burst = 0; burst < 64; ++burst) {
+      sockaddr_storage sa{};
+      socklen_t salen = sizeof(sa);
+      Fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&sa), &salen,
+                      SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (fd.get() < 0) {
+        if ((errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+          if (!exhaustedLogged) {
+            BAGUA_LOG_WARN(kLogCore,
+                           "rank %d: cannot accept connections: %s; dropping the "
+                           "oldest connection that has not said hello, and retrying",
+                           rank, std::strerror(errno));
+            exhaustedLogged = true;
+          }
+          if (!pending.empty()) {
+            drop(pending.front(), "descriptors exhausted; the oldest silent connection goes");
+            pending.erase(pending.begin());
+          }
+        }
+        break;  // EAGAIN: nothing more queued; anything else: retried at the next round
+      }
+      if (pending.size() >= kMaxPending) {
+        drop(pending.front(), strPrintf("more than %zu connections without a hello; the oldest "
+                                        "goes",
+                                        kMaxPending));
+        pending.erase(pending.begin());
+      }
+      PendingHello p;
+      p.fd = std::move(fd);
+      p.peer = peerText(sa);
+      p.since = now;
+      pending.push_back(std::move(p));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
                                                           const SocketTransportOptions& options) {
   const Deadline deadline = Clock::now() + options.connectTimeout;
@@ -451,6 +599,14 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
   if (size == 1) {
     return std::unique_ptr<Transport>(new SocketTransport(rank, size, std::move(fds)));
   }
+  JobKey key;
+  if (options.key.has_value()) {
+    key = *options.key;
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(key, jobKeyFromParams());
+  }
+  const Digest meshDigest = key.derive("mesh");
+  HmacSha256 meshKey(meshDigest.data(), meshDigest.size());
   std::string addr = options.listenAddress.empty() ? store.localAddress() : options.listenAddress;
   const bool v6 = addr.find(':') != std::string::npos;
   Fd listener(::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -466,7 +622,7 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
                        addr.c_str());
   }
   if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&sa), salen) != 0 ||
-      ::listen(listener.get(), size) != 0) {
+      ::listen(listener.get(), std::max(size, 64)) != 0) {
     return BAGUA_ERRNO(errno, "host backend: bind/listen on " + addr);
   }
   socklen_t len = sizeof(sa);
@@ -475,16 +631,21 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
                 : ntohs(reinterpret_cast<sockaddr_in*>(&sa)->sin_port);
   std::string published =
       v6 ? strPrintf("[%s]:%d", addr.c_str(), port) : strPrintf("%s:%d", addr.c_str(), port);
-  BAGUA_RETURN_IF_ERROR(store.set(strPrintf("addr/%d", rank), toBytes(published)));
+  BAGUA_ASSIGN_OR_RETURN(wire::Nonce nonce, wire::freshNonce());
+  BAGUA_RETURN_IF_ERROR(
+      store.set(strPrintf("addr/%d", rank), toBytes(wire::publishListener(published, nonce))));
 
   // Connect to every lower rank and introduce ourselves.
   for (int peer = 0; peer < rank; ++peer) {
     BAGUA_ASSIGN_OR_RETURN(Bytes where,
                            store.get(strPrintf("addr/%d", peer),
                                      std::chrono::milliseconds(std::max(1, msLeft(deadline)))));
+    std::string hostPort;
+    wire::Nonce peerNonce{};
     sockaddr_storage pa{};
     socklen_t palen = 0;
-    if (!parseHostPort(toString(where), &pa, &palen)) {
+    if (!wire::parseListener(toString(where), &hostPort, &peerNonce) ||
+        !parseHostPort(hostPort, &pa, &palen)) {
       return BAGUA_ERROR(kRemoteError, "rank %d published a bad address '%s'", peer,
                          toString(where).c_str());
     }
@@ -506,61 +667,23 @@ Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank
         }
       }
       if (r == 0) {
-        uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(rank)};
+        wire::Hello hello = wire::encodeHello(meshKey, peerNonce, static_cast<uint32_t>(rank),
+                                              static_cast<uint32_t>(peer));
         BAGUA_RETURN_IF_ERROR(
-            blockingIo(fd.get(), hello, sizeof(hello), true, deadline, "host backend hello"));
+            blockingIo(fd.get(), hello.data(), hello.size(), true, deadline, "host backend hello"));
         fds[peer] = std::move(fd);
         break;
       }
       lastErr = std::strerror(errno);
       if (msLeft(deadline) == 0) {
         return BAGUA_ERROR(kUnavailable, "rank %d: cannot connect to rank %d at %s: %s", rank, peer,
-                           toString(where).c_str(), lastErr.c_str());
+                           hostPort.c_str(), lastErr.c_str());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  // Accept every higher rank.
-  int expected = size - 1 - rank;
-  while (expected > 0) {
-    int left = msLeft(deadline);
-    if (left == 0) {
-      std::string missing;
-      for (int p = rank + 1; p < size; ++p) {
-        if (fds[p].get() < 0) {
-          missing += strPrintf("%s%d", missing.empty() ? "" : ",", p);
-        }
-      }
-      return BAGUA_ERROR(kDeadlineExceeded,
-                         "rank %d: ranks [%s] never connected within the rendezvous timeout", rank,
-                         missing.c_str());
-    }
-    pollfd p{listener.get(), POLLIN, 0};
-    ::poll(&p, 1, std::min(left, 100));
-    Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (fd.get() < 0) {
-      continue;
-    }
-    tuneSocket(fd.get(), options.socketBuffer, options.deadPeerTimeout);
-    uint32_t hello[2] = {0, 0};
-    Status s = blockingIo(fd.get(), hello, sizeof(hello), false,
-                          std::min(deadline, Clock::now() + std::chrono::seconds(10)),
-                          "host backend hello");
-    if (!s.isOk() || hello[0] != kHelloMagic) {
-      BAGUA_LOG_WARN(kLogCore, "rank %d: dropped a connection that did not say hello properly",
-                     rank);
-      continue;
-    }
-    int peer = static_cast<int>(hello[1]);
-    if (peer <= rank || peer >= size || fds[peer].get() >= 0) {
-      return BAGUA_ERROR(kFailedPrecondition,
-                         "rank %d: unexpected connection claiming rank %d (duplicate rank or "
-                         "wrong world size?)",
-                         rank, peer);
-    }
-    fds[peer] = std::move(fd);
-    --expected;
-  }
+  BAGUA_RETURN_IF_ERROR(
+      acceptHigherRanks(listener.get(), rank, size, options, meshKey, nonce, deadline, fds));
   auto transport = std::make_unique<SocketTransport>(rank, size, std::move(fds));
   if (options.sharedMemory) {
     BAGUA_RETURN_IF_ERROR(attachSharedMemory(store, rank, size, options, deadline, *transport));

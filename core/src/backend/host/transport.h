@@ -167,12 +167,19 @@ struct SocketTransportOptions {
   size_t sharedMemoryRingBytes = 1 << 20;
   // TCP_USER_TIMEOUT + keepalive on every connection (liveness.h); 0: TCP's defaults.
   std::chrono::milliseconds deadPeerTimeout{0};
+  // Hellos are authenticated under this key; nullopt: the process's (jobKeyFromParams()).
+  std::optional<JobKey> key;
+  // An accepted connection that has not sent a valid hello this long after it was accepted is
+  // dropped (the set-up goes on).
+  std::chrono::milliseconds helloTimeout{5000};
 };
 
-// A full mesh of TCP connections (one per peer pair; the higher rank connects to the lower),
-// addresses exchanged through `store` under "addr/<rank>". With options.sharedMemory, the data
-// of peers on the same host goes through shared-memory rings instead; their TCP connection then
-// only carries wake-up bytes and reports the peer's death.
+// A full mesh of TCP connections (one per peer pair; the higher rank connects to the lower and
+// opens with an authenticated hello, control_wire.h), addresses and listener nonces exchanged
+// through `store` under "addr/<rank>". Connections are accepted concurrently; a bad, idle or
+// duplicate one is dropped with a log line naming its address, never failing the set-up. With
+// options.sharedMemory, the data of peers on the same host goes through shared-memory rings
+// instead; their TCP connection then only carries wake-up bytes and reports the peer's death.
 Result<std::unique_ptr<Transport>> connectSocketTransport(Store& store, int rank, int size,
                                                           const SocketTransportOptions& options);
 
@@ -183,6 +190,8 @@ struct EngineTransportOptions {
   int streams = 2;            // data TCP streams per ordered pair of ranks
   // Messages are cut into pieces of this size (the unit of pipelining); same on every rank.
   size_t pieceBytes = 256 * 1024;
+  // Each new engine connection proves this key before data moves; nullopt: the process's.
+  std::optional<JobKey> key;
 };
 
 // The Bagua-Net engine (net_plugin's multi-stream TCP engine): one connection per ordered pair,

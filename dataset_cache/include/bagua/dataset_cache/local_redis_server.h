@@ -3,7 +3,11 @@
 // and benchmarks as their fixture.
 //
 // The child runs in the foreground (--daemonize no) with no persistence (--save '',
-// --appendonly no), bound to 127.0.0.1, with a memory cap and eviction policy. start() returns
+// --appendonly no), bound to 127.0.0.1 in protected mode, with a memory cap and eviction policy,
+// and with a password when one is given (RedisStore gives each server it spawns a fresh random
+// one, so that no other process of the machine can read or plant cached values). The password
+// reaches the server on its standard input, never on its command line (which every local user
+// can read in /proc). start() returns
 // only once the server answers PING (or fails within the deadline, killing the child). stop()
 // (and the destructor) terminate it with SIGTERM, wait a bounded time, then SIGKILL. The child
 // also gets SIGKILL if the thread that started it exits (Linux PR_SET_PDEATHSIG), so a crashed
@@ -28,6 +32,7 @@ struct LocalRedisOptions {
   uint64_t maxMemoryBytes = 0;          // 0: no cap
   std::string maxMemoryPolicy = "allkeys-random";
   std::chrono::milliseconds startTimeout{5000};
+  std::string password;  // empty: none (test fixtures)
 };
 
 class LocalRedisServer {
@@ -64,7 +69,9 @@ class LocalRedisServer {
 // A port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
 Result<int> freeLoopbackPort();
 
-// Sends PING to host:port over a plain socket and waits for +PONG, within `timeout`.
-Status pingRedis(const std::string& host, int port, std::chrono::milliseconds timeout);
+// Sends PING to host:port over a plain socket (after AUTH when a password is given) and waits
+// for +PONG, within `timeout`.
+Status pingRedis(const std::string& host, int port, std::chrono::milliseconds timeout,
+                 const std::string& password = "");
 
 }  // namespace bagua::cache

@@ -1,10 +1,11 @@
 // RedisStore: the cache backend on Redis servers, through hiredis (Bagua's RedisStore).
 //
 // Servers: a list of host:port. With none listed, the store spawns `spawn` local redis-server
-// processes (LocalRedisServer) with a memory cap and an eviction policy, and stops them when it
-// is destroyed. Cluster mode (the default) shards keys over every server by a stable hash of the
-// key; otherwise this node uses only server nodeRank % count. Batches are one MGET / MSET per
-// server, all sent before any reply is read (pipelined across servers).
+// processes (LocalRedisServer) with a memory cap, an eviction policy and a fresh random password
+// each (protected mode, loopback only), and stops them when it is destroyed. Cluster mode (the
+// default) shards keys over every server by a stable hash of the key; otherwise this node uses only
+// server nodeRank % count. Batches are one MGET / MSET per server, all sent before any reply is
+// read (pipelined across servers).
 //
 // Faults: a command that fails on the connection (refused, reset, timed out) marks that server
 // down; calls that need it then fail fast with kUnavailable for `retryInterval`, after which one
@@ -37,6 +38,7 @@ namespace bagua::cache {
 struct RedisHost {
   std::string host;
   int port = 6379;
+  std::string password{};  // sent with AUTH on every new connection when not empty
 };
 
 // Parses "host:port[,host:port...]" (IPv6 as "[::1]:6379"); empty text gives an empty list.

@@ -1,5 +1,7 @@
 """Bagua's ``CacheLoader``: values computed by an expensive function, cached by key in a
-key-value store (``.store``), under ``"{dataset_name}_{key}"``, pickled.
+key-value store (``.store``), under ``"{dataset_name}_{key}"``, encoded by ``utils/codec.py``
+(typed, or an authenticated pickle; never a bare pickle, so a value planted in a shared Redis
+runs nothing: it is a miss, counted as ``corrupt`` and logged).
 
 Backends: ``"redis"`` (``RedisStore``; ``hosts``, ``cluster_mode`` and ``capacity_per_node``
 are passed to it, as in Bagua) and ``"embedded"`` (our addition: the dataset_cache library's
@@ -9,9 +11,8 @@ the load function, reported once. One backend per distinct configuration is shar
 loader of the process.
 """
 
-import pickle
-
 from .._ext import ext
+from .utils import codec
 from .utils.redis_store import RedisStore, _BackendStore, _hosts
 
 __all__ = ["CacheLoader"]
@@ -53,23 +54,32 @@ class CacheLoader:
                                        max(1, int(writer_buffer_size)))
 
     def get(self, key, load_fn):
-        """The cached value of ``key``, or ``load_fn(key)`` (then cached)."""
+        """The cached value of ``key``, or ``load_fn(key)`` (then cached). A cached value that
+        does not decode (damaged, planted, another job's) is reloaded with ``load_fn``."""
         raised = []
+        loaded = []
+        decoded = []
+        cache_key = "{}_{}".format(self.dataset_name, key)
 
         def load(_k):
             try:
-                return pickle.dumps(load_fn(key))
+                value = load_fn(key)
+                loaded.append(value)
+                return codec.encode(value, cache_key)
             except BaseException as e:  # re-raised below as it is (IndexError ends iteration)
                 raised.append(e)
                 raise
 
+        def check(data):
+            decoded.append(codec.decode(data, cache_key))
+
         try:
-            data = self._loader.get(str(key), load)
+            self._loader.get(str(key), load, check)
         except RuntimeError:
             if raised:
                 raise raised[0] from None
             raise
-        return pickle.loads(data)
+        return loaded[-1] if loaded else decoded[-1]
 
     def num_keys(self):
         """Keys in the store (every dataset's, as in Bagua)."""

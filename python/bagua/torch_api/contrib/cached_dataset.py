@@ -1,6 +1,6 @@
-"""Bagua's ``CachedDataset``: a dataset whose samples are cached (pickled) in a key-value store
-on first read, through ``CacheLoader`` (see cache_loader.py for backends and arguments:
-``hosts``, ``cluster_mode`` and ``capacity_per_node`` configure the Redis servers)."""
+"""Bagua's ``CachedDataset``: a dataset whose samples are cached (encoded by utils/codec.py) in a
+key-value store on first read, through ``CacheLoader`` (see cache_loader.py for backends and
+arguments: ``hosts``, ``cluster_mode`` and ``capacity_per_node`` configure the Redis servers)."""
 
 import torch
 

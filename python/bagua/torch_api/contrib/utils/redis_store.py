@@ -88,10 +88,13 @@ class RedisStore(ClusterStore):
 
 def start_redis_server_cli(port, capacity, *args):
     """Starts a daemonized ``redis-server`` on ``port`` with a memory cap, random eviction and
-    no persistence (Bagua's settings); extra ``args`` are more redis-server options."""
+    no persistence (Bagua's settings); extra ``args`` are more redis-server options. Unlike
+    Bagua's, the server runs in protected mode (without a password it answers loopback clients
+    only): to serve other hosts give it a password (``"--requirepass SECRET"``) and
+    ``"--protected-mode no"``."""
     cmd = ["redis-server", "--daemonize", "yes", "--port", str(port), "--maxmemory",
            str(capacity), "--maxmemory-policy", "allkeys-random", "--appendonly", "no",
-           "--save", "", "--protected-mode", "no"]
+           "--save", "", "--protected-mode", "yes"]
     for a in args:
         cmd.extend(shlex.split(a))
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
