@@ -1,6 +1,6 @@
-// Algorithms (issue 5): MinMaxUInt8 compression throughput on the CPU against memcpy of the same
-// input (the peer), and per-algorithm step time and bytes on the wire for a fixed model size on
-// the host backend (4 ranks as threads over loopback) against gradient all-reduce.
+// Algorithms: MinMaxUInt8 compression throughput on the CPU against memcpy of the same input
+// (the peer), and per-algorithm step time and bytes on the wire for a fixed model size on the
+// host backend (4 ranks as threads over loopback) against gradient all-reduce.
 //
 // With NCCL built and two GPUs visible, the same per-algorithm step runs on CUDA tensors over NCCL
 // (BM_AlgorithmStepNccl: 2 ranks as threads, one GPU each, a 64 MiB model); the NCCL transport is

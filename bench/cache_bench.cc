@@ -1,4 +1,4 @@
-// Dataset cache benchmarks (issue 7).
+// Dataset cache benchmarks.
 //
 //   BM_Epoch/<backend>/<transform us>   epoch 1 (transform + write-back) and epoch 2 (served from
 //                                       the cache) over 1000 samples of 1 KiB whose preprocessing

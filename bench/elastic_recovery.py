@@ -1,4 +1,4 @@
-"""Time from a node's death to training going on again, on torchrun (issue 20).
+"""Time from a node's death to training going on again, on torchrun.
 
     PYTHONPATH=python:build/python python3 bench/elastic_recovery.py [--kills 5] [--nodes 3]
 

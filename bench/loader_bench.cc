@@ -1,4 +1,4 @@
-// Loader benchmarks (issue 8).
+// Loader benchmarks.
 //
 // BM_StepBalance: how much longer a synchronous training step takes than perfectly balanced
 // work, sum over steps of (slowest rank's cost) / sum of (mean cost), on lognormal token counts

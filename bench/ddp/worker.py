@@ -35,7 +35,7 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized_hier", "async", "powersgd", "powersgd1", "powersgd4",
                "auto")
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
-# end before starting the next (the reducer before issue 18); _copied wraps with
+# end before starting the next (the older, sequential reducer); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
 # copies CUDA buckets in and back (IN_PLACE_DEVICE_BUCKETS off; by default they run at
 # do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).

@@ -18,7 +18,7 @@
 # BAGUA_GPU_NO_BUILD=1 (no build-gpu at all:
 # for steps that build what they need, like 85-install), BAGUA_GPU_DEADLINE (seconds from the
 # start: every step's limit is cut so that the last one ends by then; a device call has 600 s).
-# Multi-GPU machines (issue 22): BAGUA_GPU_RANKS=4 for the net phase's all-reduces (one GPU a
+# Multi-GPU machines: BAGUA_GPU_RANKS=4 for the net phase's all-reduces (one GPU a
 # rank), DDP_GPUS=2|4 and DDP_PARTS=hier for step 80, step 70 takes every visible GPU.
 # Output goes to $OUT (the device tool's folder) or ./gpu-out.
 #
@@ -106,7 +106,7 @@ if want net; then
 fi
 
 MAX=1G; ITERS=20
-# BAGUA_GPU_RANKS: ranks (one GPU each) of the net phase's all-reduces (default 2; issue 22: 4).
+# BAGUA_GPU_RANKS: ranks (one GPU each) of the net phase's all-reduces (default 2; 4 on 4 GPUs).
 RANKS=${BAGUA_GPU_RANKS:-2}
 case "$RANKS" in ''|*[!0-9]*|0|1) echo "BAGUA_GPU_RANKS='$RANKS': expected a rank count >= 2"; exit 1 ;; esac
 if [ "$QUICK" = 1 ]; then MAX=256M; ITERS=10; fi

@@ -1,4 +1,4 @@
-// Dead-peer bounds shared by the TCP store and the host backend (issue 20): how long a peer on
+// Dead-peer bounds shared by the TCP store and the host backend: how long a peer on
 // another host may stay silent before the calls waiting on it fail, and the TCP options that make
 // the kernel enforce it on a connection whose peer vanished without a FIN or RST (power loss,
 // cable pulled, host frozen).

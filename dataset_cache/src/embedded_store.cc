@@ -257,9 +257,9 @@ class EmbeddedStore::Mirror {
 // the value bytes, so a hit touches the table slot, then one contiguous block whose first line
 // holds the key and the start of the value. The table is open-addressed (linear probing, load
 // at most 1/2, backward-shift deletion) and stores the full hash next to the pointer, so a probe
-// rarely dereferences a non-matching entry. Replacing std::unordered_map + std::list (bucket,
-// predecessor node, node, value buffer and list neighbours: five or six cache misses per hit)
-// raised 1 KiB gets from about 0.23 M/s to the figures in bench/RESULTS.md.
+// rarely dereferences a non-matching entry. std::unordered_map + std::list would touch the
+// bucket, the predecessor node, the node, the value buffer and the list neighbours: five or six
+// cache misses per hit, against two here (get rates: bench/RESULTS.md, "Dataset cache").
 //
 // "lru" is approximated by CLOCK (second chance), as Redis approximates its LRU: a hit only sets
 // the entry's referenced flag (in the entry's own first cache line); eviction looks at the back

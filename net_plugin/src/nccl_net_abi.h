@@ -2,10 +2,10 @@
 // and 2.30 (v12 first) load it (symbols ncclNetPlugin_v12 ... ncclNetPlugin_v6). v12 (NCCL 2.30)
 // is v11 with room for 8 devices per virtual NIC and a rail and a plane id at the end of the
 // properties (read from NCCL v2.30.7-1's net_v12.h for the field list, not copied). Written from
-// the documented API (field lists in /work/shared/reference/nccl_net_plugin.md, sections 1.3-1.7);
-// NCCL ships no plugin headers with its libraries, and we do not copy nccl_net.h. Layouts are
-// pinned below with static_assert on sizes and offsets (LP64), so a mistake fails the build, not a
-// user's job.
+// the documented API (field lists read from NCCL v2.28.9-1's net_v6.h to net_v11.h and its
+// ext-net/README.md, not copied); NCCL ships no plugin headers with its libraries, and we do not
+// copy nccl_net.h. Layouts are pinned below with static_assert on sizes and offsets (LP64), so a
+// mistake fails the build, not a user's job.
 #pragma once
 
 #include <cstddef>

@@ -3,9 +3,9 @@
 //
 // Why: NCCL's cost model sees a fast port (400 Gbps reported for loopback and virtual NICs) and
 // prices it like an RDMA NIC, so it picks the LL protocol on 4 channels up to 1 MiB. Over TCP,
-// LL's 8-byte flag lines double the bytes and cut each step into many small messages: on
-// 2 x H200 over loopback (NCCL 2.28.9) a 1 MiB all-reduce took 766 us with LL on 4 channels,
-// 327 us with Simple on 4 and 228 us with Simple on 2, while 64 MiB and above need all 4
+// LL's 8-byte flag lines double the bytes and cut each step into many small messages, so a
+// 1 MiB all-reduce over loopback takes about 2.6x as long with NCCL's choice as with Simple on
+// fewer channels (bench/RESULTS.md, "Latency and the tuner"), while 64 MiB and above need all 4
 // channels. So: LL only up to BAGUA_NET_TUNER_LL_MAX, and at most
 // max(MIN_CHANNELS, ceil(bytes / CHANNEL_BYTES)) channels.
 //

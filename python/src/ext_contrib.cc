@@ -66,7 +66,7 @@ class PyBatchSampler {
   std::unique_ptr<loader::LoadBalancingDistributedBatchSampler> b_;
 };
 
-// The elastic batch plan (issue 20) behind contrib.ElasticDistributedSampler.
+// The elastic batch plan behind contrib.ElasticDistributedSampler.
 std::unique_ptr<loader::ElasticBatchPlan> makeElasticPlan(size_t datasetSize, size_t batchSize,
                                                           int numReplicas, int rank, bool shuffle,
                                                           uint64_t seed,

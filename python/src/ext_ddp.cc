@@ -533,7 +533,7 @@ void bindDdp(pyb::module_& m) {
       .def("communicated", &PyReducer::communicated)
       .def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
       .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
-      // Exact resume (issue 20): the step counter and the algorithm's state, as bytes.
+      // Exact resume: the step counter and the algorithm's state, as bytes.
       .def("save_schedule",
            [](PyReducer& r) {
              std::vector<uint8_t> b = take(r.ddp().saveSchedule());

@@ -1,4 +1,4 @@
-// A host that vanishes without a FIN or RST (issue 20): each "host" is a network namespace on a
+// A host that vanishes without a FIN or RST: each "host" is a network namespace on a
 // bridge (198.18.0.0/15, made and removed here), and `ip link set ... down` on one namespace's
 // link cuts it off mid-all-reduce. Every other rank must fail within BAGUA_PEER_TIMEOUT_MS (plus
 // one heartbeat interval and scheduling slack) naming the lost rank and its address, exit with

@@ -332,9 +332,10 @@ TEST(DataLoader, RestartingAnEpochMidwayGivesTheNewEpochExactly) {
   }
 }
 
-// Issue 20 with the loader in the loop: 3 ranks each take 4 batches (the loader has prefetched
-// more), save the plan's position at the loader's count, and 2 ranks resume the epoch from it
-// through new loaders. Every sample of the epoch arrives exactly once, with its own bytes.
+// Exact resume on another world size with the loader in the loop: 3 ranks each take 4 batches
+// (the loader has prefetched more), save the plan's position at the loader's count, and 2 ranks
+// resume the epoch from it through new loaders. Every sample of the epoch arrives exactly once,
+// with its own bytes.
 TEST(DataLoader, AnElasticPlanResumesOnAnotherWorldSizeThroughTheLoader) {
   VectorDataset ds(patternSamples(211));
   auto makeRank = [&](int world, int rank) {

@@ -1,4 +1,4 @@
-// ElasticBatchPlan (issue 20): every sample of an epoch read exactly once across resumes and
+// ElasticBatchPlan: every sample of an epoch read exactly once across resumes and
 // world-size changes, the same plan on every rank, balance kept after a re-cut, positions that
 // survive serialization and refuse to resume the wrong run.
 #include "bagua/loader/elastic_plan.h"

@@ -1,4 +1,4 @@
-"""baguarun across nodes (issue 20): two network namespaces as two nodes.
+"""baguarun across nodes: two network namespaces as two nodes.
 
 * static: ``baguarun --nnodes 2 --node_rank R --master_addr node0 --nproc_per_node 2`` on each
   node runs the C++ demo trainer as one world of 4 (hierarchical: two ranks per node), both

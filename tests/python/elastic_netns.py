@@ -1,4 +1,4 @@
-"""Nodes as network namespaces for the elastic tests (issue 20).
+"""Nodes as network namespaces for the elastic tests.
 
 ``Nodes(n)`` makes namespaces b20<tag>n<i> with veths on one bridge, addresses
 198.18.<subnet>.<i+1>/24 (the benchmarking range), each with its own host name node<i> (a UTS

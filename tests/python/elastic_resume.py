@@ -1,4 +1,4 @@
-"""Exact resume (issue 20): the elastic sampler's exactly-once plans across world-size changes
+"""Exact resume: the elastic sampler's exactly-once plans across world-size changes
 (in-process, every rank's sampler side by side), and a 2-rank run killed mid-epoch (every rank
 SIGKILLed) and restarted from its checkpoint ending bit for bit where the uninterrupted run
 ends, step for step (baguarun, loopback), with gradient all-reduce and with the decentralized

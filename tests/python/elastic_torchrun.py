@@ -1,4 +1,4 @@
-"""Elastic training on torchrun (issue 20): four nodes (network namespaces on a bridge, one
+"""Elastic training on torchrun: four nodes (network namespaces on a bridge, one
 ``python -m bagua.distributed.run --nnodes 2:4 --rdzv_backend c10d`` agent each, one worker
 per node) train the elastic worker; mid-epoch one node is SIGKILLed (agent and worker): the
 survivors re-rendezvous and train on at world 3 within 30 s; the node then comes back and the

@@ -1,4 +1,4 @@
-"""The trainer of the elastic tests (issue 20), run by baguarun or torchrun on every rank.
+"""The trainer of the elastic tests, run by baguarun or torchrun on every rank.
 
     python elastic_worker.py --ckpt DIR --logs DIR --out FILE [--epochs E] [--samples N]
         [--batch B] [--kill-at-step K] [--step-sleep S] [--balanced]

@@ -1,4 +1,4 @@
-"""Drop-in Bagua (issue 17), single process: Redis stores over real redis-server processes,
+"""Drop-in Bagua, single process: Redis stores over real redis-server processes,
 the cached dataset on a multi-server layout, utils, checkpoint, the algorithm registry, the
 launchers' command lines."""
 

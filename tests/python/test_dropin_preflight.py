@@ -1,4 +1,4 @@
-"""Drop-in Bagua (issue 17): what the CPU pre-flight of Bagua's unreached GPU tests found,
+"""Drop-in Bagua: what the CPU pre-flight of Bagua's unreached GPU tests found,
 single process. lightning-Bagua's strategy tests (tests/test_strategy.py: test_configuration,
 test_qadam_configuration) build its DistributedDataParallel_V1_9_0 wrap with Bagua's engine
 constructor mocked out and ``bagua.torch_api.communication.is_initialized`` patched to True,

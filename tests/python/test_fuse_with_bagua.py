@@ -1,6 +1,6 @@
 """Bagua's fused-optimizer cases with a with_bagua model (its tests/contrib/test_fused_optimizer.py
 runs them only on CUDA): which runs fuse when fuse_optimizer and with_bagua both lay memory out,
-on worlds 1 and 2, with torch 1's and torch 2's zero_grad (issue 17)."""
+on worlds 1 and 2, with torch 1's and torch 2's zero_grad."""
 
 import pytest
 

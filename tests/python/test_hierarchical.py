@@ -1,6 +1,6 @@
 """Algorithms with Bagua's hierarchical=True defaults on the default group, on new_group and on
 from_torch_group (Bagua's groups always carry intra- and inter-node communicators): one node of
-2 ranks and 2 nodes of 2 ranks, launched by baguarun (issue 17)."""
+2 ranks and 2 nodes of 2 ranks, launched by baguarun."""
 
 import os
 import subprocess

@@ -126,7 +126,7 @@ def test_cuda_state_equals_cpu_and_round_trip():
     assert gpu_opt.state(1, False) != unwritten
 
 
-# ---- Bagua's QAdamOptimizer contract (issue 17) -------------------------------------------------
+# ---- Bagua's QAdamOptimizer contract -------------------------------------------------------------
 
 
 class BaguaNet(torch.nn.Module):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README parameter tables are what this build's bagua-params prints (issue 16): every
+# The README parameter tables are what this build's bagua-params prints: every
 # <!-- bagua-params LIBRARY --> block of every README must equal `bagua-params --markdown LIBRARY`;
 # a stale one fails, naming the README and its first differing line (fix: ./bagua docs).
 # Then the check itself: a copy of a README with one table row changed must be reported with

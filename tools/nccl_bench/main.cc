@@ -57,7 +57,7 @@ struct Options {
   std::string label = "nccl";
   std::string json;
   // Every rank on GPU 0 (MPS shares it), each with its own NCCL_HOSTID, so that NCCL takes the
-  // network path between ranks of one GPU (issue 21's method for 4 ranks on one GPU).
+  // network path between ranks of one GPU (how 4 ranks run on one GPU).
   bool shareGpu = false;
   // Every rank on its own GPU and with its own NCCL_HOSTID: NCCL sees one rank per node.
   bool ownHost = false;

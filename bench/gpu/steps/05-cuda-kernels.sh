@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Our CUDA kernels on every GPU generation (issue 16):
+# Our CUDA kernels on every GPU generation:
 #   1. cuobjdump on the kernel objects (algorithms, optimizer) and the CUDA test executables:
 #      machine code (--list-elf) for every architecture of the default build (-Dgpu_arch=all:
 #      every sm_NN >= 70 that the build's nvcc lists) and PTX (--list-ptx) for the oldest and the

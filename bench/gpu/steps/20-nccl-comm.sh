@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Core (issue 4) on the GPU machine: our NCCL communicator (bagua::core, Backend::kNccl) against
+# Core on the GPU machine: our NCCL communicator (bagua::core, Backend::kNccl) against
 # NCCL called directly, same processes, same two GPUs, same sizes, alternating, every result
 # checked (bagua-nccl-comm-bench); then the libtorch integration's test and demo if built.
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Short summary on stdout, detail in $OUT/nccl-comm.log.

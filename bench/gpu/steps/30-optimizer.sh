@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fused optimizer on the GPU (issue 6): the CUDA-vs-CPU test, then CUDA fused Adam against
+# Fused optimizer on the GPU: the CUDA-vs-CPU test, then CUDA fused Adam against
 # torch.optim.Adam(fused=True) and (foreach=True) on the same parameter sets in the same run, with
 # the copy-bandwidth bound. Env from bench/gpu/run.sh: ROOT, BUILD, OUT.
 set -uo pipefail

@@ -3,7 +3,7 @@
 #   1. per-algorithm step time and bytes on the wire (bench/algorithms_bench, BM_AlgorithmStepNccl:
 #      a 64 MiB model of CUDA tensors), over Bagua-Net and over NCCL's Socket transport, same run;
 #   2. the CUDA MinMaxUInt8 kernels' bandwidth against the device-to-device copy of the same
-#      floats (BM_Cuda, the peer), same run; issue 5's target is >= 70% of the copy.
+#      floats (BM_Cuda, the peer), same run; the target is >= 70% of the copy.
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT, PLUGIN_DIR. Detail in $OUT/40-algorithms.log.
 set -uo pipefail
 B="$BUILD/bench/algorithms_bench"
@@ -79,5 +79,5 @@ for kind in (1, 2):
              if k == kind and cl == calls and (n, cl) in copy]
         if r:
             print(f"  {kinds[kind]}/copy, calls={calls}: min {min(r):.2f}, max {max(r):.2f}"
-                  " (issue 5 target >= 0.70)")
+                  " (target >= 0.70)")
 PY

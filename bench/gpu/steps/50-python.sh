@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PyTorch front end (issue 10) on 2 GPUs: the extension for the venv's Python (torch 2.11),
+# The PyTorch front end on 2 GPUs: the extension for the venv's Python (torch 2.11),
 # the pytest suite (CPU tests, then CUDA tensors + NCCL in test_gpu.py, the Lightning strategy on
 # GPUs), and step time of bagua's DDP against torch DDP on the same model in the same run.
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Detail in $OUT/python.log.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Autotuning (issue 9). Two parts, < 3 minutes together; detail in $OUT/autotune.log and
-# $OUT/autotune-net-live.log (bench/RESULTS.md, "Autotuning").
+# Autotuning. Two parts, < 3 minutes together; detail in $OUT/autotune.log and
+# $OUT/autotune-net-live.log (bench/RESULTS.md, "Autotune").
 #  1. CPU only (this host is quiet and has 16+ cores, unlike the loaded 2-core VM): 4 ranks on the
 #     host backend, 512 small tensors; autotuned layout against Bagua's default 10 MiB bucket and
 #     the best of a grid sweep, same run.

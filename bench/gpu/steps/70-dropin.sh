@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Drop-in Bagua (issue 17) on the GPU machine, with the venv's torch (2.11): Bagua's own test
+# Drop-in Bagua on the GPU machine, with the venv's torch (2.11): Bagua's own test
 # suite, its synthetic benchmark and communication-primitives example run unchanged under both
 # of our launchers (every algorithm, with and without --fuse-optimizer), and lightning-Bagua's
 # strategy tests. Upstream's files are not in the repository: they travel in the ignored folder
-# third_party_fetch/dropin17 (carry it: run's carry ["third_party_fetch/dropin17"]; how to make
+# third_party_fetch/dropin (carry it: run's carry ["third_party_fetch/dropin"]; how to make
 # it: python/README.md, "Bagua's own tests").
 #
 # Parts (DROPIN_PARTS, default all; each fits one device call): "upstream" (Bagua's tests/),
@@ -26,8 +26,9 @@ D="$OUT/dropin"
 mkdir -p "$D"
 PY="${DROPIN_PYTHON:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-UP="$ROOT/third_party_fetch/dropin17"
-[ -d "$UP/bagua-tests/tests" ] || { echo "dropin: $UP missing (carry third_party_fetch/dropin17)"; exit 0; }
+UP="$ROOT/third_party_fetch/dropin"
+[ -d "$UP/bagua-tests/tests" ] ||
+  { echo "dropin: $UP missing (carry third_party_fetch/dropin)"; exit 0; }
 if [ "${DROPIN_USE_INSTALLED:-0}" = 1 ]; then
   # The package as a user has it: installed by 85-install (INSTALL_KEEP=1), no source tree on the path.
   unset PYTHONPATH

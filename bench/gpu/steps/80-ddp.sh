@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 18 on ONE GPU: bagua against torch DDP, 2 ranks sharing cuda:0 through MPS, each rank its
-# own NCCL_HOSTID so NCCL takes the network path (P2P and SHM off, loopback), with
-# bench/ddp/compare.py:
+# bagua against torch DDP, by default on ONE GPU (DDP_GPUS below): 2 ranks sharing cuda:0 through
+# MPS, each rank its own NCCL_HOSTID so NCCL takes the network path (P2P and SHM off, loopback),
+# with bench/ddp/compare.py:
 #   1. the default path: DDP against with_bagua(gradient_allreduce), GPT-2 small (124 M, Adam,
 #      512 tokens x 8 per rank) and ResNet-50 (batch 32, 224 px), over NCCL Socket
 #      and over Bagua-Net (target: bagua's step time <= DDP's), and
@@ -30,7 +30,7 @@ fi
 ext_ok || { echo "80-ddp: extension not importable by $PY (see 80-ddp.log)"; exit 1; }
 
 # DDP_GPUS (default 1): 1 = the ranks share GPU 0 through MPS; N > 1 = N ranks, each on its own
-# GPU, no MPS (issue 22's runs on 2 and 4 real GPUs; still the network path between ranks, except
+# GPU, no MPS (the runs on 2 and 4 real GPUs; still the network path between ranks, except
 # inside a --nodes group).
 GPUS=${DDP_GPUS:-1}
 case "$GPUS" in ''|*[!0-9]*|0) echo "80-ddp: DDP_GPUS='$GPUS': expected a GPU count >= 1"; exit 1 ;; esac
@@ -80,7 +80,7 @@ SECONDS=0
 # cannot make), qadam and PowerSGD warming up for 30; profile: DDP and gradient_allreduce with
 # a torch.profiler block each (GPU timeline per step); hier (needs
 # DDP_GPUS=4): 2 "nodes" of 2 GPUs (one NCCL_HOSTID each: NVLink inside, the network between),
-# every algorithm flat against hierarchical (issue 22's run 3).
+# every algorithm flat against hierarchical.
 PARTS=" ${DDP_PARTS:-default link10} "
 if [[ "$PARTS" == *" default "* ]]; then
 for net in socket bagua-net; do
@@ -101,13 +101,13 @@ if [[ "$PARTS" == *" default4 "* ]]; then
 fi
 if [[ "$PARTS" == *" all "* ]]; then
   # Every contestant (DDP, its bf16 and PowerSGD hooks, each algorithm) over each transport, no
-  # cap: issue 22's run 2 on real GPUs (DDP_GPUS=2|4).
+  # cap, on real GPUs (DDP_GPUS=2|4).
   for net in bagua-net socket; do
     run "all-$net" 260 --net "$net" --models transformer,resnet50 --rounds 5 --round-steps 4
   done
 fi
 if [[ "$PARTS" == *" profile "* ]]; then
-  # Where gradient_allreduce's step goes against DDP's (issue 18's GPT-2 gap): one more block
+  # Where gradient_allreduce's step goes against DDP's (GPT-2 above all): one more block
   # each under torch.profiler, rank 0's GPU timeline (compute, NCCL, NCCL exposed, idle).
   for net in bagua-net socket; do
     run "profile-$net" 150 --net "$net" --models transformer,resnet50 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installable bagua on the GPU machine (issue 19): the wheel built with CUDA + NCCL for the venv's
+# Installable bagua on the GPU machine: the wheel built with CUDA + NCCL for the venv's
 # Python and torch (2.11), installed into that venv, then a plain torch DDP job (no bagua API)
 # that loads the plugin through NCCL_NET_PLUGIN=$(python -c 'import bagua;
 # print(bagua.net_plugin_path())'): its NCCL_DEBUG=INFO log must show "NET/Plugin: Loaded net

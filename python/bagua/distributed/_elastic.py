@@ -1,4 +1,4 @@
-"""Elastic runs on torchrun (issue 20): faster detection of a lost node by the c10d rendezvous.
+"""Elastic runs on torchrun: faster detection of a lost node by the c10d rendezvous.
 
 torch's DynamicRendezvousHandler drops a node from the rendezvous state only after its
 keep-alive has been silent for keep_alive_interval x keep_alive_max_attempt (fixed at 5 s x 3

@@ -85,7 +85,7 @@ enum class PeerSelection { kAll, kShiftOne };
 // forward and backward run; before the optimizer step the averaged weights replace the local
 // ones, so x_{t+1} = avg(x_t) - lr * g(x_t). Gradients are not communicated.
 //
-// On a single node, hierarchical=true would leave one "node" to exchange with (Bagua issue #380:
+// On a single node, hierarchical=true would leave one "node" to exchange with (Bagua #380:
 // shift_one then fails with "odd number of ranks (1)"); we exchange among the node's ranks
 // instead, which for "all" is the same average and for shift_one is what users meant.
 class Decentralized final : public core::Algorithm {

@@ -80,7 +80,7 @@ class AlgorithmImpl {
   virtual Status onPostBackward(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
   virtual Status onPostOptimizerStep(DistributedDataParallel& /*ddp*/) { return Status::ok(); }
 
-  // Exact resume (issue 20): what decides the algorithm's next steps besides the model, the
+  // Exact resume: what decides the algorithm's next steps besides the model, the
   // optimizer and the step counter (a peer-selection counter, weight replicas), as opaque
   // bytes. saveState() runs between steps; restoreState() gets them back before the first
   // forward of a new reducer with the same parameters. Default: nothing to save, and bytes

@@ -1,4 +1,4 @@
-// Checkpoints for exact resume (issue 20): one file of named sections, each either tensors
+// Checkpoints for exact resume: one file of named sections, each either tensors
 // (name, dtype, element count, the bytes) or opaque bytes (an RNG's state, a data position, a
 // library's own state blob such as the fused optimizer's), every section with a CRC-32.
 //

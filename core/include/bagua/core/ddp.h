@@ -115,7 +115,7 @@ struct DdpOptions {
   // Start a bucket whose algorithm can launch it as one collective (AlgorithmImpl::launchBucket)
   // without waiting for the previous bucket's to finish, and (device buckets) order it on the
   // device instead of the host (see above). false: every bucket through runBucket, one after the
-  // other, with host waits (the behaviour before issue 18; kept for comparison).
+  // other, with host waits (the older, sequential reducer; kept for comparison).
   bool launchWithoutWaiting = true;
   // Optimizers that implement BucketStepper step each bucket as soon as it is reduced, inside the
   // backward pass, when the algorithm leaves final gradients per bucket (see the file comment);
@@ -184,7 +184,7 @@ class DistributedDataParallel {
   bool isIgnored(const std::string& name) const;
   ProcessGroup& group() { return group_; }
   int64_t trainStep() const { return trainStep_; }
-  // Exact resume (issue 20): the step counter and the algorithm's state
+  // Exact resume: the step counter and the algorithm's state
   // (AlgorithmImpl::saveState) as bytes for a checkpoint, taken between steps (not inside a
   // backward). restoreSchedule() takes them back before this reducer's first forward; with
   // counterOnly (a resume on another world size, where per-rank replicas no longer apply) only

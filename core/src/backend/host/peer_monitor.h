@@ -1,4 +1,4 @@
-// Heartbeats between the ranks of a host communicator that run on different hosts (issue 20):
+// Heartbeats between the ranks of a host communicator that run on different hosts:
 // a peer whose host vanishes without closing its sockets (power loss, cable pulled, frozen
 // kernel) sends no FIN or RST, so a rank blocked on it, or on a rank blocked on it, would wait
 // for the collective deadline. Every rank sends a small UDP datagram to each peer on another

@@ -749,8 +749,8 @@ Result<std::unique_ptr<Communicator>> createNcclCommunicator(Store& store, int r
   }
 
   // Blocking mode: a non-blocking communicator runs every collective's launch on a helper
-  // thread that NCCL creates per call, which cost ~50 us per call (bench/RESULTS.md). Timeouts
-  // are the watchdog's job instead (see NcclCommunicator).
+  // thread that NCCL creates per call, so every call would pay a thread's start. Timeouts are
+  // the watchdog's job instead (see NcclCommunicator).
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   ncclComm_t comm = nullptr;

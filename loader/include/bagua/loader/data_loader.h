@@ -109,7 +109,7 @@ class DataLoader {
   // a saved position's batchesConsumed to resume mid-epoch; InvalidArgument past the epoch's
   // batch count). Abandons what is left of the previous epoch (in-flight batches are discarded).
   [[nodiscard]] Status startEpoch(uint64_t epoch, size_t firstBatch = 0);
-  // Where the consumer is (what a checkpoint saves, issue 20): the epoch and how many of its
+  // Where the consumer is (what a checkpoint saves): the epoch and how many of its
   // batches next() has handed out. Batches prefetched but not yet taken are not counted, so a
   // resume at this position reads each of the epoch's remaining batches exactly once.
   LoaderPosition position() const;

@@ -1,4 +1,4 @@
-// ElasticBatchPlan: a resumable, world-size-elastic batch plan (issue 20). Every sample of an
+// ElasticBatchPlan: a resumable, world-size-elastic batch plan. Every sample of an
 // epoch is read exactly once, across restarts and changes of the number of ranks: nothing is
 // padded, nothing dropped.
 //

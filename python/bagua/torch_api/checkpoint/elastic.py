@@ -1,4 +1,4 @@
-"""Training state for exact resume and elastic restarts (issue 20).
+"""Training state for exact resume and elastic restarts.
 
     state = load_training_state(ckpt_dir, model, optimizer, sampler=sampler)   # None: fresh
     start_epoch = state["epoch"] if state else 0

@@ -1,4 +1,4 @@
-"""A resumable, world-size-elastic batch sampler (issue 20): every sample of an epoch is
+"""A resumable, world-size-elastic batch sampler: every sample of an epoch is
 consumed exactly once, across restarts and changes of the number of ranks.
 
 The plan is the loader library's ElasticBatchPlan (``loader/include/bagua/loader/elastic_plan.h``

@@ -57,7 +57,7 @@ CUDA_REDUCER = "core"
 AUTOTUNE = -1
 _reducers_made = 0  # names each reducer's tuner (store keys), equal across ranks
 #: False: the C++ reducer runs each bucket's collective to completion before starting the next
-#: (the behaviour before issue 18; bench/ddp's gradient_allreduce_sync compares it).
+#: (the older, sequential reducer; bench/ddp's gradient_allreduce_sync compares it).
 LAUNCH_WITHOUT_WAITING = True
 #: do_flatten's laid-out CUDA gradients as the reducer's bucket storage (no copy in or out; see
 #: the module docstring), read at the wrap. On since bench/gpu/steps/80-ddp.sh measured it on 2
@@ -313,7 +313,7 @@ class BaguaDistributedDataParallel:
 
     def _bagua_save_schedule(self):
         """The step counter and the algorithm's state (decentralized exchange counter,
-        low-precision replicas) as bytes, for ``save_training_state`` (issue 20)."""
+        low-precision replicas) as bytes, for ``save_training_state``."""
         return self._engine.save_schedule()
 
     def _bagua_restore_schedule(self, state, counter_only=False):
