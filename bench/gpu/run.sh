@@ -190,7 +190,7 @@ fi
 if [ "$SKIP_TESTS" = 0 ] && [ "$STANDALONE" = 0 ] && want tests; then
   log "test suite"
   # BAGUA_GPU_TEST_TIMEOUT (default 480 s; the whole suite took more on 4 GPUs: its python suites
-  # run alone), BAGUA_GPU_TEST_ARGS (e.g. "python python_elastic": only those suites).
+  # run alone), BAGUA_GPU_TEST_ARGS (e.g. "--suite python --suite elastic": only those suites).
   read -r -a TEST_ARGS <<< "${BAGUA_GPU_TEST_ARGS:-}"
   timeout "${BAGUA_GPU_TEST_TIMEOUT:-480}" meson test -C "$BUILD" --no-rebuild --print-errorlogs \
     --num-processes 12 "${TEST_ARGS[@]}" > "$OUT/tests.log" 2>&1

@@ -7,7 +7,7 @@
   ``python -m bagua.distributed.run ... --no_python`` (torchrun) on each node, which runs the
   same C++ trainer with torchrun's variables.
 
-Skips with the reason where namespaces are refused. Run by the 'python_elastic' meson test.
+Skips with the reason where namespaces are refused. Run by the 'python_elastic_baguarun' meson test.
 """
 
 import os

@@ -4,7 +4,7 @@ SIGKILLed) and restarted from its checkpoint ending bit for bit where the uninte
 ends, step for step (baguarun, loopback), with gradient all-reduce and with the decentralized
 algorithms (their schedule and replicas in the checkpoint).
 
-Run by the 'python_elastic' meson test (pytest on this file).
+Run by the 'python_elastic_resume' meson test (pytest on this file).
 """
 
 import os

@@ -8,7 +8,7 @@ the per-epoch loss follows an uninterrupted world-4 run of the same job (baguaru
 within tolerance.
 
 Skips with the reason where the machine refuses network namespaces. Run by the
-'python_elastic' meson test.
+'python_elastic_torchrun' meson test.
 """
 
 import os
