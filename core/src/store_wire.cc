@@ -18,20 +18,6 @@ void putU32(uint8_t* p, uint32_t v) {
     p[i] = static_cast<uint8_t>(v >> (8 * i));
   }
 }
-Bytes i64Bytes(int64_t v) {
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-  }
-  return b;
-}
-int64_t bytesI64(const Bytes& b) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < 8 && i < b.size(); ++i) {
-    v |= static_cast<uint64_t>(b[i]) << (8 * i);
-  }
-  return static_cast<int64_t>(v);
-}
 
 // The proof one end gives over both nonces: HMAC(Ks, role, sN, cN).
 Digest proof(HmacSha256& ks, const char* role, const Nonce& s, const Nonce& c) {
@@ -64,6 +50,21 @@ Bytes sealed(const Bytes& payload, const Digest& mac) {
 }
 
 }  // namespace
+
+Bytes i64Bytes(int64_t v) {
+  Bytes b(8);
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  }
+  return b;
+}
+int64_t bytesI64(const Bytes& b) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < 8 && i < b.size(); ++i) {
+    v |= static_cast<uint64_t>(b[i]) << (8 * i);
+  }
+  return static_cast<int64_t>(v);
+}
 
 Bytes frame(const Bytes& body) {
   Bytes f(4 + body.size());

@@ -40,6 +40,11 @@
 
 namespace bagua::core::storewire {
 
+// An int64 as the 8 little-endian bytes the store's requests and replies carry, and back
+// (missing high bytes read as 0).
+Bytes i64Bytes(int64_t v);
+int64_t bytesI64(const Bytes& b);
+
 inline constexpr uint32_t kMagic = 0x32534742;  // "BGS2" little endian
 inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kNonceBytes = 32;

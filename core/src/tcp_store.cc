@@ -852,24 +852,8 @@ Result<std::vector<Bytes>> TcpStore::request(uint8_t op, const std::vector<Bytes
   return std::move(out);
 }
 
-namespace {
-
-Bytes i64Bytes(int64_t v) {
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) {
-    b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-  }
-  return b;
-}
-int64_t bytesI64(const Bytes& b) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < 8 && i < b.size(); ++i) {
-    v |= static_cast<uint64_t>(b[i]) << (8 * i);
-  }
-  return static_cast<int64_t>(v);
-}
-
-}  // namespace
+using sw::bytesI64;
+using sw::i64Bytes;
 
 Status TcpStore::set(const std::string& key, const Bytes& value) {
   BAGUA_ASSIGN_OR_RETURN(auto r, request(sw::kSet, {toBytes(key), value}, Millis(0)));
