@@ -1,11 +1,11 @@
 """Builds bagua's wheel without meson-python: for a Python that lacks it (the GPU machine's venv
 has Meson but no meson-python and no network), and as CI's cross-check of the meson-python wheel.
 
-    python python/build_wheel.py -o DIST [--builddir DIR] [-Dopt=value ...]
+    python python/build_wheel.py -o DIST [--builddir DIR] [-Dopt=value ...] [--native-file=F]
 
 Does what meson-python does with pyproject.toml: configures the Meson project with
 meson-python's -Ddebug=false -Doptimization=2, the setup arguments of [tool.meson-python.args]
-and then the extra -D arguments given here, and this Python as
+and then the extra -D and --native-file= arguments given here, and this Python as
 the interpreter, builds, runs `meson install --destdir`, and packs the installed files into
 DIST/bagua-<version>-<tag>.whl by their install location: {py_platlib}/{py_purelib} at the
 wheel's root, {bindir} as its scripts. Anything installed elsewhere is an error (naming the
@@ -94,9 +94,10 @@ def main():
     parser.add_argument("--builddir", help="Meson build folder to use (reused if it exists)")
     parser.add_argument("--log", help="write Meson's and ninja's output here (default: stderr)")
     args, extra = parser.parse_known_args()
-    bad = [a for a in extra if not a.startswith("-D")]
+    bad = [a for a in extra if not (a.startswith("-D") or a.startswith("--native-file="))]
     if bad:
-        fail("unknown arguments {} (extra Meson options are -Dname=value)".format(bad))
+        fail("unknown arguments {} (extra Meson options are -Dname=value and "
+             "--native-file=FILE)".format(bad))
 
     project = load_pyproject()
     meta = project["project"]
