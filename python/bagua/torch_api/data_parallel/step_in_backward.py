@@ -327,7 +327,9 @@ class StepInBackward:
                 st.pending = True
             self._fresh = []
             self.active = []
-        elif sync:
+        elif sync and self.static_reason is None:
+            # Where no optimizer can step inside backward there is nothing to observe (and the
+            # Python CUDA reducer has no bucket layout to read).
             for st in self._opts.values():
                 if st.mode == OBSERVE:
                     engine = self.engine
