@@ -42,9 +42,8 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # Any algorithm with _hier: hierarchical=True (the others run flat).
 VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier", "_fused", "_fused_after")
 # _fused: Bagua's fused optimizer, with_bagua(do_flatten=False) then fuse_optimizer (Bagua's
-# recipe), stepping
-# each bucket inside the backward pass (BAGUA_OPTIM_STEP_IN_BACKWARD's default); _fused_after:
-# the same stepping after backward. ddp_fused: torch's fused optimizer (fused=True) under DDP.
+# recipe), stepping each bucket inside the backward pass (BAGUA_OPTIM_STEP_IN_BACKWARD on);
+# _fused_after: the same stepping after backward (the default). ddp_fused: torch's fused optimizer (fused=True) under DDP.
 # Fused contestants use torch's fused kernel inside where torch has one for the device.
 
 # PowerSGD at a rank given by the name's digit (ddp_powersgd4, powersgd1); without one, at
@@ -184,8 +183,8 @@ class Contestant:
         in_place = engine.IN_PLACE_DEVICE_BUCKETS
         engine.IN_PLACE_DEVICE_BUCKETS = not name.endswith("_bucket_copies")
         self.algo = algo
-        if name.endswith("_fused_after"):
-            step_in_backward.ENABLED = False
+        if "_fused" in name:
+            step_in_backward.ENABLED = not name.endswith("_fused_after")
         try:
             # Bagua's recipe with a fused optimizer: with_bagua(do_flatten=False), then
             # fuse_optimizer (which lays weights and gradients out in its own order).

@@ -3,9 +3,10 @@
 // the buckets, parameters and state are laid out in bucket order, and again after the reducer
 // rebuilds its buckets), fuses every bucket's tensors, and ends bit for bit where the same run
 // with the per-tensor step ends; every rank holds the same model. Stepping inside the backward
-// pass (core::BucketStepper, on by default): every bucket stepped as it is reduced, and the
-// weights the same bits as stepping after backward, with and without bucket views, fused or
-// not; with an enabled GradScaler the optimizer declines and steps after backward.
+// pass (core::BucketStepper, with BAGUA_OPTIM_STEP_IN_BACKWARD on): every bucket stepped as it
+// is reduced, and the weights the same bits as stepping after backward, with and without bucket
+// views, fused or not; with an enabled GradScaler, or the parameter at its default (off), the
+// optimizer declines and steps after backward.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "bagua/core/example_mlp.h"
 #include "bagua/optimizer/elementwise.h"
 #include "bagua/optimizer/grad_scaler.h"
+#include "bagua/optimizer/params.h"
 #include "multi_rank.h"
 
 namespace bagua::optim {
@@ -158,7 +160,16 @@ std::string train(const TrainSpec& run, std::vector<RankOut>* out) {
   return bagua::testing::joinFailures(res);
 }
 
-class FusedWithReducer : public ::testing::TestWithParam<bool> {};
+// Stepping inside backward needs BAGUA_OPTIM_STEP_IN_BACKWARD on (off by default): each case
+// turns it on through the catalogue's API, but OffByDefault.
+class FusedWithReducer : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    optimizerParams().stepInBackward.resetForTesting();
+    ASSERT_TRUE(optimizerParams().stepInBackward.setOverride(true).isOk());
+  }
+  void TearDown() override { optimizerParams().stepInBackward.resetForTesting(); }
+};
 
 TEST_P(FusedWithReducer, FusesBucketsAndMatchesThePerTensorStep) {
   const bool bucketView = GetParam();
@@ -237,6 +248,25 @@ TEST_P(FusedWithReducer, AGradScalerStepsAfterBackward) {
   ASSERT_EQ(train(after, &ref), "");
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(got[r].steppedInBackward, 0) << "rank " << r;
+    EXPECT_TRUE(sameBits(got[r].weights, ref[0].weights)) << "rank " << r;
+  }
+}
+
+TEST_P(FusedWithReducer, OffByDefault) {
+  // With the parameter at its default the optimizer declines, though the reducer offers each
+  // bucket (DdpOptions::stepInBackward), and the run equals the one stepping after backward.
+  optimizerParams().stepInBackward.resetForTesting();
+  TrainSpec in;
+  in.bucketView = GetParam();
+  in.steps = 6;
+  TrainSpec after = in;
+  after.stepInBackward = false;
+  std::vector<RankOut> got, ref;
+  ASSERT_EQ(train(in, &got), "");
+  ASSERT_EQ(train(after, &ref), "");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(got[r].steppedInBackward, 0) << "rank " << r;
+    EXPECT_EQ(got[r].optimizerSteppedInBackward, 0) << "rank " << r;
     EXPECT_TRUE(sameBits(got[r].weights, ref[0].weights)) << "rank " << r;
   }
 }

@@ -12,7 +12,10 @@ EPOCHS = 11  # fuse_step on the even epochs: 6 steps x 2 groups fused when fusin
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_fused_counts_with_bagua(world):
-    outs = harness.run("fuse_bagua", world, {"epochs": EPOCHS}, timeout=240)
+    # With the optimizer stepping inside the backward pass (off by default), for the gradient
+    # algorithms: the same counts and the same weights.
+    outs = harness.run("fuse_bagua", world, {"epochs": EPOCHS}, timeout=240,
+                       env={"BAGUA_OPTIM_STEP_IN_BACKWARD": "1"})
     fused = 2 * ((EPOCHS + 1) // 2)
     # Bagua's expectations: optimizer flattened, module not: fuse (Bagua's 102 at 101 epochs);
     # both flattened, or only the module: do not fuse (0). Always the unfused run's weights.

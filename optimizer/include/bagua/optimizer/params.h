@@ -36,14 +36,17 @@ struct OptimizerParams : ParamCatalogue {
       "Deadline for one parallel kernel on the CPU pool; running past it is reported as "
       "DeadlineExceeded (chunks are pure computation, so it means a starved machine or a bug)."};
   BoolParam stepInBackward{
-      *this, "BAGUA_OPTIM_STEP_IN_BACKWARD", true,
-      "With gradient all-reduce or ByteGrad and a fused optimizer (Python: fuse_optimizer on a "
-      "with_bagua model; C++: FusedOptimizer beside the reducer), step each bucket's parameters "
-      "as soon as that bucket is reduced, inside the backward pass, while later buckets still "
-      "communicate; the weights are the same bits as stepping after backward. A step that needs "
-      "every gradient first (a GradScaler, gradient clipping, gradient accumulation without "
-      "no_sync) steps after backward with a logged reason. Off: always step after backward (the "
-      "optimizer's work then never overlaps communication)."};
+      *this, "BAGUA_OPTIM_STEP_IN_BACKWARD", false,
+      "On: with gradient all-reduce or ByteGrad and a fused optimizer (Python: fuse_optimizer on "
+      "a with_bagua model; C++: FusedOptimizer beside the reducer), step each bucket's "
+      "parameters as soon as that bucket is reduced, inside the backward pass, while later "
+      "buckets still communicate; the weights are the same bits as stepping after backward. A "
+      "step that needs every gradient first (a GradScaler, gradient clipping, gradient "
+      "accumulation without no_sync) steps after backward with a logged reason. Off (the "
+      "default): step after backward. The per-bucket steps add kernel launches beside the "
+      "communication's; turn it on where the optimizer's step is a large share of a step that "
+      "waits on a slow link, and keep it if the step time drops (bench/ddp/compare.py measures "
+      "both: the _fused and _fused_after contestants)."};
 };
 OptimizerParams& optimizerParams();
 
