@@ -5,8 +5,9 @@
 #   and both ranks must print their summary; for an algorithm that keeps replicas identical it
 #   must say that no weight differs between ranks.
 # usage: cpp_trainer_test.sh --usage TRAINER "NAME, NAME, ..."
-#   --help exits 0 naming every option and exactly the algorithms given (those the tests run); an unknown option or algorithm exits 2 with one line on
-#   stderr naming it, before any training.
+#   --help exits 0 naming every option and exactly the algorithms given (those the tests run);
+#   an unknown option or algorithm exits 2 with one line on stderr naming it, before any
+#   training.
 set -uo pipefail
 out="$(mktemp)"; err="$(mktemp)"
 trap 'rm -f "$out" "$err"' EXIT
