@@ -305,7 +305,7 @@ DefaultPlugin findDefaultPlugin() {
     return {buildTree, ""};
   }
   std::string installed;
-  std::string installedDir = BAGUA_NET_BENCH_INSTALLED_PLUGIN_DIR;
+  const std::string installedDir = BAGUA_NET_BENCH_INSTALLED_PLUGIN_DIR;
   if (!installedDir.empty()) {
     std::filesystem::path d(installedDir);
     installed = ((d.is_absolute() ? d : std::filesystem::path(dir) / d) / "libnccl-net.so")
