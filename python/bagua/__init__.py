@@ -1,7 +1,8 @@
 """bagua: Bagua's PyTorch API (bagua.torch_api) on the bagua C++ core.
 
 Installed (``pip install .``), everything sits in this package: the C++ extension ``_bagua_ext``
-next to it, ``_version.py`` and the Bagua-Net NCCL plugin ``libnccl-net.so`` inside it. From a
+next to it, ``_version.py`` and the Bagua-Net NCCL plugin ``libnccl-net.so`` inside it (with a copy
+named ``libnccl-net-bagua.so``, what ``NCCL_NET_PLUGIN=bagua`` finds on ``LD_LIBRARY_PATH``). From a
 build tree, put the package and the build's ``python`` folder on ``PYTHONPATH``
 (``PYTHONPATH=python:build/python``): Meson writes the same two files into ``build/python/bagua``,
 which ``pkgutil.extend_path`` joins to this package.

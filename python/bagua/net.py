@@ -3,10 +3,18 @@
 
     python -m bagua.net            the plugin's path, then the export line
     python -m bagua.net --path     the path alone (for $(...))
-    python -m bagua.net --check    also load the plugin (dlopen, as NCCL does) and list the
-                                   ncclNetPlugin_vN entry points it exports; exit 1 if it cannot
+    python -m bagua.net --check    also validate every Bagua-Net setting of the environment
+                                   (BAGUA_NET_*, NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY) with the
+                                   plugin's own parsers, load the plugin (dlopen, as NCCL does)
+                                   and list the ncclNetPlugin_vN entry points it exports
 
-Exit status 1, with the reason on stderr, when the plugin is missing or does not load.
+Exit status 1, with one line per problem on stderr, when a setting is invalid (the line names
+the variable, its value and what it accepts), or the plugin is missing or does not load.
+
+The package also holds the plugin as ``libnccl-net-bagua.so`` (a copy: wheels keep no symbolic
+links), the name NCCL derives from ``NCCL_NET_PLUGIN=bagua``; NCCL looks that name up on the
+loader's path, so that form needs the package folder on ``LD_LIBRARY_PATH``. The full path
+printed here needs nothing else.
 """
 
 import argparse
@@ -27,6 +35,25 @@ def exported_versions(path):
     return [v for v in _NET_VERSIONS if hasattr(lib, "ncclNetPlugin_v{}".format(v))]
 
 
+def setting_errors():
+    """One line per invalid Bagua-Net setting in this process's environment (empty if all are
+    valid), from the plugin's parameter catalogues in the extension (_bagua_ext.check_net_params):
+    each names the variable, its value and what it accepts."""
+    try:
+        import _bagua_ext
+    except ImportError as e:
+        return ["the settings cannot be checked: the extension _bagua_ext does not import ({})"
+                .format(e)]
+    return list(_bagua_ext.check_net_params())
+
+
+def settings_from_environment():
+    """The Bagua-Net settings this process takes from its environment, as "KEY=value"."""
+    import _bagua_ext
+    return ["{}={}".format(p["key"], p["value"]) for p in _bagua_ext.net_params()
+            if p["source"] == "environment" and p["error"] is None]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bagua.net",
@@ -34,8 +61,16 @@ def main(argv=None):
         "the NCCL_NET_PLUGIN line that makes NCCL load it.")
     parser.add_argument("--path", action="store_true", help="print the path alone")
     parser.add_argument("--check", action="store_true",
-                        help="load the plugin and list the ncclNetPlugin_vN symbols it exports")
+                        help="validate every Bagua-Net setting of the environment (BAGUA_NET_*, "
+                        "NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY), load the plugin and list the "
+                        "ncclNetPlugin_vN symbols it exports")
     args = parser.parse_args(argv)
+    if args.check:
+        errors = setting_errors()
+        for e in errors:
+            print("bagua.net: {}".format(e), file=sys.stderr)
+        if errors:
+            return 1
     try:
         path = bagua.net_plugin_path()
     except FileNotFoundError as e:
@@ -56,9 +91,12 @@ def main(argv=None):
             print("bagua.net: {} exports no ncclNetPlugin_v{}..v{}".format(
                 path, _NET_VERSIONS[-1], _NET_VERSIONS[0]), file=sys.stderr)
             return 1
+        out = sys.stderr if args.path else sys.stdout
         print("loads: exports {}".format(
-            ", ".join("ncclNetPlugin_v{}".format(v) for v in versions)),
-            file=sys.stderr if args.path else sys.stdout)
+            ", ".join("ncclNetPlugin_v{}".format(v) for v in versions)), file=out)
+        given = settings_from_environment()
+        print("settings: valid ({})".format(
+            "from the environment: " + ", ".join(given) if given else "all defaults"), file=out)
     return 0
 
 

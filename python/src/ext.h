@@ -61,5 +61,7 @@ core::DistributedDataParallel& reducerOf(const pyb::object& reducer);
 // Gradient-ready hooks in C++ (ext_hooks.cc).
 void bindHooks(pyb::module_& m);
 void bindContrib(pyb::module_& m);
+// Bagua-Net's parameter catalogues, validated by the plugin's parsers (ext_params.cc).
+void bindParams(pyb::module_& m);
 
 }  // namespace bagua::py

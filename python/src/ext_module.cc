@@ -40,4 +40,5 @@ PYBIND11_MODULE(_bagua_ext, m) {
   bagua::py::bindDdp(m);
   bagua::py::bindHooks(m);
   bagua::py::bindContrib(m);
+  bagua::py::bindParams(m);
 }

@@ -33,6 +33,25 @@ using Clock = std::chrono::steady_clock;
   std::exit(1);
 }
 
+// The plugin a run loads when --plugin does not name one (main.cc, findDefaultPlugin()): the
+// path, or "" with the reason in `why`.
+struct DefaultPlugin {
+  std::string path;
+  std::string why;
+};
+
+// The plugin a mode will load: `path` (--plugin's value or the default); dies with the reason when
+// there is none or it is not readable.
+inline void requirePlugin(const std::string& path, const DefaultPlugin& def) {
+  if (path.empty()) {
+    die(def.why);
+  }
+  if (access(path.c_str(), R_OK) != 0) {
+    die("plugin not found at " + path + " (build net_plugin, set BAGUA_NET_PLUGIN_PATH or pass " +
+        "--plugin PATH)");
+  }
+}
+
 inline double secondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }

@@ -102,9 +102,9 @@ uint64_t parseRateBits(const std::string& text) {
   die("bad --line-rate unit in '" + text + "' (accepted: gbit, mbit, kbit)");
 }
 
-LinkOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
+LinkOptions parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   LinkOptions o;
-  o.plugin = defaultPlugin;
+  o.plugin = defaultPlugin.path;
   std::string cases = "socket,bagua:8";
   for (ArgReader args(argc, argv); args.next();) {
     const std::string& a = args.flag();
@@ -466,15 +466,13 @@ Trial runTrial(const LinkOptions& o, const Case& c, uint64_t size) {
 
 }  // namespace
 
-int linksMain(int argc, char** argv, const std::string& defaultPlugin) {
+int linksMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   LinkOptions o = parseArgs(argc, argv, defaultPlugin);
   if (o.recvNs.empty()) {
     usage();
     die("--netns RECV_NS,SEND_NS is required in this mode");
   }
-  if (access(o.plugin.c_str(), R_OK) != 0) {
-    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
-  }
+  requirePlugin(o.plugin, defaultPlugin);
   ::close(openNetns(o.recvNs));
   ::close(openNetns(o.sendNs));
   if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {

@@ -15,6 +15,8 @@
 //                                   namespaces (links.cc; tools/net_bench/shaped_links.sh)
 //   bagua-net-bench --ring N ...    N processes in a ring over loopback, NCCL's ring pattern
 //                                   (ring.cc): throughput and CPU per GB
+// The plugin: --plugin PATH, else BAGUA_NET_PLUGIN_PATH, else the build tree's, else the installed
+// one (findDefaultPlugin()).
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -27,7 +29,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -258,16 +262,65 @@ struct Options {
   std::string slowStream;  // BAGUA_NET_SLOW_STREAM_RATE for the plugin runs ("" = off)
 };
 
-std::string defaultPluginPath() {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) {
-    return "libnccl-net.so";
+// The installed plugin relative to the installed bench: <prefix>/<bindir>/ + this +
+// libnccl-net.so, from Meson's bindir and libdir at configure time (tools/net_bench/meson.build);
+// an absolute folder where libdir or bindir is absolute. A build without it (build_standalone.sh)
+// has no installed form.
+#ifndef BAGUA_NET_BENCH_INSTALLED_PLUGIN_DIR
+#define BAGUA_NET_BENCH_INSTALLED_PLUGIN_DIR ""
+#endif
+
+// The folder of this executable ("" if /proc/self/exe does not say).
+std::string exeDir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : exe.parent_path().string();
+}
+
+bool readable(const std::string& path) {
+  return access(path.c_str(), R_OK) == 0;
+}
+
+// The plugin when --plugin does not name one, first found of: BAGUA_NET_PLUGIN_PATH (when set,
+// the only candidate); the build tree's (this executable in <build>/tools/net_bench, the plugin in
+// <build>/net_plugin); the installed one (<prefix>/<libdir>/libnccl-net.so).
+DefaultPlugin findDefaultPlugin() {
+  if (std::optional<std::string> env = bagua::processEnv("BAGUA_NET_PLUGIN_PATH")) {
+    if (!readable(*env)) {
+      return {"", "BAGUA_NET_PLUGIN_PATH='" + *env +
+                      "' is not a readable file (set it to the plugin, libnccl-net.so, or unset "
+                      "it to use the build tree's or the installed one)"};
+    }
+    return {*env, ""};
   }
-  exe[n] = 0;
-  std::string dir(exe);
-  dir = dir.substr(0, dir.rfind('/'));
-  return dir + "/../../net_plugin/libnccl-net.so";
+  const std::string dir = exeDir();
+  if (dir.empty()) {
+    return {"",
+            "cannot tell where this executable is (/proc/self/exe): set "
+            "BAGUA_NET_PLUGIN_PATH=/path/to/libnccl-net.so or pass --plugin PATH"};
+  }
+  const std::string buildTree =
+      (std::filesystem::path(dir) / "../../net_plugin/libnccl-net.so").lexically_normal().string();
+  if (readable(buildTree)) {
+    return {buildTree, ""};
+  }
+  std::string installed;
+  const std::string installedDir = BAGUA_NET_BENCH_INSTALLED_PLUGIN_DIR;
+  if (!installedDir.empty()) {
+    std::filesystem::path d(installedDir);
+    installed = ((d.is_absolute() ? d : std::filesystem::path(dir) / d) / "libnccl-net.so")
+                    .lexically_normal()
+                    .string();
+    if (readable(installed)) {
+      return {installed, ""};
+    }
+  }
+  return {"",
+          "no Bagua-Net plugin found: BAGUA_NET_PLUGIN_PATH is not set, and neither the "
+          "build tree's " +
+              buildTree + (installed.empty() ? std::string() : " nor the installed " + installed) +
+              " exists; set BAGUA_NET_PLUGIN_PATH=/path/to/libnccl-net.so or pass "
+              "--plugin PATH"};
 }
 
 void usage() {
@@ -279,15 +332,18 @@ void usage() {
       "Throughput (GB/s) and one-way latency (us) of the Bagua-Net plugin over loopback, with\n"
       "baselines from the same run: one plain TCP socket ('tcp') and our engine with an\n"
       "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n"
+      "--plugin PATH: the plugin to load; without it, BAGUA_NET_PLUGIN_PATH if set, else the\n"
+      "build tree's (net_plugin/libnccl-net.so beside tools/), else the installed one\n"
+      "(<libdir>/libnccl-net.so of this executable's prefix).\n"
       "--slow-stream RATE (bytes/s, K/M/G suffixes) paces data stream 0 of every plugin\n"
       "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n"
       "--netns RECV_NS,SEND_NS switches to the shaped-link mode (--netns --help tells).\n"
       "--ring N switches to N processes in a ring over loopback (--ring --help tells).\n");
 }
 
-Options parseArgs(int argc, char** argv) {
+Options parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   Options o;
-  o.plugin = defaultPluginPath();
+  o.plugin = defaultPlugin.path;
   for (ArgReader args(argc, argv); args.next();) {
     const std::string& a = args.flag();
     if (a == "--plugin") {
@@ -338,15 +394,16 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const DefaultPlugin defaultPlugin = findDefaultPlugin();
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--netns") {
-      return bagua::netbench::linksMain(argc, argv, defaultPluginPath());
+      return bagua::netbench::linksMain(argc, argv, defaultPlugin);
     }
     if (std::string(argv[i]) == "--ring") {
-      return bagua::netbench::ringMain(argc, argv, defaultPluginPath());
+      return bagua::netbench::ringMain(argc, argv, defaultPlugin);
     }
   }
-  Options o = parseArgs(argc, argv);
+  Options o = parseArgs(argc, argv, defaultPlugin);
   if (o.demo) {
     o.sizes = {64 << 10, 1 << 20, 16 << 20};
     o.streams = {1, 2, 8};
@@ -354,9 +411,7 @@ int main(int argc, char** argv) {
     o.seconds = 0.2;
     o.conns = 2;
   }
-  if (access(o.plugin.c_str(), R_OK) != 0) {
-    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
-  }
+  requirePlugin(o.plugin, defaultPlugin);
   if (!bagua::processEnv("NCCL_SOCKET_IFNAME").has_value()) {
     setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
   }

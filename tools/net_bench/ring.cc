@@ -72,9 +72,9 @@ void usage() {
       "prints each case's median with the range (the host's load drifts between runs).\n");
 }
 
-RingOptions parseArgs(int argc, char** argv, const std::string& defaultPlugin) {
+RingOptions parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   RingOptions o;
-  o.plugin = defaultPlugin;
+  o.plugin = defaultPlugin.path;
   for (ArgReader args(argc, argv); args.next();) {
     const std::string& a = args.flag();
     if (a == "--ring") {
@@ -450,11 +450,9 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
 
 }  // namespace
 
-int ringMain(int argc, char** argv, const std::string& defaultPlugin) {
+int ringMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   RingOptions o = parseArgs(argc, argv, defaultPlugin);
-  if (access(o.plugin.c_str(), R_OK) != 0) {
-    die("plugin not found at " + o.plugin + " (build net_plugin or pass --plugin)");
-  }
+  requirePlugin(o.plugin, defaultPlugin);
   for (const Case& k : o.cases) {
     if (k.plugin && access(k.pluginPath.c_str(), R_OK) != 0) {
       die("plugin not found at " + k.pluginPath + " (its case names it)");
