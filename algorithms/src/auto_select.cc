@@ -66,21 +66,25 @@ double ms(double s) {
 }
 
 // The figures one rank measured, as text for the store (hex floats: exact).
+// busy: the bucket thread's collective seconds a timed step; spread: the slowest timed step over
+// the fastest.
 struct Figures {
-  double compute = 0, allReduceStep = 0, latency = 0, bandwidth = 0, codec = 0;
+  double compute = 0, allReduceStep = 0, latency = 0, bandwidth = 0, codec = 0, busy = 0,
+         spread = 1;
 };
 
 std::string encode(const Figures& f) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), "%a %a %a %a %a", f.compute, f.allReduceStep, f.latency,
-                f.bandwidth, f.codec);
+  char buf[384];
+  std::snprintf(buf, sizeof(buf), "%a %a %a %a %a %a %a", f.compute, f.allReduceStep, f.latency,
+                f.bandwidth, f.codec, f.busy, f.spread);
   return buf;
 }
 
 Result<Figures> decode(const std::string& s) {
   Figures f;
   char* p = const_cast<char*>(s.c_str());
-  double* out[] = {&f.compute, &f.allReduceStep, &f.latency, &f.bandwidth, &f.codec};
+  double* out[] = {&f.compute, &f.allReduceStep, &f.latency, &f.bandwidth,
+                   &f.codec,   &f.busy,          &f.spread};
   for (double* o : out) {
     char* end = nullptr;
     *o = std::strtod(p, &end);
@@ -90,6 +94,41 @@ Result<Figures> decode(const std::string& s) {
     p = end;
   }
   return f;
+}
+
+// Every rank publishes its figures under `prefix`; rank 0 combines them (the slowest rank's times,
+// the slowest link, the slowest codec, the widest spread) and publishes that; every rank returns
+// the combined figures, so every rank then runs the same rule on the same numbers.
+Result<Figures> exchange(core::Store& store, const std::string& prefix, int rank, int size,
+                         const Figures& mine, std::chrono::milliseconds wait) {
+  BAGUA_RETURN_IF_ERROR(
+      store.set(prefix + "rank" + std::to_string(rank), core::toBytes(encode(mine))));
+  if (rank != 0) {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store.get(prefix + "combined", wait));
+    return decode(core::toString(got));
+  }
+  Figures f = mine;
+  for (int r = 1; r < size; ++r) {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store.get(prefix + "rank" + std::to_string(r), wait));
+    BAGUA_ASSIGN_OR_RETURN(Figures o, decode(core::toString(got)));
+    f.compute = std::max(f.compute, o.compute);
+    f.allReduceStep = std::max(f.allReduceStep, o.allReduceStep);
+    f.latency = std::max(f.latency, o.latency);
+    f.bandwidth = std::min(f.bandwidth, o.bandwidth);
+    f.codec = std::min(f.codec, o.codec);
+    f.busy = std::max(f.busy, o.busy);
+    f.spread = std::max(f.spread, o.spread);
+  }
+  BAGUA_RETURN_IF_ERROR(store.set(prefix + "combined", core::toBytes(encode(f))));
+  return f;
+}
+
+AutoInputs withFigures(AutoInputs in, const Figures& f) {
+  in.computeSeconds = f.compute;
+  in.allReduceStepSeconds = f.allReduceStep;
+  in.link = {f.latency, f.bandwidth};
+  in.codecBytesPerSecond = f.codec;
+  return in;
 }
 
 // The algorithms' hierarchical mode where the group spans several nodes of several ranks.
@@ -267,6 +306,39 @@ Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
   return d;
 }
 
+Result<std::optional<AutoDecision>> chooseEarly(const AutoInputs& in, double busySeconds) {
+  const double step = in.allReduceStepSeconds;
+  if (!(step > 0) || !(busySeconds >= 0)) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "auto: measurements out of range (all-reduce step %g s, busy %g s)", step,
+                       busySeconds);
+  }
+  // No compute can hide more than the collectives took, and none is negative.
+  const double lo = std::max(step - busySeconds, kAutoEarlyComputeFloor * step);
+  const double hi = step;
+  std::optional<AutoDecision> mid;
+  std::string first;
+  for (int i = 0; i < kAutoEarlyPoints; ++i) {
+    AutoInputs at = in;
+    at.computeSeconds = lo + (hi - lo) * i / (kAutoEarlyPoints - 1);
+    BAGUA_ASSIGN_OR_RETURN(AutoDecision d, chooseAlgorithm(at));
+    const std::string key = d.algorithm + "(" + argsText(d.args) + ")";
+    if (i == 0) {
+      first = key;
+    } else if (key != first) {
+      return std::optional<AutoDecision>();
+    }
+    if (i == kAutoEarlyPoints / 2) {
+      mid = std::move(d);
+    }
+  }
+  mid->reason += strPrintf(
+      "; the same choice for any compute time from %.1f to %.1f ms (all-reduce busy %.1f ms a "
+      "step): no compute-only step needed",
+      ms(lo), ms(hi), ms(busySeconds));
+  return mid;
+}
+
 // ---- The probing implementation -----------------------------------------------------------------
 
 class AutoProbeImpl final : public core::AlgorithmImpl {
@@ -275,18 +347,18 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
       : owner_(owner),
         seq_(seq),
         probe_(probeSteps),
-        localCount_(std::max(1, probeSteps / 2)),
+        localTarget_(std::max(1, probeSteps / 2)),
         hierarchical_(hierarchical) {}
 
-  // Called at every prepareForward, before the forward pre-hook: the step boundary.
+  // Called at every prepareForward, before the forward pre-hook: the step boundary. Every rank
+  // takes the same path (the early check's outcome comes from the same combined figures).
   bool needReset(core::DistributedDataParallel& ddp) override {
     const Clock::time_point now = Clock::now();
     if (step_ > 0) {
       const double d = seconds(now - last_);
-      const Phase p = phaseOf(step_);
-      if (p == kTimed) {
+      if (phase_ == kTimed) {
         timed_.push_back(d);
-      } else if (p == kLocal) {
+      } else if (phase_ == kLocal) {
         localSteps_.push_back(d);
       }
     }
@@ -294,18 +366,34 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
     if (decided_) {
       return false;
     }
-    ++step_;
-    if (step_ > kWarmSteps + probe_ + localCount_) {
-      decided_ = true;
-      owner_->decide(ddp, inputs(ddp), seq_);
-      return true;  // the reducer resets: broadcast, then AutoSelect::reify gives the choice
+    ++step_;  // the step about to run
+    const int done = step_ - 1;
+    if (phase_ == kWarm && step_ > kWarmSteps) {
+      phase_ = kTimed;
+    } else if (phase_ == kTimed && !checked_ &&
+               static_cast<int>(timed_.size()) >= std::min(kEarlySteps, probe_)) {
+      checked_ = true;
+      const AutoSelect::Early e =
+          owner_->checkEarly(ddp, inputs(ddp), busyPerStep(), spread(), seq_, done);
+      if (e == AutoSelect::Early::kDecided) {
+        return finish();
+      }
+      if (e == AutoSelect::Early::kSettled || static_cast<int>(timed_.size()) >= probe_) {
+        localTarget_ = e == AutoSelect::Early::kSettled ? 1 : localTarget_;
+        phase_ = kLocal;
+      }
+    } else if (phase_ == kTimed && static_cast<int>(timed_.size()) >= probe_) {
+      phase_ = kLocal;
+    } else if (phase_ == kLocal && static_cast<int>(localSteps_.size()) >= localTarget_) {
+      owner_->decide(ddp, inputs(ddp), seq_, done);
+      return finish();
     }
-    phase_.store(phaseOf(step_), std::memory_order_release);
+    bucketPhase_.store(phase_, std::memory_order_release);
     return false;
   }
 
   Status runBucket(core::Bucket& b, core::ProcessGroup& g) override {
-    const int p = phase_.load(std::memory_order_acquire);
+    const int p = bucketPhase_.load(std::memory_order_acquire);
     const auto timeout = g.options().collectiveTimeout;
     if (p == kLocal) {
       // The compute-only steps: no communication, and a zero gradient on every rank, so the
@@ -330,9 +418,27 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
  private:
   enum Phase : int { kWarm = 0, kTimed = 1, kLocal = 2 };
   static constexpr int kWarmSteps = 2;
+  // Timed steps before the early check (fewer where probe_steps is smaller).
+  static constexpr int kEarlySteps = 2;
 
-  Phase phaseOf(int step) const {
-    return step <= kWarmSteps ? kWarm : step <= kWarmSteps + probe_ ? kTimed : kLocal;
+  bool finish() {
+    decided_ = true;
+    return true;  // the reducer resets: broadcast, then AutoSelect::reify gives the choice
+  }
+
+  // The bucket thread's collective seconds per timed step.
+  double busyPerStep() {
+    std::lock_guard<std::mutex> lock(mu_);
+    double total = 0;
+    for (const LinkSample& x : samples_) {
+      total += x.seconds;
+    }
+    return timed_.empty() ? 0 : total / static_cast<double>(timed_.size());
+  }
+
+  double spread() const {
+    const auto [lo, hi] = std::minmax_element(timed_.begin(), timed_.end());
+    return timed_.empty() || !(*lo > 0) ? 1.0 : *hi / *lo;
   }
 
   // MinMaxUInt8 compress + decompress of the bucket into scratch memory on its device (the
@@ -387,14 +493,18 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
   AutoSelect* owner_;  // the Algorithm outlives its implementations (the reducer holds both)
   const int64_t seq_;  // this probe's number among the group's, the same on every rank
   const int probe_;
-  const int localCount_;
+  int localTarget_;
   const bool hierarchical_;
-  int step_ = 0;  // trainer thread
+  // Trainer thread.
+  int step_ = 0;
+  Phase phase_ = kWarm;
+  bool checked_ = false;
   bool decided_ = false;
   Clock::time_point last_;
   std::vector<double> timed_;
   std::vector<double> localSteps_;
-  std::atomic<int> phase_{kWarm};
+  // The phase the bucket thread sees (set at the step boundary).
+  std::atomic<int> bucketPhase_{kWarm};
   // samples_, codec*_: the bucket thread writes, the trainer thread reads between steps.
   std::mutex mu_;
   std::vector<LinkSample> samples_;
@@ -474,92 +584,99 @@ AutoDecision AutoSelect::decision() const {
   return decision_;
 }
 
-void AutoSelect::decide(core::DistributedDataParallel& ddp, const AutoInputs& mine, int64_t seq) {
+void AutoSelect::fail(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_ = std::move(s.withContext("auto: deciding"));
+}
+
+AutoSelect::Early AutoSelect::checkEarly(core::DistributedDataParallel& ddp, const AutoInputs& mine,
+                                         double busySeconds, double spread, int64_t seq,
+                                         int stepsSoFar) {
   core::ProcessGroup& group = ddp.group();
-  const int rank = group.rank();
+  std::shared_ptr<core::Store> store = group.store();
+  if (!store) {
+    fail(BAGUA_ERROR(kFailedPrecondition, "the process group has no store"));
+    return Early::kDecided;
+  }
   const auto wait = std::max(group.options().collectiveTimeout, std::chrono::milliseconds(1000));
-  const std::string prefix =
-      strPrintf("bagua-auto/%s/%lld/", group.options().name.c_str(), static_cast<long long>(seq));
-  auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_ = s.withContext("auto: deciding");
-  };
+  const std::string prefix = strPrintf("bagua-auto/%s/%lld/early/", group.options().name.c_str(),
+                                       static_cast<long long>(seq));
+  Figures f{0,
+            mine.allReduceStepSeconds,
+            mine.link.latencySeconds,
+            mine.link.bytesPerSecond,
+            mine.codecBytesPerSecond,
+            busySeconds,
+            spread};
+  Result<Figures> combined = exchange(*store, prefix, group.rank(), group.size(), f, wait);
+  if (!combined.isOk()) {
+    fail(combined.takeStatus());
+    return Early::kDecided;
+  }
+  Result<std::optional<AutoDecision>> d = chooseEarly(withFigures(mine, *combined), combined->busy);
+  if (!d.isOk()) {
+    fail(d.takeStatus());
+    return Early::kDecided;
+  }
+  if (d->has_value()) {
+    AutoDecision decided = std::move(**d);
+    decided.probeSteps = stepsSoFar;
+    adopt(std::move(decided), mine.hierarchical, group.rank());
+    return Early::kDecided;
+  }
+  return combined->spread <= kAutoStableSpread ? Early::kSettled : Early::kGoOn;
+}
+
+void AutoSelect::decide(core::DistributedDataParallel& ddp, const AutoInputs& mine, int64_t seq,
+                        int stepsSoFar) {
+  core::ProcessGroup& group = ddp.group();
   std::shared_ptr<core::Store> store = group.store();
   if (!store) {
     fail(BAGUA_ERROR(kFailedPrecondition, "the process group has no store"));
     return;
   }
-  // Every rank publishes what it measured; rank 0 combines (the slowest rank's step times, the
-  // slowest link, the slowest codec) and publishes that; every rank then runs the same rule on
-  // the same figures, so every rank makes the same choice.
+  const auto wait = std::max(group.options().collectiveTimeout, std::chrono::milliseconds(1000));
+  const std::string prefix =
+      strPrintf("bagua-auto/%s/%lld/", group.options().name.c_str(), static_cast<long long>(seq));
   Figures f{mine.computeSeconds, mine.allReduceStepSeconds, mine.link.latencySeconds,
             mine.link.bytesPerSecond, mine.codecBytesPerSecond};
-  Status s = store->set(prefix + "rank" + std::to_string(rank), core::toBytes(encode(f)));
-  if (s.isOk() && rank == 0) {
-    for (int r = 1; r < group.size() && s.isOk(); ++r) {
-      Result<core::Bytes> got = store->get(prefix + "rank" + std::to_string(r), wait);
-      if (!got.isOk()) {
-        s = got.takeStatus();
-        break;
-      }
-      Result<Figures> o = decode(core::toString(*got));
-      if (!o.isOk()) {
-        s = o.takeStatus();
-        break;
-      }
-      f.compute = std::max(f.compute, o->compute);
-      f.allReduceStep = std::max(f.allReduceStep, o->allReduceStep);
-      f.latency = std::max(f.latency, o->latency);
-      f.bandwidth = std::min(f.bandwidth, o->bandwidth);
-      f.codec = std::min(f.codec, o->codec);
-    }
-    if (s.isOk()) {
-      s = store->set(prefix + "combined", core::toBytes(encode(f)));
-    }
-  } else if (s.isOk()) {
-    Result<core::Bytes> got = store->get(prefix + "combined", wait);
-    Result<Figures> o = got.isOk() ? decode(core::toString(*got)) : Result<Figures>(got.status());
-    if (o.isOk()) {
-      f = *o;
-    } else {
-      s = o.takeStatus();
-    }
-  }
-  if (!s.isOk()) {
-    fail(s);
+  Result<Figures> combined = exchange(*store, prefix, group.rank(), group.size(), f, wait);
+  if (!combined.isOk()) {
+    fail(combined.takeStatus());
     return;
   }
-  AutoInputs in = mine;
-  in.computeSeconds = f.compute;
-  in.allReduceStepSeconds = f.allReduceStep;
-  in.link = {f.latency, f.bandwidth};
-  in.codecBytesPerSecond = f.codec;
-  Result<AutoDecision> d = chooseAlgorithm(in);
+  Result<AutoDecision> d = chooseAlgorithm(withFigures(mine, *combined));
   if (!d.isOk()) {
     fail(d.takeStatus());
     return;
   }
-  Result<std::shared_ptr<core::Algorithm>> algo = createAlgorithm(d->algorithm, d->args);
+  d->probeSteps = stepsSoFar;
+  adopt(std::move(*d), mine.hierarchical, group.rank());
+}
+
+void AutoSelect::adopt(AutoDecision d, bool hierarchical, int rank) {
+  Result<std::shared_ptr<core::Algorithm>> algo = createAlgorithm(d.algorithm, d.args);
   if (!algo.isOk()) {
     // A registered algorithm that refuses the rule's settings: exact all-reduce instead.
-    d->reason += strPrintf("; %s refused its settings (%s): gradient_allreduce instead",
-                           d->algorithm.c_str(), algo.status().toString().c_str());
-    d->algorithm = "gradient_allreduce";
-    d->args = {{"hierarchical", in.hierarchical ? "true" : "false"}};
-    algo = createAlgorithm(d->algorithm, d->args);
+    d.reason += strPrintf("; %s refused its settings (%s): gradient_allreduce instead",
+                          d.algorithm.c_str(), algo.status().toString().c_str());
+    d.algorithm = "gradient_allreduce";
+    d.args = {{"hierarchical", hierarchical ? "true" : "false"}};
+    algo = createAlgorithm(d.algorithm, d.args);
     if (!algo.isOk()) {
       fail(algo.takeStatus());
       return;
     }
   }
+  d.reason += strPrintf(" [decided after %d probe steps]", d.probeSteps);
   if (rank == 0) {
-    BAGUA_LOG_INFO(kLogAlgo, "auto: %s", d->reason.c_str());
+    BAGUA_LOG_INFO(kLogAlgo, "auto: %s", d.reason.c_str());
   } else {
-    BAGUA_LOG_DEBUG(kLogAlgo, "auto: %s", d->reason.c_str());
+    BAGUA_LOG_DEBUG(kLogAlgo, "auto: %s", d.reason.c_str());
   }
   std::lock_guard<std::mutex> lock(mu_);
   chosen_ = *algo;
-  decision_ = std::move(*d);
+  decision_ = std::move(d);
 }
 
 }  // namespace bagua::algo

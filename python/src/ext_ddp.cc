@@ -168,6 +168,7 @@ pyb::dict decisionDict(const algo::AutoDecision& d) {
   out["algorithm"] = d.algorithm;
   out["args"] = d.args;
   out["reason"] = d.reason;
+  out["probe_steps"] = d.probeSteps;
   pyb::list cands;
   for (const algo::AutoCandidate& c : d.candidates) {
     pyb::dict x;

@@ -277,6 +277,53 @@ void makeBatch(uint32_t seed, std::vector<float>* x, std::vector<int32_t>* y) {
   }
 }
 
+// The early check: after the first timed steps the compute-only time is unknown, but bounded:
+// at most the measured step, at least the step minus what the collectives took.
+TEST(AutoEarly, DecidesWhereTheChoiceCannotDependOnTheComputeTime) {
+  // NVLink-like: 104 MB at 100 GB/s, 1.2 ms of collectives in a 50 ms step.
+  AutoInputs in = atBandwidth(100e9, 0.05, kWithPowerSgd);
+  const double busy = 4 * 50e-6 + bytesOf(in.buckets) / 100e9;
+  in.computeSeconds = 0;  // not measured yet: ignored
+  auto d = chooseEarly(in, busy);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  ASSERT_TRUE(d->has_value()) << "an all-reduce hidden behind the step decides early";
+  EXPECT_EQ((*d)->algorithm, "gradient_allreduce");
+  EXPECT_NE((*d)->reason.find("the same choice for any compute time from 48.8 to 50.0 ms"),
+            std::string::npos)
+      << (*d)->reason;
+  // Every compute time in the range gives that choice.
+  for (double c = in.allReduceStepSeconds - busy; c <= in.allReduceStepSeconds; c += busy / 8) {
+    AutoInputs at = in;
+    at.computeSeconds = c;
+    auto full = chooseAlgorithm(at);
+    ASSERT_TRUE(full.isOk());
+    EXPECT_EQ(full->algorithm, (*d)->algorithm) << "compute " << c;
+  }
+}
+
+TEST(AutoEarly, WaitsForTheComputeOnlyStepWhereTheLinkIsTheStep) {
+  // 100 MB/s: the collectives are the whole step; whether they hide depends on the compute time,
+  // which the early check does not know, and the choice with it.
+  AutoInputs in = atBandwidth(100e6, 0.02, kWithPowerSgd);
+  const double busy = 4 * 50e-6 + bytesOf(in.buckets) / 100e6;
+  AutoInputs lo = in, hi = in;
+  lo.computeSeconds = std::max(in.allReduceStepSeconds - busy, 0.05 * in.allReduceStepSeconds);
+  hi.computeSeconds = in.allReduceStepSeconds;
+  ASSERT_NE(chooseAlgorithm(lo)->algorithm, chooseAlgorithm(hi)->algorithm)
+      << "the case must be ambiguous";
+  auto d = chooseEarly(in, busy);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_FALSE(d->has_value()) << (*d)->reason;
+}
+
+TEST(AutoEarly, RejectsStepTimesThatCannotBe) {
+  AutoInputs in = atBandwidth(1e9, 0.02, kWithPowerSgd);
+  in.allReduceStepSeconds = 0;
+  EXPECT_EQ(chooseEarly(in, 0.01).status().code(), StatusCode::kInvalidArgument);
+  in.allReduceStepSeconds = 0.05;
+  EXPECT_EQ(chooseEarly(in, -1).status().code(), StatusCode::kInvalidArgument);
+}
+
 struct RankOutcome {
   AutoDecision decision;
   std::vector<float> weights;
@@ -365,6 +412,14 @@ TEST(AutoTraining, ProbesDecidesAndEveryRankSwitchesAlike) {
       << d.reason;
   EXPECT_EQ(d.reason.rfind("chose ", 0), 0u) << d.reason;
   EXPECT_EQ(d.candidates.size() >= 2, true);
+  // probe_steps 2: decided at the early check (2 warm-up + 2 timed steps), or after one
+  // compute-only step more; the reason says which.
+  EXPECT_TRUE(d.probeSteps == 4 || d.probeSteps == 5) << d.probeSteps;
+  EXPECT_NE(d.reason.find(strPrintf("[decided after %d probe steps]", d.probeSteps)),
+            std::string::npos)
+      << d.reason;
+  EXPECT_EQ(d.probeSteps == 4, d.reason.find("no compute-only step needed") != std::string::npos)
+      << d.reason;
   // The same figures reach every rank, so the same choice and the same reason, to the digit.
   EXPECT_EQ(out[1].decision.algorithm, d.algorithm);
   EXPECT_EQ(out[1].decision.args, d.args);

@@ -123,6 +123,10 @@ def test_two_ranks_probe_choose_and_agree(two_ranks):
     d0, d1 = r0["decision"], r1["decision"]
     assert d0["algorithm"] in ("gradient_allreduce", "bytegrad", "powersgd"), d0
     assert d0["reason"].startswith("chose "), d0["reason"]
+    # probe_steps 2: decided at the early check (2 warm-up + 2 timed steps) or after one
+    # compute-only step more.
+    assert d0["probe_steps"] in (4, 5), d0
+    assert "[decided after {} probe steps]".format(d0["probe_steps"]) in d0["reason"], d0
     assert (d0["algorithm"], d0["args"], d0["reason"]) == (d1["algorithm"], d1["args"],
                                                            d1["reason"])
     assert [c["label"] for c in d0["candidates"]][:2] == ["gradient_allreduce", "bytegrad"]

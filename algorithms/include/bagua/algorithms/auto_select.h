@@ -6,18 +6,27 @@
 //   steps 1-2               gradient all-reduce, untimed (first-step costs, the bucket rebuild);
 //                           the largest bucket's MinMaxUInt8 compress + decompress is timed on
 //                           its device
-//   the next P steps        gradient all-reduce, each bucket's collective timed on the bucket
-//                           thread and each step timed on the trainer thread (P: probe_steps or
-//                           BAGUA_AUTO_PROBE_STEPS, default 4)
-//   the next max(1, P/2)    no communication at all (the compute-only step time); each bucket
-//                           is zeroed, so every rank applies the same zero gradient and the
-//                           ranks stay identical
-//   then                    every rank publishes its figures through the group's store, rank 0
-//                           combines them (the slowest rank's times, the slowest link), decides
-//                           and publishes the choice, every rank logs it, and the reducer resets:
-//                           rank 0's weights and optimizer state are broadcast and the chosen
-//                           algorithm's implementation takes over from the next step.
-// A pinned name (the `pin` argument, else BAGUA_ALGORITHM) skips all of it.
+//   the next 2 steps        gradient all-reduce, each bucket's collective timed on the bucket
+//                           thread and each step timed on the trainer thread; then the ranks
+//                           exchange these figures through the store (the early check):
+//                             - if the rule makes the same choice for every compute time the
+//                               figures allow (chooseEarly), that is the decision: nothing more
+//                               to measure (a link whose all-reduce is a small part of the step);
+//                             - else if every rank's timed steps agree within kAutoStableSpread,
+//                               one step without communication follows, then the decision;
+//                             - else the timed steps go on to P in all (P: probe_steps or
+//                               BAGUA_AUTO_PROBE_STEPS, default 4), then max(1, P/2) steps
+//                               without communication, then the decision.
+//   steps without communication  the compute-only step time; each bucket is zeroed, so every
+//                           rank applies the same zero gradient and the ranks stay identical
+//   the decision            every rank publishes its figures through the group's store, rank 0
+//                           combines them (the slowest rank's times, the slowest link) and
+//                           publishes the result, every rank runs the rule on the same figures
+//                           and logs the choice, and the reducer resets: rank 0's weights and
+//                           optimizer state are broadcast and the chosen algorithm's
+//                           implementation takes over from the next step.
+// With P = 1 the early check comes after the one timed step. A pinned name (the `pin` argument,
+// else BAGUA_ALGORITHM) skips all of it.
 //
 // The rule (chooseAlgorithm): per candidate, the bucket thread's work per step is its
 // collectives' latency plus its bytes at the measured all-reduce bandwidth plus its compression
@@ -38,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +79,16 @@ inline constexpr double kAutoHiddenShare = 0.5;
 // MinMaxUInt8 throughput (compress + decompress, bytes per second of gradient) taken for device
 // gradients when it was not measured (no f32 bucket), and the rule's default.
 inline constexpr double kAutoDeviceCodecBytesPerSecond = 200e9;
+
+// The early check decides only on a choice that holds for every compute time in
+// [max(step - busy, kAutoEarlyComputeFloor * step), step] (busy: the bucket thread's collective
+// seconds a step, which no compute can hide more than), evaluated at kAutoEarlyPoints evenly
+// spaced compute times.
+inline constexpr double kAutoEarlyComputeFloor = 0.05;
+inline constexpr int kAutoEarlyPoints = 5;
+// Timed steps whose slowest is within this factor of the fastest, on every rank, are taken as
+// settled: one compute-only step, then the decision.
+inline constexpr double kAutoStableSpread = 1.10;
 
 // One all-reduce as timed: its buffer's bytes and its seconds.
 struct LinkSample {
@@ -124,11 +144,18 @@ struct AutoDecision {
   AlgorithmArgs args;
   std::string reason;  // one line, logged
   std::vector<AutoCandidate> candidates;
+  int probeSteps = 0;  // training steps the probe took (0: pinned or one rank)
 };
 
 // The rule (see the file comment). InvalidArgument for inputs that cannot describe a training
 // step (no bucket, a non-positive time or bandwidth).
 Result<AutoDecision> chooseAlgorithm(const AutoInputs& in);
+
+// The early check (see the file comment): in.computeSeconds is ignored; busySeconds is the bucket
+// thread's collective time a step. The decision if chooseAlgorithm makes the same choice (name and
+// settings) at every compute time tried, its reason saying so; std::nullopt if the choice depends
+// on the compute time. Errors as chooseAlgorithm's.
+Result<std::optional<AutoDecision>> chooseEarly(const AutoInputs& in, double busySeconds);
 
 class AutoSelect final : public core::Algorithm {
  public:
@@ -147,9 +174,21 @@ class AutoSelect final : public core::Algorithm {
  private:
   friend class AutoProbeImpl;
   AutoSelect(std::string pin, int probeSteps) : pin_(std::move(pin)), probeSteps_(probeSteps) {}
+  // What the early check concluded.
+  enum class Early { kDecided, kSettled, kGoOn };
+  // Trainer thread, after the first timed steps: exchange the figures (store keys under `seq`),
+  // and decide where chooseEarly can. An error is kept (returned by the next reify) and reported
+  // as kDecided, so that the reducer resets and meets it.
+  Early checkEarly(core::DistributedDataParallel& ddp, const AutoInputs& mine, double busySeconds,
+                   double spread, int64_t seq, int stepsSoFar);
   // Trainer thread, once the probe's figures are in: exchange (store keys numbered `seq`),
   // decide, build the choice. An error is kept and returned by the next reify.
-  void decide(core::DistributedDataParallel& ddp, const AutoInputs& mine, int64_t seq);
+  void decide(core::DistributedDataParallel& ddp, const AutoInputs& mine, int64_t seq,
+              int stepsSoFar);
+  // Builds the decided algorithm (gradient all-reduce where the choice refuses its settings),
+  // logs it and keeps it.
+  void adopt(AutoDecision d, bool hierarchical, int rank);
+  void fail(Status s);
 
   mutable std::mutex mu_;
   const std::string pin_;

@@ -29,10 +29,13 @@ struct AlgorithmsParams : ParamCatalogue {
       "BAGUA_AUTO_PROBE_STEPS",
       4,
       {1, 1000},
-      "Steps auto times with gradient all-reduce after two warm-up steps; it then times half as "
-      "many (at least one) without communication and decides. More steps average out a noisy "
-      "machine; each step without communication applies a zero gradient on every rank (its "
-      "batch is lost to training). The algorithm's `probe_steps` argument overrides it."};
+      "Most steps auto times with gradient all-reduce after two warm-up steps. After the first "
+      "two it decides at once where its choice cannot depend on the compute time (the all-reduce "
+      "is a small part of the step), or times one step without communication and decides where "
+      "the timed steps agree within 10%; else it times them all, then half as many (at least "
+      "one) without communication. More steps average out a noisy machine; each step without "
+      "communication applies a zero gradient on every rank (its batch is lost to training). The "
+      "algorithm's `probe_steps` argument overrides it."};
 };
 AlgorithmsParams& algorithmsParams();
 

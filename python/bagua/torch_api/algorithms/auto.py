@@ -4,12 +4,17 @@ and picks the algorithm (the C++ ``AutoSelect``, algorithms/README.md "algorithm
     model = model.with_bagua([opt], Algorithm.init("auto"))
     model.bagua_algorithm.decision()   # after the probe: {"algorithm", "args", "reason", ...}
 
-Steps 1-2 run gradient all-reduce untimed, the next ``probe_steps`` (default 4,
-``BAGUA_AUTO_PROBE_STEPS``) time it bucket by bucket, the next ``max(1, probe_steps // 2)`` run
-with no communication to time the compute alone (the gradient is zeroed on every rank, so the
-ranks stay identical; those steps' batches are lost to training); then every
-rank makes the same choice from the combined figures, logs it with its reason (log category
-``algo``, rank 0 at INFO), and training goes on from rank 0's weights with the chosen algorithm.
+Steps 1-2 run gradient all-reduce untimed; the next two time it bucket by bucket, and the ranks
+then check whether the rule's choice could depend on the compute-only step time, which is not
+measured yet: where it cannot (the all-reduce is a small part of the step), that is the
+decision. Else, where the timed steps agreed within 10% on every rank, one step runs with no
+communication to time the compute alone, then the decision; else the timed steps go on to
+``probe_steps`` (default 4, ``BAGUA_AUTO_PROBE_STEPS``) and ``max(1, probe_steps // 2)`` steps
+without communication follow. In a step without communication the gradient is zeroed on every
+rank, so the ranks stay identical (that step's batch is lost to training). Every rank makes the
+same choice from the combined figures and logs it with its reason (log category ``algo``, rank 0
+at INFO; ``decision()["probe_steps"]`` says how many steps the probe took), and training goes on
+from rank 0's weights with the chosen algorithm.
 ``pin`` (or ``BAGUA_ALGORITHM``) skips the measurement: one of ``gradient_allreduce``,
 ``bytegrad``, ``powersgd``; another name fails at the wrap, naming the setting.
 """
@@ -47,7 +52,7 @@ class AutoAlgorithm(Algorithm):
 
     def decision(self):
         """The choice of the current wrap: ``{"algorithm": name ("" until the probe is over),
-        "args": {...}, "reason": str, "candidates": [{"label", "step_s", "exposed_s", "score",
+        "args": {...}, "reason": str, "probe_steps": int, "candidates": [{"label", "step_s", "exposed_s", "score",
         ...}, ...]}``."""
         if self._ext_algorithm is None:
             return {"algorithm": "", "args": {}, "reason": "not wrapped yet", "candidates": []}
