@@ -88,7 +88,7 @@ def parse():
     ap.add_argument("--models", default="transformer,resnet50",
                     help="comma-separated: transformer, resnet50")
     ap.add_argument("--preset", default="",
-                    help="model size: tiny, mid, small, gpt2 (transformer); tiny, small, "
+                    help="model size: tiny, mid, small, gpt2, gpt2-chain (transformer); tiny, small, "
                          "resnet50 (resnet); default tiny on CPU, gpt2 / resnet50 on CUDA")
     ap.add_argument("--contestants", default=None,
                     help="comma-separated, default all: " + ", ".join(ALL) + " (with --tta: " +

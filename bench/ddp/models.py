@@ -5,7 +5,7 @@
   reach, so a loss curve says how far training got. ``entropy_rate()`` computes it.
 * ``LM``: a GPT-2-shaped decoder (pre-LayerNorm blocks, causal self-attention, GELU MLP, tied
   input/output embedding). Preset ``gpt2`` is GPT-2 small's shape (124 M parameters with a
-  50257-token vocabulary).
+  50257-token vocabulary); ``gpt2-chain`` is the same model on a chain over 256 of its tokens.
 * ``ResNet``: ResNet-50's layout written here (bottleneck blocks 3-4-6-3, BatchNorm), so the
   bench runs where torchvision is absent; ``width=64`` is ResNet-50 itself (25.6 M parameters
   with 1000 classes), smaller widths for CPU. ``ClassImages``: synthetic images, one fixed
@@ -29,7 +29,18 @@ LM_PRESETS = {
     "mid": (256, 256, 4, 4, 128, 16),
     "small": (1024, 256, 4, 4, 128, 8),
     "gpt2": (50257, 768, 12, 12, 512, 8),
+    # GPT-2 small itself (124 M parameters, 50257-token embedding, 500 MB of gradients) on a
+    # chain over its first 256 tokens (LM_CHAIN_TOKENS), which it learns in a time-to-accuracy
+    # run's steps; 128 tokens of context, 8 sequences a rank.
+    "gpt2-chain": (50257, 768, 12, 12, 128, 8),
 }
+# Presets whose Markov chain covers only the first N tokens of the model's vocabulary.
+LM_CHAIN_TOKENS = {"gpt2-chain": 256}
+
+
+def lm_chain(preset):
+    """The Markov chain an LM preset trains on."""
+    return MarkovText(LM_CHAIN_TOKENS.get(preset, LM_PRESETS[preset][0]))
 # name -> (width, image, batch, classes)
 RESNET_PRESETS = {
     "tiny": (8, 32, 8, 10),

@@ -42,10 +42,10 @@ class LMTask:
     better = "lower"
 
     def __init__(self, args, rank, dev):
-        vocab, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
+        _, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
         self.batch = args.batch or batch
         self.seq, self.rank, self.dev = seq, rank, dev
-        self.chain = models.MarkovText(vocab)
+        self.chain = models.lm_chain(args.preset)
         self.floor = self.chain.loss_floor(seq)
         self.margin = args.lm_margin
         self.target = self.floor + self.margin

@@ -227,9 +227,9 @@ def loss_of(args, module, batch):
 def make_data(args, rank, dev, steps):
     """(train batches of this rank, eval batches shared by all ranks, loss floor or None)."""
     if args.model == "transformer":
-        vocab, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
+        _, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
         batch = args.batch or batch
-        chain = models.MarkovText(vocab)
+        chain = models.lm_chain(args.preset)
         pool = min(steps, 64)
         toks = chain.sample(pool * batch, seq + 1, seed=1000 + rank)
         train = [(t[:, :-1].to(dev), t[:, 1:].to(dev)) for t in toks.split(batch)]
