@@ -215,7 +215,7 @@ def run(args, dev, rank, world, build, unavailable):
         if c.name == "auto":
             d = c.algo.decision()
             r["auto_decision"] = {"algorithm": d["algorithm"], "args": d["args"],
-                                  "reason": d["reason"]}
+                                  "reason": d["reason"], "probe_steps": d.get("probe_steps")}
         if c.note:
             r["note"] = c.note
     nparams = sum(p.numel() for p in models.build(args.model, args.preset, 0).parameters())

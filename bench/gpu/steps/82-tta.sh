@@ -4,7 +4,7 @@
 # it is registered, auto) trains from the same weights on the same batches until the evaluation
 # metric reaches the target, or the step cap; one rank per GPU.
 #
-# One cell per call, chosen by the environment (each call <= 7 minutes on a warm machine):
+# One cell per call, chosen by the environment (each call <= 8 minutes on a warm machine):
 #   TTA_MODEL  transformer | resnet50                                    (default transformer)
 #   TTA_LINK   (required: without it the step does nothing)
 #              nvlink      NCCL inside the host, P2P over NVLink, no cap
@@ -14,6 +14,13 @@
 #   TTA_GPUS   2 | 4                                                      (default 4)
 #   TTA_MAX_STEPS, TTA_CONTESTANTS, TTA_EXTRA (more compare.py arguments): override the cell's
 #   defaults below.
+#   TTA_PRESET  the model's preset (default: mid for the LM, small for the ResNet); gpt2-chain is
+#              GPT-2 small itself (124 M parameters, 500 MB of gradients) on a 256-token chain,
+#              Adam lr TTA_LR (default 6e-4 for it)
+#   TTA_LM_MARGIN=from-ddp  the LM's target margin is measured first: DDP alone over NVLink (the
+#              same weights, batches and steps; no cap, so it is quick) to the step cap, and the
+#              margin is its eval loss at 60% of the cap above the chain's floor, rounded up to
+#              0.05 nats: a target DDP reaches inside the cap by construction.
 # Models (sized so that a cell fits its call; bench/ddp/README.md, "Time to accuracy"):
 #   transformer: preset mid, GPT-2's layout at 4 layers, width 256, on a 256-token Markov
 #                chain, 128-token context (3.3 M parameters, 13 MB of gradients), 16 sequences
@@ -27,7 +34,7 @@
 #   BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=82 TTA_MODEL=resnet50 TTA_LINK=1gbit bench/gpu/run.sh
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT. Detail in $OUT/82-tta.log; per cell
 # $OUT/82-tta-<model>-<link>-<gpus>g.json (every evaluation) and .png (metric against wall time).
-# step-timeout: 420
+# step-timeout: 500
 set -uo pipefail
 # A cell takes minutes: only when asked for (a full run.sh passes by).
 [ -n "${TTA_LINK:-}" ] || { echo "82-tta: not run (set TTA_LINK, and TTA_MODEL / TTA_GPUS)"; exit 0; }
@@ -63,10 +70,13 @@ esac
 # The cell's defaults: step caps that every contestant runs to (the metric at the cap), sized
 # from the slowest contestants' step time on that link.
 if [ "$MODEL" = transformer ]; then
-  ARGS=(--preset mid --lr 2e-3 --lm-margin 0.35)
+  PRESET=${TTA_PRESET:-mid}
+  LR=2e-3
+  [ "$PRESET" = gpt2-chain ] && LR=6e-4
+  ARGS=(--preset "$PRESET" --lr "${TTA_LR:-$LR}" --lm-margin 0.35)
   case "$LINK" in 1gbit) STEPS=200 ;; *) STEPS=250 ;; esac
 else
-  ARGS=(--preset small --batch 32 --lr 5e-3 --target-acc 95)
+  ARGS=(--preset "${TTA_PRESET:-small}" --batch 32 --lr "${TTA_LR:-5e-3}" --target-acc 95)
   case "$LINK" in 1gbit) STEPS=160 ;; *) STEPS=200 ;; esac
 fi
 STEPS=${TTA_MAX_STEPS:-$STEPS}
@@ -79,14 +89,43 @@ if [ ! -f "$BUILD/net_plugin/libnccl-net.so" ]; then
   export BAGUA_NET_PLUGIN_PATH
 fi
 LABEL="$MODEL-$LINK-${GPUS}g"
-LIMIT=400
+LIMIT=480
 if [ -n "${BAGUA_STEP_DEADLINE:-}" ]; then
   left=$(( BAGUA_STEP_DEADLINE - $(date +%s) - 10 ))
   [ "$left" -lt "$LIMIT" ] && LIMIT=$left
 fi
 [ "$LIMIT" -ge 60 ] || { echo "82-tta $LABEL: not run (step limit)"; exit 1; }
-echo "===== $LABEL: ${ARGS[*]} --max-steps $STEPS ${NET[*]}" >> "$LOG"
 SECONDS=0
+if [ "$MODEL" = transformer ] && [ "${TTA_LM_MARGIN:-}" = from-ddp ]; then
+  echo "===== $LABEL: the margin from DDP over NVLink: ${ARGS[*]} --max-steps $STEPS" >> "$LOG"
+  timeout "$LIMIT" "$PY" "$ROOT/bench/ddp/compare.py" --tta --device cuda --nproc "$GPUS" \
+    --build "$BUILD" --models "$MODEL" "${ARGS[@]}" --max-steps "$STEPS" --net nvlink \
+    --contestants ddp "${EXTRA[@]}" --timeout $((LIMIT - 15)) \
+    --json "$OUT/82-tta-$LABEL-margin.json" > "$OUT/82-tta-$LABEL-margin.log" 2>&1
+  margin=$("$PY" - "$OUT/82-tta-$LABEL-margin.json" << 'EOF'
+import json, math, sys
+def runs(x):
+    if isinstance(x, dict):
+        if "results" in x and "task" in x:
+            yield x
+        for v in x.values():
+            yield from runs(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from runs(v)
+run = next(runs(json.load(open(sys.argv[1]))))
+evals = run["results"][0]["evals"]
+at = max(e[0] for e in evals) * 0.6
+loss = min((abs(e[0] - at), e[2]) for e in evals)[1]
+print("{:.2f}".format(math.ceil((loss - run["task"]["floor"]) / 0.05) * 0.05))
+EOF
+  )
+  [ -n "$margin" ] || { echo "82-tta $LABEL: no margin from the DDP run (see $OUT/82-tta-$LABEL-margin.log)"; exit 1; }
+  echo "82-tta $LABEL: margin $margin nats (DDP's eval loss at 60% of $STEPS steps over NVLink), ${SECONDS}s"
+  ARGS+=(--lm-margin "$margin")
+  LIMIT=$((LIMIT - SECONDS))
+fi
+echo "===== $LABEL: ${ARGS[*]} --max-steps $STEPS ${NET[*]}" >> "$LOG"
 timeout "$LIMIT" "$PY" "$ROOT/bench/ddp/compare.py" --tta --device cuda --nproc "$GPUS" \
   --build "$BUILD" --models "$MODEL" "${ARGS[@]}" --max-steps "$STEPS" "${NET[@]}" \
   "${CONT[@]}" "${EXTRA[@]}" --timeout $((LIMIT - 15)) \
