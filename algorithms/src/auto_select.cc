@@ -276,11 +276,26 @@ Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
   if (best != &allReduce) {
     const double ratio = best->score / allReduce.score;
     if (ratio < 1.0 - kAutoMinGain) {
-      pick = best;
+      // The most exact candidate within the minimum gain of the best (candidates are in
+      // order of exactness): a less exact one must earn its loss of accuracy per step.
+      for (const AutoCandidate& c : cands) {
+        if (c.registered && &c != &allReduce && best->score >= (1.0 - kAutoMinGain) * c.score) {
+          pick = &c;
+          break;
+        }
+      }
       why += strPrintf(
           "; %s: predicted %.1f ms a step x %.2f steps = %.2f of gradient_allreduce's "
           "time to accuracy",
-          best->label.c_str(), ms(best->stepSeconds), best->stepsFactor, ratio);
+          pick->label.c_str(), ms(pick->stepSeconds), pick->stepsFactor,
+          pick->score / allReduce.score);
+      if (pick != best) {
+        why += strPrintf(
+            "; %s, predicted at %.2f of its time (needs < %.2f), does not replace the more "
+            "exact %s",
+            best->label.c_str(), best->score / pick->score, 1.0 - kAutoMinGain,
+            pick->label.c_str());
+      }
     } else {
       why += strPrintf(
           "; best other, %s, predicted at %.2f of its time to accuracy (needs < %.2f): "

@@ -158,6 +158,37 @@ TEST(AutoRule, KeepsExactAllReduceBelowTheMinimumGain) {
   EXPECT_LT(find(*d, "bytegrad")->score, find(*d, "gradient_allreduce")->score);
 }
 
+// Over a sweep of links and compute times: the pick is the most exact candidate (the
+// candidates' order) whose score is within the minimum gain of the lowest score, so a less
+// exact algorithm never replaces a more exact one for less than that gain. The sweep must hold
+// cases where that differs from the lowest score, or the test would not test it.
+TEST(AutoRule, ALessExactCandidateMustBeatAMoreExactOneByTheMinimumGain) {
+  int overruled = 0;
+  for (double bw = 10e9; bw >= 10e6; bw /= 1.25) {
+    for (double compute : {0.005, 0.02, 0.08, 0.3}) {
+      auto d = chooseAlgorithm(atBandwidth(bw, compute, kWithPowerSgd));
+      ASSERT_TRUE(d.isOk()) << d.status().toString();
+      const AutoCandidate* best = &d->candidates.front();
+      for (const AutoCandidate& c : d->candidates) {
+        best = c.score < best->score ? &c : best;
+      }
+      size_t want = 0;
+      while (best->score < (1 - kAutoMinGain) * d->candidates[want].score) {
+        ++want;
+      }
+      const AutoCandidate& w = d->candidates[want];
+      EXPECT_EQ(d->algorithm, w.algorithm) << bw << " B/s, " << compute << " s: " << d->reason;
+      EXPECT_EQ(d->args, w.args) << bw << " B/s, " << compute << " s: " << d->reason;
+      if (&w != best && want > 0) {
+        ++overruled;
+        EXPECT_NE(d->reason.find("does not replace the more exact " + w.label), std::string::npos)
+            << d->reason;
+      }
+    }
+  }
+  EXPECT_GT(overruled, 0) << "no case where the lowest score lost to a more exact candidate";
+}
+
 TEST(AutoRule, NoByteGradForNonF32GradientsAndHierarchicalGroups) {
   AutoInputs in = atBandwidth(100e6, 0.02, kWithoutPowerSgd);
   in.allF32 = false;

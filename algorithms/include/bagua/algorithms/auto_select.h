@@ -34,9 +34,11 @@
 // backward pass is free, the rest is exposed and adds to the compute-only step time. The
 // predicted step time times the candidate's steps factor (steps to a quality target relative to
 // gradient all-reduce; assumed, see kAutoStepsFactor*) is its score. The lowest score wins, but
-// gradient all-reduce (exact) is kept unless the winner's score is below (1 - kAutoMinGain) of
-// its own. A candidate whose algorithm is not registered in this build is skipped with a log
-// line (the decision's reason names it).
+// the most exact candidate (gradient all-reduce, ByteGrad, PowerSGD rank 4, rank 1, in that
+// order) whose score is within kAutoMinGain of the lowest is taken instead: a less exact
+// algorithm replaces a more exact one only where its score is below (1 - kAutoMinGain) of it. A
+// candidate whose algorithm is not registered in this build is skipped with a log line (the
+// decision's reason names it).
 //
 // Thread model: reify, needReset and the decision run on the trainer's thread; the probe's
 // runBucket on the reducer's bucket thread (one bucket at a time; its samples under a mutex).
@@ -69,8 +71,8 @@ const std::vector<std::string>& autoCandidateNames();
 inline constexpr double kAutoStepsFactorByteGrad = 1.0;
 inline constexpr double kAutoStepsFactorPowerSgdRank4 = 3.0;
 inline constexpr double kAutoStepsFactorPowerSgdRank1 = 4.0;
-// A compressing algorithm replaces exact gradient all-reduce only if its predicted time to a
-// quality target is below (1 - kAutoMinGain) of gradient all-reduce's.
+// A less exact candidate replaces a more exact one only if its predicted time to a quality
+// target is below (1 - kAutoMinGain) of the more exact one's.
 inline constexpr double kAutoMinGain = 0.10;
 // Where gradient all-reduce hid entirely, the part of the compute-only step that hides
 // communication is taken as the larger of its work and this share of the step (the backward
