@@ -13,6 +13,7 @@
 #include "bagua/algorithms/params.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
+#include "ddp_steps.h"
 #include "multi_rank.h"
 
 namespace bagua::algo {
@@ -370,13 +371,7 @@ std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
   auto res = testing::runRanks(
       kWorld,
       [&](int r) -> std::string {
-        core::ProcessGroupOptions po;
-        po.rank = r;
-        po.worldSize = kWorld;
-        po.hierarchical = false;
-        po.rendezvousTimeout = 20000ms;
-        po.collectiveTimeout = 20000ms;
-        auto pg = core::ProcessGroup::create(store, po);
+        auto pg = testing::hostGroup(store, r, kWorld);
         if (!pg.isOk()) {
           return pg.status().toString();
         }
@@ -396,28 +391,12 @@ std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
         std::vector<float> x;
         std::vector<int32_t> y;
         for (int step = 0; step < steps; ++step) {
-          opt.zeroGrad();
-          Status s = (*ddp)->prepareForward();
-          if (!s.isOk()) {
-            return strPrintf("step %d: %s", step, s.toString().c_str());
-          }
           makeBatch(static_cast<uint32_t>(step * 7 + r), &x, &y);
-          const float loss = model.forward(x.data(), y.data(), kBatch);
-          (step == 0 ? out[r].first : out[r].last) = loss;
-          model.backward([&](int p) {
-            if (s.isOk()) {
-              s = (*ddp)->markGradReady(p);
-            }
-          });
-          if (s.isOk()) {
-            s = (*ddp)->finishBackward();
+          Result<float> loss = testing::mlpStep(**ddp, opt, model, x, y);
+          if (!loss.isOk()) {
+            return strPrintf("step %d: %s", step, loss.status().toString().c_str());
           }
-          if (s.isOk()) {
-            s = (*ddp)->step();
-          }
-          if (!s.isOk()) {
-            return strPrintf("step %d: %s", step, s.toString().c_str());
-          }
+          (step == 0 ? out[r].first : out[r].last) = *loss;
         }
         out[r].decision = static_cast<AutoSelect&>(**algo).decision();
         for (const core::Parameter& p : model.parameters()) {

@@ -12,6 +12,7 @@
 #include "bagua/algorithms/qadam.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
+#include "ddp_steps.h"
 #include "multi_rank.h"
 
 namespace bagua::algo {
@@ -64,13 +65,7 @@ Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
   auto res = testing::runRanks(
       kWorld,
       [&](int r) -> std::string {
-        core::ProcessGroupOptions po;
-        po.rank = r;
-        po.worldSize = kWorld;
-        po.hierarchical = false;
-        po.rendezvousTimeout = 20000ms;
-        po.collectiveTimeout = 20000ms;
-        auto pg = core::ProcessGroup::create(store, po);
+        auto pg = testing::hostGroup(store, r, kWorld);
         if (!pg.isOk()) {
           return pg.status().toString();
         }
@@ -104,26 +99,10 @@ Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
         std::vector<float> x;
         std::vector<int32_t> y;
         for (int step = 0; step < kSteps; ++step) {
-          opt->zeroGrad();
-          Status s = (*ddp)->prepareForward();
-          if (!s.isOk()) {
-            return s.toString();
-          }
           makeBatch(static_cast<uint32_t>(step * 131 + r), kBatch, &x, &y);
-          model.forward(x.data(), y.data(), kBatch);
-          model.backward([&](int p) {
-            if (s.isOk()) {
-              s = (*ddp)->markGradReady(p);
-            }
-          });
-          if (s.isOk()) {
-            s = (*ddp)->finishBackward();
-          }
-          if (s.isOk()) {
-            s = (*ddp)->step();
-          }
-          if (!s.isOk()) {
-            return strPrintf("step %d: %s", step, s.toString().c_str());
+          Result<float> loss = testing::mlpStep(**ddp, *opt, model, x, y);
+          if (!loss.isOk()) {
+            return strPrintf("step %d: %s", step, loss.status().toString().c_str());
           }
         }
         if (name == "async") {

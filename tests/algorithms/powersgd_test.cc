@@ -13,6 +13,7 @@
 #include <set>
 
 #include "bagua/algorithms/algorithms.h"
+#include "ddp_steps.h"
 #include "powersgd_reference.h"
 
 namespace bagua::algo {
@@ -25,16 +26,7 @@ using namespace psgdtest;
 // leaves room for it and still fails on any misplaced element or wrong factor.
 constexpr double kTol = 5e-5;
 
-Result<std::unique_ptr<core::ProcessGroup>> hostGroup(std::shared_ptr<core::Store> store, int rank,
-                                                      int world) {
-  core::ProcessGroupOptions po;
-  po.rank = rank;
-  po.worldSize = world;
-  po.hierarchical = false;
-  po.rendezvousTimeout = 20000ms;
-  po.collectiveTimeout = 20000ms;
-  return core::ProcessGroup::create(std::move(store), po);
-}
+using bagua::testing::hostGroup;
 
 std::vector<RankRun> runHost(int world, int steps, const PowerSgdOptions& o, int resumeAfter = -1) {
   auto store = std::make_shared<core::InMemoryStore>();

@@ -16,6 +16,7 @@
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/algorithms/qadam.h"
 #include "bagua/core/ddp.h"
+#include "ddp_steps.h"
 #include "multi_rank.h"
 
 namespace bagua::algo {
@@ -104,12 +105,7 @@ std::string train(bool hold, RunResult* out) {
   auto res = testing::runRanks(
       kWorld,
       [&](int r) -> std::string {
-        core::ProcessGroupOptions po;
-        po.rank = r;
-        po.worldSize = kWorld;
-        po.rendezvousTimeout = 20000ms;
-        po.collectiveTimeout = 20000ms;
-        auto pg = core::ProcessGroup::create(store, po);
+        auto pg = testing::hostGroup(store, r, kWorld);
         if (!pg.isOk()) {
           return pg.status().toString();
         }

@@ -20,6 +20,7 @@
 #include "bagua/optimizer/elementwise.h"
 #include "bagua/optimizer/grad_scaler.h"
 #include "bagua/optimizer/params.h"
+#include "ddp_steps.h"
 #include "multi_rank.h"
 
 namespace bagua::optim {
@@ -60,13 +61,7 @@ std::string train(const TrainSpec& run, std::vector<RankOut>* out) {
   auto res = bagua::testing::runRanks(
       kWorld,
       [&](int r) -> std::string {
-        core::ProcessGroupOptions po;
-        po.rank = r;
-        po.worldSize = kWorld;
-        po.hierarchical = false;
-        po.rendezvousTimeout = 20000ms;
-        po.collectiveTimeout = 30000ms;
-        auto pg = core::ProcessGroup::create(store, po);
+        auto pg = bagua::testing::hostGroup(store, r, kWorld, 30000ms);
         if (!pg.isOk()) {
           return pg.status().toString();
         }

@@ -1,0 +1,35 @@
+#include "ddp_steps.h"
+
+namespace bagua::testing {
+
+Result<std::unique_ptr<core::ProcessGroup>> hostGroup(std::shared_ptr<core::Store> store, int rank,
+                                                      int world,
+                                                      std::chrono::milliseconds collectiveTimeout) {
+  core::ProcessGroupOptions po;
+  po.rank = rank;
+  po.worldSize = world;
+  po.hierarchical = false;
+  po.rendezvousTimeout = std::chrono::milliseconds(20000);
+  po.collectiveTimeout = collectiveTimeout;
+  return core::ProcessGroup::create(std::move(store), po);
+}
+
+Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt,
+                      core::example::Mlp& model, const std::vector<float>& x,
+                      const std::vector<int32_t>& y) {
+  opt.zeroGrad();
+  BAGUA_RETURN_IF_ERROR(ddp.prepareForward());
+  const float loss = model.forward(x.data(), y.data(), static_cast<int>(y.size()));
+  Status s;
+  model.backward([&](int p) {
+    if (s.isOk()) {
+      s = ddp.markGradReady(p);
+    }
+  });
+  BAGUA_RETURN_IF_ERROR(s);
+  BAGUA_RETURN_IF_ERROR(ddp.finishBackward());
+  BAGUA_RETURN_IF_ERROR(ddp.step());
+  return loss;
+}
+
+}  // namespace bagua::testing
