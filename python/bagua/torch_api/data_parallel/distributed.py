@@ -57,6 +57,7 @@ class DistributedDataParallel_V1_9_0(Module):
         algorithm=None,
         static_graph=False,
         _bagua_broadcast_buffers=False,
+        _engine_options=None,
     ):
         super().__init__()
         if not any(p.requires_grad for p in module.parameters()):
@@ -88,7 +89,8 @@ class DistributedDataParallel_V1_9_0(Module):
             gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters,
             bucket_cap_mb=bucket_cap_mb,
-            broadcast_buffers=_bagua_broadcast_buffers and broadcast_buffers)
+            broadcast_buffers=_bagua_broadcast_buffers and broadcast_buffers,
+            engine_options=_engine_options)
 
     @property
     def require_backward_grad_sync(self):
