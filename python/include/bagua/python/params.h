@@ -27,7 +27,9 @@ struct PythonParams : ParamCatalogue {
       "bucket size of with_bagua and DistributedDataParallel when the call gives none (the "
       "launchers' --default_bucket_size sets it). Larger buckets mean fewer, larger collectives; "
       "smaller ones start communicating earlier in the backward pass. The default is torch "
-      "DDP's bucket_cap_mb (Bagua's was 10 MiB); bench/ddp/compare.py measures a model's best"};
+      "DDP's bucket_cap_mb (Bagua's was 10 MiB); bench/ddp/compare.py --bucket-mb compares sizes "
+      "on a "
+      "model"};
   IntParam nodeRank{*this,
                     "NODE_RANK",
                     0,
