@@ -155,7 +155,7 @@ class DistributedDataParallel(DistributedDataParallel_V1_9_0):
                 broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
                 find_unused_parameters=False, check_reduction=False,
                 gradient_as_bucket_view=True, static_graph=False, optimizers=(),
-                algorithm=None):
+                algorithm=None, *, _engine_options=None):
         if device_ids is None and output_device is None and dim == 0 and not check_reduction:
             return super().__new__(cls)
         warnings.warn("bagua: device_ids, output_device, dim and check_reduction are not "
@@ -174,10 +174,10 @@ class DistributedDataParallel(DistributedDataParallel_V1_9_0):
                  broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
                  find_unused_parameters=False, check_reduction=False,
                  gradient_as_bucket_view=True, static_graph=False, optimizers=(),
-                 algorithm=None):
+                 algorithm=None, *, _engine_options=None):
         super().__init__(module, device_ids, output_device, dim, broadcast_buffers,
                          process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
                          gradient_as_bucket_view, optimizers, algorithm, static_graph,
-                         _bagua_broadcast_buffers=True)
+                         _bagua_broadcast_buffers=True, _engine_options=_engine_options)
 
 
