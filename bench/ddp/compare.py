@@ -56,8 +56,8 @@ ALL = ["ddp", "ddp_bf16", "ddp_powersgd", "gradient_allreduce", "bytegrad", "qad
 # Also accepted: gradient_allreduce's variants (worker.VARIANTS): _sync (each bucket's collective
 # finished before the next one starts: the older, sequential reducer, kept for comparison),
 # _copied (do_flatten=False: gradients copied into the buckets and back), _bucket_copies (CUDA
-# buckets copied in and back, IN_PLACE_DEVICE_BUCKETS off: the older default, kept for
-# comparison); and every algorithm with hierarchical=True
+# buckets copied in and back, EngineOptions.in_place_device_buckets off: the older default, kept
+# for comparison); and every algorithm with hierarchical=True
 # (_hier: intra-node, then among node leaders; with --nodes).
 # ddp_fused: DDP with torch's fused optimizer (fused=True); gradient_allreduce_fused: with_bagua
 # and Bagua's fused optimizer, each bucket stepped inside the backward pass (the default);

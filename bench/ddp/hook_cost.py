@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The gradient hooks' Python cost per step: with_bagua's C++ hooks (GradReadyHook, the default)
-against a Python hook per gradient (bagua_distributed.NATIVE_HOOKS = False), same model, same
+against a Python hook per gradient (EngineOptions(native_hooks=False)), same model, same
 process, interleaved.
 
     PYTHONPATH=python:build/python /usr/bin/python3 bench/ddp/hook_cost.py [--layers 12]
@@ -60,7 +60,7 @@ def main():
     import bagua
     import bagua.torch_api as bt
     from bagua.torch_api.algorithms import GradientAllReduceAlgorithm
-    from bagua.torch_api.data_parallel import bagua_distributed as engine
+    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
 
     root = os.path.dirname(os.path.abspath(bagua.__file__))
     bt.init_process_group()
@@ -70,11 +70,8 @@ def main():
         torch.manual_seed(0)
         m = models.LM(vocab, a.width, a.layers, 4, seq)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-        engine.NATIVE_HOOKS = native
-        try:
-            m = m.with_bagua([opt], GradientAllReduceAlgorithm())
-        finally:
-            engine.NATIVE_HOOKS = True
+        m = m.with_bagua([opt], GradientAllReduceAlgorithm(),
+                         _engine_options=EngineOptions(native_hooks=native))
         variants["C++ hooks" if native else "Python hooks"] = (m, opt)
     params = sum(1 for _ in variants["C++ hooks"][0].parameters())
     g = torch.Generator().manual_seed(1)

@@ -37,7 +37,7 @@ BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
 # end before starting the next (the older, sequential reducer); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
-# copies CUDA buckets in and back (IN_PLACE_DEVICE_BUCKETS off; by default they run at
+# copies CUDA buckets in and back (EngineOptions.in_place_device_buckets off; by default they run at
 # do_flatten's laid-out gradients; host buckets always do, so on CPU it is gradient_allreduce).
 # Any algorithm with _hier: hierarchical=True (the others run flat).
 VARIANTS = ("_sync", "_copied", "_bucket_copies", "_hier", "_fused", "_fused_after")
@@ -176,28 +176,22 @@ class Contestant:
             algo = Algorithm.init(base, hierarchical=name.endswith("_hier"))
         if args.bucket_mb > 0:  # read at the wrap
             os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(int(args.bucket_mb * (1 << 20)))
-        from bagua.torch_api.data_parallel import bagua_distributed as engine
-        from bagua.torch_api.data_parallel import step_in_backward
+        from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
 
-        engine.LAUNCH_WITHOUT_WAITING = not name.endswith("_sync")
-        in_place = engine.IN_PLACE_DEVICE_BUCKETS
-        engine.IN_PLACE_DEVICE_BUCKETS = not name.endswith("_bucket_copies")
+        options = EngineOptions(
+            launch_without_waiting=not name.endswith("_sync"),
+            in_place_device_buckets=not name.endswith("_bucket_copies"),
+            step_in_backward=(not name.endswith("_fused_after")) if "_fused" in name else None)
         self.algo = algo
+        # Bagua's recipe with a fused optimizer: with_bagua(do_flatten=False), then
+        # fuse_optimizer (which lays weights and gradients out in its own order).
+        flatten = not name.endswith("_copied") and "_fused" not in name
+        self.wrapped = self.module.with_bagua([self.opt], algo, do_flatten=flatten,
+                                              _engine_options=options)
         if "_fused" in name:
-            step_in_backward.ENABLED = not name.endswith("_fused_after")
-        try:
-            # Bagua's recipe with a fused optimizer: with_bagua(do_flatten=False), then
-            # fuse_optimizer (which lays weights and gradients out in its own order).
-            flatten = not name.endswith("_copied") and "_fused" not in name
-            self.wrapped = self.module.with_bagua([self.opt], algo, do_flatten=flatten)
-            if "_fused" in name:
-                from bagua.torch_api.contrib import fuse_optimizer
+            from bagua.torch_api.contrib import fuse_optimizer
 
-                fuse_optimizer(self.opt)
-        finally:
-            engine.LAUNCH_WITHOUT_WAITING = True
-            engine.IN_PLACE_DEVICE_BUCKETS = in_place
-            step_in_backward.ENABLED = None
+            fuse_optimizer(self.opt)
 
     def pause(self):
         """Between this contestant's blocks: async's averaging thread stops (collective), so it

@@ -91,9 +91,8 @@ def main():
     # (under torchrun bagua finds its own port through the agent's store)
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms import Algorithm
-    from bagua.torch_api.data_parallel import bagua_distributed
+    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
 
-    bagua_distributed.CUDA_REDUCER = args.cuda_reducer
     bagua.init_process_group()
 
     m_torch = mlp(args, torch).to(dev)
@@ -104,7 +103,8 @@ def main():
     m_bagua = mlp(args, torch).to(dev)
     o_bagua = torch.optim.SGD(m_bagua.parameters(), lr=1e-3)
     kwargs = {"hierarchical": False} if args.algorithm != "async" else {}
-    w_bagua = m_bagua.with_bagua([o_bagua], Algorithm.init(args.algorithm, **kwargs))
+    w_bagua = m_bagua.with_bagua([o_bagua], Algorithm.init(args.algorithm, **kwargs),
+                                 _engine_options=EngineOptions(cuda_reducer=args.cuda_reducer))
 
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g).to(dev)

@@ -15,7 +15,7 @@ import torch
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms import GradientAllReduceAlgorithm
 from bagua.torch_api.contrib import fuse_optimizer
-from bagua.torch_api.data_parallel import step_in_backward
+from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
 
 STEPS = 110
 
@@ -67,22 +67,19 @@ def train(a, rank):
     """One run: with_bagua + fuse_optimizer (in a["order"]), a["steps"] steps, with in-backward
     stepping forced on or off; the gradient clipping or loss scaling of a["extra"] between
     backward and step. Returns the weights, the losses and what the wrap reported."""
-    step_in_backward.ENABLED = a["in_backward"]
+    forced = EngineOptions(step_in_backward=a["in_backward"])
     records = _Records()
     logging.getLogger("bagua").addHandler(records)
     logging.getLogger("bagua").setLevel(logging.INFO)
     dev = _dev(a)
-    try:
-        model = Mlp(seed=rank).to(dev)  # ranks differ: the wrap broadcasts rank 0's weights
-        opt = make_opt(a["opt"], model.parameters())
-        if a["order"] == "fuse_first":
-            fuse_optimizer(opt)
-            model = model.with_bagua([opt], GradientAllReduceAlgorithm())
-        else:  # Bagua's examples: with_bagua, then fuse_optimizer
-            model = model.with_bagua([opt], GradientAllReduceAlgorithm())
-            fuse_optimizer(opt)
-    finally:
-        step_in_backward.ENABLED = None
+    model = Mlp(seed=rank).to(dev)  # ranks differ: the wrap broadcasts rank 0's weights
+    opt = make_opt(a["opt"], model.parameters())
+    if a["order"] == "fuse_first":
+        fuse_optimizer(opt)
+        model = model.with_bagua([opt], GradientAllReduceAlgorithm(), _engine_options=forced)
+    else:  # Bagua's examples: with_bagua, then fuse_optimizer
+        model = model.with_bagua([opt], GradientAllReduceAlgorithm(), _engine_options=forced)
+        fuse_optimizer(opt)
     scaler = None
     if a.get("extra") == "scaler" and hasattr(torch, "amp") and \
             hasattr(torch.amp, "GradScaler"):
@@ -190,13 +187,10 @@ def misuse(a, rank):
     (RuntimeError), and clipping after it stepped (RuntimeError)."""
     out = {}
     for case in ("two_backwards", "clip_later"):
-        step_in_backward.ENABLED = True
-        try:
-            model = Mlp(layers=20, seed=rank)
-            opt = fuse_optimizer(make_opt("adamw", model.parameters()))
-            model = model.with_bagua([opt], GradientAllReduceAlgorithm())
-        finally:
-            step_in_backward.ENABLED = None
+        model = Mlp(layers=20, seed=rank)
+        opt = fuse_optimizer(make_opt("adamw", model.parameters()))
+        model = model.with_bagua([opt], GradientAllReduceAlgorithm(),
+                                 _engine_options=EngineOptions(step_in_backward=True))
         err = None
         try:
             for step in range(4):

@@ -18,7 +18,7 @@ if not _bagua_ext.HAVE_NCCL:
 SCENARIOS = {
     "gar_core": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                  "device": "cuda", "cuda_reducer": "core"},
-    # The default runs the device buckets at do_flatten's gradients (IN_PLACE_DEVICE_BUCKETS); these
+    # The default runs the device buckets at do_flatten's gradients (in_place_device_buckets); these
     # turn it off: gradients copied into reducer buckets and back.
     "gar_core_copies": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                         "device": "cuda", "cuda_reducer": "core", "in_place": False},
@@ -80,7 +80,7 @@ def test_bytegrad_cuda(runs, name):
 
 @pytest.mark.parametrize("name", ["gar_core", "gar_core_copies", "bytegrad", "bytegrad_copies"])
 def test_cuda_buckets_in_place_unless_turned_off(runs, name):
-    # Device buckets run at do_flatten's layout by default (IN_PLACE_DEVICE_BUCKETS): every bucket
+    # Device buckets run at do_flatten's layout by default (in_place_device_buckets): every bucket
     # does, and the gradients are the layout; turned off, none does.
     in_place, buckets = runs[name][0]["in_place"]
     if SCENARIOS[name].get("in_place", True):

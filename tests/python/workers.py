@@ -234,9 +234,11 @@ def train(a):
     _init()
     r, n = bagua.get_rank(), bagua.get_world_size()
     dev = _device(a)
-    if dev.type == "cuda":
-        from bagua.torch_api.data_parallel import bagua_distributed
-        bagua_distributed.CUDA_REDUCER = a.get("cuda_reducer", "core")
+    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
+
+    options = EngineOptions(cuda_reducer=a.get("cuda_reducer", "core"),
+                            autotune=True if a.get("autotune") else None,
+                            in_place_device_buckets=a.get("in_place", True))
     torch.manual_seed(r)  # different initial weights per rank: the wrap must broadcast rank 0's
     model = Net().to(dev)
     init = None
@@ -252,21 +254,11 @@ def train(a):
     if a.get("wrapper") == "ddp":
         wrapped = DistributedDataParallel(model, optimizers=[opt], algorithm=algo,
                                           find_unused_parameters=a.get("find_unused", False),
-                                          process_group=group)
+                                          process_group=group, _engine_options=options)
         ctx = wrapped.no_sync
     else:
-        from bagua.torch_api.data_parallel import bagua_distributed
-
-        tuned = bagua_distributed.AUTOTUNE
-        bagua_distributed.AUTOTUNE = 1 if a.get("autotune") else tuned
-        in_place = bagua_distributed.IN_PLACE_DEVICE_BUCKETS
-        bagua_distributed.IN_PLACE_DEVICE_BUCKETS = bool(a.get("in_place", in_place))
-        try:
-            wrapped = model.with_bagua([opt], algo, process_group=group,
-                                       do_flatten=a.get("do_flatten", True))
-        finally:
-            bagua_distributed.AUTOTUNE = tuned
-            bagua_distributed.IN_PLACE_DEVICE_BUCKETS = in_place
+        wrapped = model.with_bagua([opt], algo, process_group=group,
+                                   do_flatten=a.get("do_flatten", True), _engine_options=options)
         ctx = wrapped.no_sync
     init = flat(model)
     losses = []

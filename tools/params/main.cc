@@ -24,6 +24,7 @@
 #include "bagua/loader/params.h"
 #include "bagua/net/params.h"
 #include "bagua/optimizer/params.h"
+#include "bagua/python/params.h"
 #include "tuner.h"  // net_plugin private: the tuner's catalogue
 
 namespace {
@@ -38,7 +39,8 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
           &bagua::net::tuner::tunerParams(),
           &bagua::autotune::autotuneParams(),
           &bagua::optim::optimizerParams(),
-          &bagua::algo::algorithmsParams()};
+          &bagua::algo::algorithmsParams(),
+          &bagua::py::pythonParams()};
 }
 
 // `s` with a backslash before each character of `special` and each control character replaced

@@ -5,7 +5,7 @@
 #   1. the default path: DDP against with_bagua(gradient_allreduce), GPT-2 small (124 M, Adam,
 #      512 tokens x 8 per rank) and ResNet-50 (batch 32, 224 px), over NCCL Socket
 #      and over Bagua-Net (target: bagua's step time <= DDP's), and
-#      gradient_allreduce_bucket_copies (CUDA buckets copied in and back: IN_PLACE_DEVICE_BUCKETS
+#      gradient_allreduce_bucket_copies (CUDA buckets copied in and back: in_place_device_buckets
 #      off; on by default since this comparison found the in-place buckets as fast or faster);
 #   2. the slow link: every contestant (DDP, DDP + bf16 hook, DDP + PowerSGD, bagua's
 #      gradient_allreduce, bytegrad, qadam, decentralized, low_precision_decentralized) over

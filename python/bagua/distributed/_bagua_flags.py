@@ -23,21 +23,29 @@ import os
 import secrets
 import warnings
 
+from .. import _catalogue
 
-def add_bagua_flags(parser, service_port_default=29501):
+
+def add_bagua_flags(parser):
+    """Bagua's launcher flags; each default is its variable's in the catalogues (bagua-params)."""
+    d = _catalogue.default
     g = parser.add_argument_group("Bagua")
-    g.add_argument("--bagua_service_port", type=int, default=service_port_default,
-                   help="Bagua's autotune service port (accepted for compatibility)")
-    g.add_argument("--autotune_level", type=int, default=0,
+    g.add_argument("--bagua_service_port", type=int, default=d("BAGUA_SERVICE_PORT"),
+                   help="Bagua's autotune service port (BAGUA_SERVICE_PORT; accepted for "
+                        "compatibility, unused)")
+    g.add_argument("--autotune_level", type=int, default=d("BAGUA_AUTOTUNE"),
                    help="BAGUA_AUTOTUNE for the C++ autotune library (0: off)")
-    g.add_argument("--is_output_autotune_log", action="store_true", default=False)
-    g.add_argument("--report_metrics", action="store_true", default=False)
-    g.add_argument("--autotune_max_samples", type=int, default=60)
-    g.add_argument("--autotune_sampling_confidence_time", type=float, default=5.0)
-    g.add_argument("--autotune_warmup_time", type=float, default=30.0)
+    g.add_argument("--is_output_autotune_log", action="store_true",
+                   default=d("BAGUA_IS_OUTPUT_AUTOTUNE_LOG"))
+    g.add_argument("--report_metrics", action="store_true", default=d("BAGUA_REPORT_METRICS"))
+    g.add_argument("--autotune_max_samples", type=int, default=d("BAGUA_AUTOTUNE_MAX_SAMPLES"))
+    g.add_argument("--autotune_sampling_confidence_time", type=float,
+                   default=d("BAGUA_AUTOTUNE_SAMPLING_CONFIDENCE_TIME_S"))
+    g.add_argument("--autotune_warmup_time", type=float, default=d("BAGUA_AUTOTUNE_WARMUP_TIME_S"))
     g.add_argument("--default_bucket_size", type=int, default=None,
                    help="bucket size in bytes (BAGUA_DEFAULT_BUCKET_SIZE; unset: with_bagua's "
-                        "default, 25 MiB; Bagua's launchers set 10 MiB)")
+                        "default, {} bytes; Bagua's launchers set 10 MiB)".format(
+                            d("BAGUA_DEFAULT_BUCKET_SIZE")))
     g.add_argument("--enable_bagua_net", action="store_true", default=False,
                    help="NCCL uses our Bagua-Net network plugin (sets NCCL_NET_PLUGIN)")
     g.add_argument("--host_list", type=str, default=None,
@@ -87,7 +95,8 @@ def job_key_env(single_node):
     """``{"BAGUA_JOB_KEY": <64 random hex digits>}`` for a single-node launch whose environment
     has no key (nor key file); else ``{}`` (the user's key passes through; on several nodes each
     launcher would make a different one)."""
-    if not single_node or os.environ.get("BAGUA_JOB_KEY") or os.environ.get("BAGUA_JOB_KEY_FILE"):
+    if not single_node or _catalogue.value("BAGUA_JOB_KEY") or \
+            _catalogue.value("BAGUA_JOB_KEY_FILE"):
         return {}
     return {"BAGUA_JOB_KEY": secrets.token_hex(32)}
 

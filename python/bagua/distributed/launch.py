@@ -12,6 +12,7 @@ worker's stdout and stderr go to files under D (torchrun's layout,
 import argparse
 import sys
 
+from .. import _catalogue
 from . import _bagua_flags
 
 
@@ -19,10 +20,10 @@ def parser():
     p = argparse.ArgumentParser(
         description="Bagua's launcher: spawns --nproc_per_node workers on this node")
     p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node_rank", type=int, default=0)
+    p.add_argument("--node_rank", type=int, default=_catalogue.default("NODE_RANK"))
     p.add_argument("--nproc_per_node", type=int, default=1)
-    p.add_argument("--master_addr", type=str, default="127.0.0.1")
-    p.add_argument("--master_port", type=int, default=29500)
+    p.add_argument("--master_addr", type=str, default=_catalogue.default("MASTER_ADDR"))
+    p.add_argument("--master_port", type=int, default=_catalogue.default("MASTER_PORT"))
     p.add_argument("--set_additional_flag", action="store_true", default=False,
                    help="pass --local_rank=N to the script")
     p.add_argument("-m", "--module", action="store_true", default=False)

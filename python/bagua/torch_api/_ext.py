@@ -1,10 +1,3 @@
-"""Loads the C++ extension with an actionable error when it is missing."""
+"""The C++ extension, for the modules of ``bagua.torch_api`` (``bagua/_extension.py`` loads it)."""
 
-try:
-    import _bagua_ext as ext  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "bagua: the C++ extension _bagua_ext is not importable ({}). Build the Meson project "
-        "(it builds python/_bagua_ext*.so when Python headers and pybind11 are found) and add "
-        "<build>/python to PYTHONPATH.".format(e)
-    ) from e
+from .._extension import ext  # noqa: F401

@@ -219,14 +219,13 @@ def init_process_group(store=None, rank=-1, world_size=-1, local_world_size=-1):
         r, w = env.get_rank(), env.get_world_size()
         if store is None and not (dist.is_available() and dist.is_initialized()):
             # A script run without a launcher: the core's defaults (127.0.0.1:29500), or any
-            # free port for a world of one, so that env:// finds what it needs.
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            if "MASTER_PORT" not in os.environ:
+            # free port for a world of one, written out for torch's env:// rendezvous.
+            if not env._is_set("MASTER_ADDR"):
+                os.environ["MASTER_ADDR"] = env.get_master_addr()
+            if not env._is_set("MASTER_PORT"):
                 os.environ["MASTER_PORT"] = str(env.find_free_network_port() if w == 1
-                                                else 29500)
-        lw = local_world_size if local_world_size > 0 else \
-            env._int_env("LOCAL_WORLD_SIZE", w)
-        lr = env._int_env("LOCAL_RANK", r % lw if lw > 0 else 0)
+                                                else env.get_master_port())
+        lw, lr = env.get_local_size(), env.get_local_rank()
         timeout = datetime.timedelta(minutes=30)
 
         owns = False

@@ -13,7 +13,8 @@ __all__ = ["BaguaModule"]
 class BaguaModule:
     """The methods and properties patched onto ``torch.nn.Module`` (Bagua's names)."""
 
-    def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten=True):
+    def with_bagua(self, optimizers, algorithm, process_group=None, do_flatten=True, *,
+                   _engine_options=None):
         """Wraps this module for distributed training with ``algorithm`` and returns it (the
         same object: state_dict keys unchanged).
 
@@ -26,7 +27,9 @@ class BaguaModule:
         ``_ddp_params_and_buffers_to_ignore``) are left alone. Wrapping again (another
         algorithm) replaces the previous wrap (Bagua's model switch). Buffers are not
         broadcast in forward (Bagua does not either); use the DistributedDataParallel wrapper
-        with ``broadcast_buffers=True`` for torch DDP's behaviour."""
+        with ``broadcast_buffers=True`` for torch DDP's behaviour. ``_engine_options`` (not
+        Bagua's): an ``EngineOptions`` (data_parallel/bagua_distributed.py), for benchmarks and
+        tests that compare the engine's modes."""
         if process_group is None:
             process_group = _get_default_group()
         if "_bagua_module_name" not in self.__dict__:
@@ -38,7 +41,7 @@ class BaguaModule:
             self, optimizers, algorithm, process_group=process_group,
             bagua_module_name=self.bagua_module_name, gradient_as_bucket_view=do_flatten,
             bucket_cap_mb=env.get_default_bucket_size() / float(1 << 20),
-            broadcast_buffers=False)
+            broadcast_buffers=False, engine_options=_engine_options)
         self.__dict__["bagua_ddp"] = ddp
         if not hasattr(type(self), "no_sync"):
             self.__dict__["no_sync"] = ddp.no_sync

@@ -11,7 +11,7 @@ has them, the AccumulateGrad node's hook otherwise), queues an end-of-backward c
 waits for the buckets, patches ``optimizer.step`` to run the post-step hook, and runs the
 forward-pre hook from a module forward-pre hook (training mode with grad enabled only).
 CUDA models: the same C++ reducer on the NCCL group (device buckets; gradient copies ordered
-after torch's current stream with CUDA events). ``CUDA_REDUCER = "python"`` selects
+after torch's current stream with CUDA events). ``EngineOptions(cuda_reducer="python")`` selects
 ``DeviceReducer`` instead (gradient_allreduce only, in Python over the NCCL communicator; kept
 as a comparison point for the benchmark).
 
@@ -45,29 +45,48 @@ gradient left None). A ``fuse_optimizer`` layout made after the wrap is never re
 buckets are copied. A gradient autograd allocates after ``zero_grad(set_to_none=True)``
 (torch 2's default) is copied to its home when ready, and the parameter's ``.grad`` is
 re-pointed at the home when backward ends, as torch DDP's gradient_as_bucket_view does. CUDA
-buckets do the same unless ``IN_PLACE_DEVICE_BUCKETS`` is turned off. What the layout also
+buckets do the same unless ``EngineOptions.in_place_device_buckets`` is turned off. What the layout also
 changes is what code that looks at the memory sees (``fuse_optimizer`` fuses only runs adjacent
 in its own order in weights and gradients, as in Bagua).
 """
 
-#: "core" (the C++ reducer) or "python" (device_reducer.DeviceReducer) for CUDA models.
-CUDA_REDUCER = "core"
-#: Autotuning of the C++ reducer's buckets: -1 follows BAGUA_AUTOTUNE (>= 1: on), 1 / 0 force it
-#: (tests). Only gradient_allreduce and bytegrad are tuned.
-AUTOTUNE = -1
+class EngineOptions:
+    """How the engine runs a wrap, given at the wrap (``with_bagua(..., _engine_options=...)``,
+    ``DistributedDataParallel(..., _engine_options=...)``); the defaults are the product. The
+    other values are the comparison points the benchmarks (bench/ddp) and tests measure against.
+
+    ``autotune``: autotuning of the C++ reducer's buckets (gradient_allreduce and bytegrad only):
+    None follows BAGUA_AUTOTUNE (>= 1: on), True / False force it.
+    ``launch_without_waiting``: False runs each bucket's collective to completion before the
+    next starts (the sequential reducer; bench/ddp's gradient_allreduce_sync).
+    ``in_place_device_buckets``: do_flatten's laid-out CUDA gradients as the reducer's bucket
+    storage (no copy in or out; see the module docstring); False copies every bucket in and
+    back. Host gradients always run in place.
+    ``native_hooks``: the C++ reducer's gradient hooks in C++ (``_bagua_ext.GradReadyHook``, no
+    Python per gradient); False: a Python hook per gradient (bench/ddp/hook_cost.py).
+    ``cuda_reducer``: "core" (the C++ reducer) or "python" (``device_reducer.DeviceReducer``)
+    for CUDA models.
+    ``step_in_backward``: None follows BAGUA_OPTIM_STEP_IN_BACKWARD; True / False force it.
+    """
+
+    __slots__ = ("autotune", "launch_without_waiting", "in_place_device_buckets", "native_hooks",
+                 "cuda_reducer", "step_in_backward")
+
+    def __init__(self, *, autotune=None, launch_without_waiting=True,
+                 in_place_device_buckets=True, native_hooks=True, cuda_reducer="core",
+                 step_in_backward=None):
+        if cuda_reducer not in ("core", "python"):
+            raise ValueError("EngineOptions: cuda_reducer={!r} must be 'core' or 'python'".format(
+                cuda_reducer))
+        self.autotune = autotune
+        self.launch_without_waiting = bool(launch_without_waiting)
+        self.in_place_device_buckets = bool(in_place_device_buckets)
+        self.native_hooks = bool(native_hooks)
+        self.cuda_reducer = cuda_reducer
+        self.step_in_backward = step_in_backward
+
+
 _reducers_made = 0  # names each reducer's tuner (store keys), equal across ranks
-#: False: the C++ reducer runs each bucket's collective to completion before starting the next
-#: (the older, sequential reducer; bench/ddp's gradient_allreduce_sync compares it).
-LAUNCH_WITHOUT_WAITING = True
-#: do_flatten's laid-out CUDA gradients as the reducer's bucket storage (no copy in or out; see
-#: the module docstring), read at the wrap. On since bench/gpu/steps/80-ddp.sh measured it on 2
-#: and 4 GPUs (bench/RESULTS.md, 2026-11-26: as fast as the copies or faster in 7 of 8 cases, the
-#: same losses); False copies every bucket in and back. Host gradients always run in place.
-IN_PLACE_DEVICE_BUCKETS = True
-#: The C++ reducer's gradient hooks in C++ (_bagua_ext.GradReadyHook: no Python per gradient),
-#: read when the hooks are registered; False: a Python hook per gradient, as before (kept as the
-#: comparison point of bench/ddp/hook_cost.py).
-NATIVE_HOOKS = True
 
 import contextlib
 import struct
@@ -81,6 +100,11 @@ from .. import env
 from ..algorithms import Algorithm, AlgorithmImpl, GradientAllReduceAlgorithm
 from ..algorithms.base import _NativeImpl
 from ..utils import _lay_out, _lay_out_grads, _lay_out_weights
+
+
+def _autotune_arg(autotune):
+    """The reducer's autotune argument: -1 follows BAGUA_AUTOTUNE, 1 / 0 force it."""
+    return -1 if autotune is None else int(bool(autotune))
 
 
 def _ignored_names(module):
@@ -216,6 +240,7 @@ class BaguaDistributedDataParallel:
         bucket_cap_mb=None,
         broadcast_buffers=False,
         first_bucket_bytes=0,
+        engine_options=None,
     ):
         if algorithm is None:
             algorithm = GradientAllReduceAlgorithm()
@@ -247,6 +272,7 @@ class BaguaDistributedDataParallel:
         self._bucket_cap_mb = bucket_cap_mb
         self._broadcast_buffers = broadcast_buffers
         self._first_bucket_bytes = first_bucket_bytes
+        self._engine_options = engine_options or EngineOptions()
         self._hooks = []
         self._grad_accs = []
         self._hook_state = None
@@ -380,7 +406,7 @@ class BaguaDistributedDataParallel:
             self._hook_state.detach()
             self._hook_state = None
         named = list(self.module.named_parameters())
-        reducer = self._engine.native_reducer() if NATIVE_HOOKS else None
+        reducer = self._engine.native_reducer() if self._engine_options.native_hooks else None
         if reducer is not None:
             st = ext.HookState()
 
@@ -592,7 +618,7 @@ class _NativeEngine(_Engine):
         self.impl = ddp.bagua_algorithm
         self._reducer = None
         self._steps = None
-        self._device_homes = IN_PLACE_DEVICE_BUCKETS  # as at the wrap, for every rebuild
+        self._device_homes = ddp._engine_options.in_place_device_buckets  # for every rebuild
         self._build(first=True)
 
     def native_reducer(self):
@@ -655,7 +681,7 @@ class _NativeEngine(_Engine):
         group = ddp.process_group
         _check_devices(self._named_params, getattr(group, "stream", None))
         _broadcast_optimizer_state(ddp.optimizers, group)
-        self._python_device = self.is_cuda and CUDA_REDUCER == "python"
+        self._python_device = self.is_cuda and ddp._engine_options.cuda_reducer == "python"
         if self._python_device:
             from .device_reducer import DeviceReducer
 
@@ -698,9 +724,9 @@ class _NativeEngine(_Engine):
                 qadam._ext if qadam is not None else None,
                 float(ddp._bucket_cap_mb), bool(ddp.find_unused_parameters),
                 bool(ddp._broadcast_buffers), True, ignore, int(ddp._first_bucket_bytes),
-                int(stream), autotune=AUTOTUNE,
+                int(stream), autotune=_autotune_arg(ddp._engine_options.autotune),
                 autotune_model="with_bagua{}".format(_reducers_made),
-                launch_without_waiting=LAUNCH_WITHOUT_WAITING,
+                launch_without_waiting=ddp._engine_options.launch_without_waiting,
                 grad_homes=self._home_ptrs(self._homes),
                 shapes=[list(p.shape) for _, p in self._named_params])
         self._communicated = set(self._reducer.communicated())
@@ -801,7 +827,7 @@ class _NativeEngine(_Engine):
 
     def _home(self, p):
         """p's gradient home: the view this wrap laid out, while it is still p's layout and fits
-        p (CUDA ones only with IN_PLACE_DEVICE_BUCKETS at the wrap); else None."""
+        p (CUDA ones only with EngineOptions.in_place_device_buckets); else None."""
         v = self._own_views.get(id(p))
         if v is None or getattr(p, "_bagua_grad_view", None) is not v or not p.requires_grad \
                 or v.shape != p.shape or v.dtype != p.dtype or v.device != p.device \

@@ -57,6 +57,7 @@ class DistributedDataParallel_V1_9_0(Module):
         algorithm=None,
         static_graph=False,
         _bagua_broadcast_buffers=False,
+        _engine_options=None,
     ):
         super().__init__()
         if not any(p.requires_grad for p in module.parameters()):
@@ -88,7 +89,8 @@ class DistributedDataParallel_V1_9_0(Module):
             gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters,
             bucket_cap_mb=bucket_cap_mb,
-            broadcast_buffers=_bagua_broadcast_buffers and broadcast_buffers)
+            broadcast_buffers=_bagua_broadcast_buffers and broadcast_buffers,
+            engine_options=_engine_options)
 
     @property
     def require_backward_grad_sync(self):
@@ -153,7 +155,7 @@ class DistributedDataParallel(DistributedDataParallel_V1_9_0):
                 broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
                 find_unused_parameters=False, check_reduction=False,
                 gradient_as_bucket_view=True, static_graph=False, optimizers=(),
-                algorithm=None):
+                algorithm=None, *, _engine_options=None):
         if device_ids is None and output_device is None and dim == 0 and not check_reduction:
             return super().__new__(cls)
         warnings.warn("bagua: device_ids, output_device, dim and check_reduction are not "
@@ -172,10 +174,10 @@ class DistributedDataParallel(DistributedDataParallel_V1_9_0):
                  broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
                  find_unused_parameters=False, check_reduction=False,
                  gradient_as_bucket_view=True, static_graph=False, optimizers=(),
-                 algorithm=None):
+                 algorithm=None, *, _engine_options=None):
         super().__init__(module, device_ids, output_device, dim, broadcast_buffers,
                          process_group, bucket_cap_mb, find_unused_parameters, check_reduction,
                          gradient_as_bucket_view, optimizers, algorithm, static_graph,
-                         _bagua_broadcast_buffers=True)
+                         _bagua_broadcast_buffers=True, _engine_options=_engine_options)
 
 

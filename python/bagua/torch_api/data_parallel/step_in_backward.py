@@ -55,11 +55,6 @@ ALGORITHMS = ("gradient_allreduce", "bytegrad")
 
 OBSERVE, ON, OFF = "observe", "on", "off"
 
-#: None: BAGUA_OPTIM_STEP_IN_BACKWARD decides (read once, at the first wrap); True / False force
-#: it for the wraps made while set (tests and bench/ddp compare both in one process).
-ENABLED = None
-
-
 def _hypers(opt):
     return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
 
@@ -151,13 +146,16 @@ class StepInBackward:
         self._engine = weakref.ref(engine)
         ddp = engine.ddp
         self.static_reason = None
-        if not (ext.optim_step_in_backward() if ENABLED is None else ENABLED):
+        # EngineOptions.step_in_backward: None follows BAGUA_OPTIM_STEP_IN_BACKWARD (read once,
+        # at the first wrap); True / False force it (tests and bench/ddp compare both).
+        forced = ddp._engine_options.step_in_backward
+        if not (ext.optim_step_in_backward() if forced is None else forced):
             self.static_reason = "BAGUA_OPTIM_STEP_IN_BACKWARD is off"
         elif engine.impl._native_name not in ALGORITHMS:
             self.static_reason = "{} does not leave final gradients per bucket".format(
                 engine.impl._native_name)
         elif engine._python_device:
-            self.static_reason = "the Python CUDA reducer (CUDA_REDUCER = 'python')"
+            self.static_reason = "the Python CUDA reducer (EngineOptions.cuda_reducer)"
         self._opts = {}
         self.active = []
         self._stepped = set()
