@@ -170,3 +170,52 @@ def test_fuse_step_bitwise_equals_step(opt_cls, kwargs):
     for a, b in zip(ref.parameters(), fus.parameters()):
         assert torch.equal(a, b)
     assert fus_opt._bagua_fused_count == 102
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", OPTIMIZERS)
+def test_fuse_step_keeps_its_plan_and_stays_bitwise_equal(opt_cls, kwargs):
+    """Consecutive fuse_step() calls reuse one fusion (the fused state stays in place); the
+    result stays bitwise step()'s through a state_dict() in the middle, a step() in between, a
+    gradient missing for a while (the layout changes: planned again) and a state loaded back."""
+    x = torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+    kw = {k: v for k, v in kwargs.items()}
+
+    def make():
+        m = Fused()
+        return m, opt_cls(m.parameters(), **kw)
+
+    ref, ref_opt = make()
+    fus, fus_opt = make()
+    fus_opt = fuse_optimizer(fus_opt)
+    fused_steps = 0
+    laid_out = None
+    for epoch in range(40):
+        for m, o, fused in ((ref, ref_opt, False), (fus, fus_opt, True)):
+            o.zero_grad(set_to_none=False)
+            m(x).sum().backward()
+            if fused and laid_out is None:
+                laid_out = m.fc1.bias.grad
+            if fused and 10 <= epoch < 14:
+                # fc1's bias gradient elsewhere: a different layout, nothing fuses
+                m.fc1.bias.grad = m.fc1.bias.grad.clone()
+            if fused and epoch == 14:  # back in its laid-out place: fused again
+                laid_out.copy_(m.fc1.bias.grad)
+                m.fc1.bias.grad = laid_out
+            if fused and epoch != 20:
+                o.fuse_step()
+                fused_steps += not 10 <= epoch < 14
+            else:
+                o.step()
+        if epoch == 5:  # the per-parameter state as a checkpoint sees it
+            got, want = fus_opt.state_dict(), ref_opt.state_dict()
+            for i, st in want["state"].items():
+                for k, v in st.items():
+                    w = got["state"][i][k]
+                    assert (torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w), k
+        if epoch == 30:
+            fus_opt.load_state_dict(copy.deepcopy(fus_opt.state_dict()))
+        if epoch in (2, 3):
+            assert "_bagua_fuse_plan" in fus_opt.__dict__, "consecutive fuse_steps keep a plan"
+    for a, b in zip(ref.parameters(), fus.parameters()):
+        assert torch.equal(a, b)
+    assert fus_opt._bagua_fused_count == fused_steps

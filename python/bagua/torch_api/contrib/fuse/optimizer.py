@@ -7,7 +7,12 @@ parameter) by running the optimizer's own ``step`` on a fused view, with the opt
 laid out the same way (per-parameter states become views into the fused state, so ``step()``
 and ``fuse_step()`` can alternate freely and give bitwise the same result for element-wise
 optimizers). Runs that cannot be fused (gradients missing, state keys or scalar states that
-differ) are stepped per parameter.
+differ) are stepped per parameter. Consecutive ``fuse_step()`` calls keep the fusion while the
+layout holds (the same parameters, weight and gradient addresses and state keys): the fused views
+and their state stay in place and a step is the optimizer's own step on them, with no Python
+work per parameter; the optimizer's ``step``, ``state_dict``, ``load_state_dict`` and
+``add_param_group`` first put the per-parameter state back (scalar states such as Adam's
+``step`` are copied out of the fused state then).
 
 Which runs fuse (Bagua's counts, ``tests/contrib/test_fused_optimizer.py``, on torch 1.x and 2):
 the weights must be adjacent in the group's order, and the gradients either adjacent too or
@@ -150,16 +155,151 @@ def fuse_step(optimizer, closure=None):
         raise RuntimeError("bagua: call fuse_optimizer(optimizer) before fuse_step")
     ctl = getattr(optimizer, "_bagua_step_ctl", None)
     ctl = ctl() if ctl is not None else None
-    if ctl is not None and ctl.finish_if_stepped(optimizer, (closure,) if closure else (), {},
-                                                 fused=True):
-        return None
-    step = (lambda: optimizer.step(closure)) if closure is not None else optimizer.step
-    loss, fused = _fuse_and_step(optimizer, step)
-    optimizer._bagua_fused_count += len(fused)
     resync = getattr(optimizer, "_bagua_resync_state", None)
+    if ctl is not None or resync is not None:
+        # Stepping inside backward, or QAdam (whose state the core reads): per-parameter
+        # state, planned every step.
+        _retire_plan(optimizer)
+        if ctl is not None and ctl.finish_if_stepped(optimizer, (closure,) if closure else (),
+                                                     {}, fused=True):
+            return None
+        step = (lambda: optimizer.step(closure)) if closure is not None else optimizer.step
+        loss, fused = _fuse_and_step(optimizer, step)
+    else:
+        loss, fused = _planned_fuse_step(optimizer, closure)
+    optimizer._bagua_fused_count += len(fused)
     if resync is not None:  # QAdam: its m and v live in the core, which the algorithm reads
         resync()
     return loss
+
+
+def _layout_key(optimizer):
+    """What a kept fusion plan depends on: per group, each parameter's identity, the addresses
+    of its weight and gradient (None without one) and its state's keys."""
+    key = []
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            g = p.grad
+            st = state.get(p)
+            key.append((id(p), p.data_ptr(), g.data_ptr() if g is not None else None,
+                        tuple(st.keys()) if st else ()))
+    return tuple(key)
+
+
+class _Plan:
+    """A fusion kept from one fuse_step to the next while the layout holds (_layout_key): the
+    fused views and their state stay in place and the per-parameter element states are views
+    into it, so a step is the optimizer's own step on the fused list and nothing more. Scalar
+    states (Adam's ``step``) advance in the fused state only; ``retire()`` copies them back to
+    every parameter and drops the fused entries, before anything else reads or steps the
+    per-parameter state (the optimizer's ``step``, ``state_dict``, ``load_state_dict``,
+    ``add_param_group``) or the layout changes."""
+
+    def __init__(self, key, groups, fused, fused_groups):
+        self.key = key
+        self.groups = groups  # [(group, its own params, the fused list)]
+        self.fused = fused    # [(fp, part, scalar keys)]
+        self.fused_groups = fused_groups  # indices of the groups with a fused run
+
+    def retire(self, state):
+        for fp, part, scalar_keys in self.fused:
+            st = state.pop(fp, {})
+            for p in part:
+                ps = state.setdefault(p, {})
+                for k in scalar_keys:
+                    v = st[k]
+                    ps[k] = v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def _retire_plan(optimizer):
+    plan = optimizer.__dict__.pop("_bagua_fuse_plan", None)
+    if plan is not None:
+        plan.retire(optimizer.state)
+
+
+def _guard(optimizer):
+    """Wraps (once) the optimizer's methods that read or replace the per-parameter state so
+    that a kept plan is retired first; the unwrapped ``step`` is kept for the plan's steps."""
+    if "_bagua_unguarded_step" in optimizer.__dict__:
+        return
+    optimizer._bagua_unguarded_step = optimizer.step
+    for name in ("step", "state_dict", "load_state_dict", "add_param_group"):
+        raw = getattr(optimizer, name)
+
+        def guarded(*args, _raw=raw, **kwargs):
+            _retire_plan(optimizer)
+            return _raw(*args, **kwargs)
+
+        setattr(optimizer, name, guarded)
+
+
+def _make_plan(optimizer):
+    """After a fused step: the plan the next steps reuse, or None where nothing fused or the
+    fused states are not back to back (then every step plans again)."""
+    state = optimizer.state
+    groups, fused, fused_groups = [], [], set()
+    with torch.no_grad():
+        for gi, group in enumerate(optimizer.param_groups):
+            params = group["params"]
+            new_params = []
+            for part in _partitions([p for p in params if p.grad is not None]):
+                info = _fusable(part, state) if len(part) >= 2 else None
+                if (info is None or not _adjacent([p.data for p in part]) or
+                        _laid_out_elsewhere([p.grad for p in part])):
+                    new_params.extend(part)
+                    continue
+                elem, scalars = info
+                st = {}
+                for k in elem:
+                    span, aliased = _span([state[p][k] for p in part])
+                    if not aliased:
+                        for fp, _, _ in fused:
+                            state.pop(fp, None)
+                        return None
+                    st[k] = span
+                for k, v in scalars.items():
+                    st[k] = v.clone() if isinstance(v, torch.Tensor) else v
+                fp, _ = _span([p.data for p in part])
+                fp.grad, _ = _span([p.grad for p in part])
+                state[fp] = st
+                new_params.append(fp)
+                fused.append((fp, part, tuple(scalars)))
+                fused_groups.add(gi)
+            new_params.extend(p for p in params if p.grad is None)
+            groups.append((group, params, new_params))
+    if not fused:
+        return None
+    return _Plan(_layout_key(optimizer), groups, fused, fused_groups)
+
+
+def _planned_fuse_step(optimizer, closure):
+    """A whole fused step (every group), reusing the kept plan while the layout holds: the same
+    result as _fuse_and_step's (element-wise optimizers: bitwise), without re-deriving the
+    fusion and moving the state in and out every step."""
+    plan = optimizer.__dict__.get("_bagua_fuse_plan")
+    if plan is not None and plan.key != _layout_key(optimizer):
+        _retire_plan(optimizer)
+        plan = None
+    if plan is None:
+        raw = optimizer.__dict__.get("_bagua_unguarded_step", optimizer.step)
+        loss, fused = _fuse_and_step(optimizer, (lambda: raw(closure)) if closure else raw)
+        plan = _make_plan(optimizer)
+        if plan is not None:
+            _guard(optimizer)
+            optimizer._bagua_fuse_plan = plan
+        return loss, fused
+    saved = []
+    for group, params, new_params in plan.groups:
+        saved.append((group, params))
+        group["params"] = new_params
+    raw = optimizer._bagua_unguarded_step
+    try:
+        loss = raw(closure) if closure else raw()
+    finally:
+        for group, params in saved:
+            group["params"] = params
+    return loss, plan.fused_groups
 
 
 def _fuse_and_step(optimizer, step, subsets=None):
