@@ -3,7 +3,7 @@
 //   BM_Epoch/<backend>/<transform us>   epoch 1 (transform + write-back) and epoch 2 (served from
 //                                       the cache) over 1000 samples of 1 KiB whose preprocessing
 //                                       costs <transform us>; backend 0 uncached, 1 embedded,
-//                                       2 Redis (read), 3 Redis (readMany, batches of 32).
+//                                       2 Redis (read), 3 Redis (getMany, batches of 32).
 //                                       Counters: epoch1_ms, epoch2_ms, speedup.
 //   BM_EmbeddedGet / BM_CachedDatasetHit   1 KiB gets from the embedded store (64 Ki keys), bare
 //                                       and through CachedDataset; peer BM_PeerMemcpy1K copies
@@ -77,7 +77,7 @@ class TransformDataset : public Dataset {
   TransformDataset(size_t n, double transformUs)
       : n_(n), rounds_(static_cast<uint64_t>(transformUs * gRoundsPerUs)) {}
   size_t size() const override { return n_; }
-  bagua::Status read(size_t index, std::string& sample) override {
+  bagua::Status get(size_t index, Sample& sample) const override {
     transform(index, rounds_, sample);
     return bagua::Status::ok();
   }
@@ -121,7 +121,7 @@ double runEpochBatched(CachedDataset& ds, bool& ok) {
     for (size_t i = b; i < std::min(ds.size(), b + kBatch); ++i) {
       indices.push_back(i);
     }
-    ok = ok && ds.readMany(indices, samples).isOk();
+    ok = ok && ds.getMany(indices, samples).isOk();
     benchmark::DoNotOptimize(samples.data());
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -130,7 +130,7 @@ double runEpochBatched(CachedDataset& ds, bool& ok) {
 double runEpoch(Dataset& ds, std::string& sample, bool& ok) {
   auto t0 = Clock::now();
   for (size_t i = 0; i < ds.size(); ++i) {
-    ok = ok && ds.read(i, sample).isOk();
+    ok = ok && ds.get(i, sample).isOk();
     benchmark::DoNotOptimize(sample.data());
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -234,7 +234,7 @@ BENCHMARK(BM_EmbeddedGet)->Threads(1)->Threads(2)->UseRealTime();
 class NoSource : public Dataset {
  public:
   size_t size() const override { return kGetKeys; }
-  bagua::Status read(size_t index, std::string& sample) override {
+  bagua::Status get(size_t index, Sample& sample) const override {
     transform(index, 0, sample);
     return bagua::Status::ok();
   }
@@ -247,7 +247,7 @@ void BM_CachedDatasetHit(benchmark::State& state) {
   std::string sample;
   size_t i = 0;
   for (auto _ : state) {
-    ds.read(scramble(i++), sample).ignore();
+    ds.get(scramble(i++), sample).ignore();
     benchmark::DoNotOptimize(sample.data());
   }
   if (ds.stats().misses > 0) {
@@ -448,7 +448,7 @@ int main(int argc, char** argv) {
   std::printf("\nRatios (ours / peer, measured in this run):\n");
   for (const char* t : {"100", "1000"}) {
     for (auto [kind, name] : {std::pair{"1", "embedded"}, std::pair{"2", "redis"},
-                              std::pair{"3", "redis readMany(32)"}}) {
+                              std::pair{"3", "redis getMany(32)"}}) {
       std::string bench = std::string("BM_Epoch/backend:") + kind + "/transform_us:" + t +
                           "/iterations:2/real_time";
       std::string base =

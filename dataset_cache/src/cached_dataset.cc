@@ -5,16 +5,16 @@
 
 namespace bagua::cache {
 
-CachedDataset::CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend,
+CachedDataset::CachedDataset(const Dataset& source, std::shared_ptr<CacheBackend> backend,
                              std::string datasetName, size_t writerBufferSize)
     : CachedDataset(source, std::move(backend),
                     CacheLoaderOptions{std::move(datasetName), writerBufferSize}) {}
 
-CachedDataset::CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend,
+CachedDataset::CachedDataset(const Dataset& source, std::shared_ptr<CacheBackend> backend,
                              CacheLoaderOptions options)
     : source_(source), loader_(std::move(backend), std::move(options)) {}
 
-Status CachedDataset::read(size_t index, std::string& sample) {
+Status CachedDataset::get(size_t index, Sample& sample) const {
   if (index >= source_.size()) {
     return BAGUA_ERROR(kInvalidArgument, "sample %zu out of range (dataset '%s' has %zu)", index,
                        loader_.options().datasetName.c_str(), source_.size());
@@ -24,10 +24,10 @@ Status CachedDataset::read(size_t index, std::string& sample) {
   (void)ec;
   return loader_.get(
       std::string_view(key, static_cast<size_t>(end - key)), sample,
-      [&](std::string_view, std::string& value) { return source_.read(index, value); });
+      [&](std::string_view, std::string& value) { return source_.get(index, value); });
 }
 
-Status CachedDataset::readMany(std::span<const size_t> indices, std::vector<std::string>& samples) {
+Status CachedDataset::getMany(std::span<const size_t> indices, std::vector<Sample>& samples) const {
   std::vector<std::array<char, 24>> buf(indices.size());
   std::vector<std::string_view> keys(indices.size());
   for (size_t j = 0; j < indices.size(); ++j) {
@@ -40,7 +40,7 @@ Status CachedDataset::readMany(std::span<const size_t> indices, std::vector<std:
     keys[j] = std::string_view(buf[j].data(), static_cast<size_t>(end - buf[j].data()));
   }
   return loader_.getMany(
-      keys, samples, [&](size_t j, std::string& value) { return source_.read(indices[j], value); });
+      keys, samples, [&](size_t j, std::string& value) { return source_.get(indices[j], value); });
 }
 
 }  // namespace bagua::cache

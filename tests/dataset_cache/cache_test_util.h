@@ -36,7 +36,7 @@ class PatternDataset : public Dataset {
     }
   }
   size_t size() const override { return n_; }
-  Status read(size_t index, std::string& sample) override {
+  Status get(size_t index, Sample& sample) const override {
     reads_[index].fetch_add(1, std::memory_order_relaxed);
     total_.fetch_add(1, std::memory_order_relaxed);
     if (failIndex_.load() == static_cast<int64_t>(index)) {
@@ -53,8 +53,8 @@ class PatternDataset : public Dataset {
  private:
   size_t n_;
   uint64_t seed_;
-  std::vector<std::atomic<uint64_t>> reads_;
-  std::atomic<uint64_t> total_{0};
+  mutable std::vector<std::atomic<uint64_t>> reads_;  // get() is const and thread-safe
+  mutable std::atomic<uint64_t> total_{0};
   std::atomic<int64_t> failIndex_{-1};
 };
 

@@ -22,7 +22,7 @@ TEST(CachedDataset, EverySampleIsCorrectOverSeveralEpochsAndLaterEpochsHit) {
   std::string sample;
   for (int epoch = 0; epoch < 4; ++epoch) {
     for (size_t i = 0; i < ds.size(); ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
       ASSERT_EQ(sample, source.expected(i)) << "epoch " << epoch << " sample " << i;
     }
     if (epoch == 0) {
@@ -59,7 +59,7 @@ TEST(CachedDataset, WritesGoOutInBatchesOfWriterBufferSize) {
     CachedDataset ds(source, rec, "b", 7);
     std::string sample;
     for (size_t i = 0; i < 53; ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
     }
     EXPECT_EQ(rec->batches(), std::vector<size_t>(7, 7));  // 49 written, 4 queued
     EXPECT_EQ(*rec->numKeys(), 49u);
@@ -78,7 +78,7 @@ TEST(CachedDataset, FlushEveryReadsWritesThePartialBuffer) {
   CachedDataset ds(source, rec, o);
   std::string sample;
   for (size_t i = 0; i < 10; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
   }
   // The 4th and 8th reads flush what was queued before them (3, then 4).
   EXPECT_EQ(rec->batches(), (std::vector<size_t>{3, 4}));
@@ -98,7 +98,7 @@ TEST(CachedDataset, TwoDatasetsShareOneBackendUnderTheirOwnNames) {
   std::string sample;
   for (int epoch = 0; epoch < 10; ++epoch) {
     for (size_t i = 0; i < 102; ++i) {
-      ASSERT_TRUE(d1.read(i, sample).isOk());
+      ASSERT_TRUE(d1.get(i, sample).isOk());
       ASSERT_EQ(sample, src1.expected(i));
     }
   }
@@ -106,7 +106,7 @@ TEST(CachedDataset, TwoDatasetsShareOneBackendUnderTheirOwnNames) {
   EXPECT_EQ(*d1.loader().numKeys(), 102u);
   for (int epoch = 0; epoch < 10; ++epoch) {
     for (size_t i = 0; i < 102; ++i) {
-      ASSERT_TRUE(d2.read(i, sample).isOk());
+      ASSERT_TRUE(d2.get(i, sample).isOk());
       ASSERT_EQ(sample, src2.expected(i));
     }
   }
@@ -126,8 +126,8 @@ TEST(CachedDataset, NestedCachedDatasetsKeepTheirOwnKeys) {
    public:
     explicit Doubler(Dataset& inner) : inner_(inner) {}
     size_t size() const override { return inner_.size(); }
-    Status read(size_t index, std::string& sample) override {
-      BAGUA_RETURN_IF_ERROR(inner_.read(index, sample));
+    Status get(size_t index, Sample& sample) const override {
+      BAGUA_RETURN_IF_ERROR(inner_.get(index, sample));
       sample += sample;
       return Status::ok();
     }
@@ -143,7 +143,7 @@ TEST(CachedDataset, NestedCachedDatasetsKeepTheirOwnKeys) {
   std::string sample;
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (size_t i = 0; i < 30; ++i) {
-      ASSERT_TRUE(top.read(i, sample).isOk());
+      ASSERT_TRUE(top.get(i, sample).isOk());
       ASSERT_EQ(sample, raw.expected(i) + raw.expected(i)) << i;
     }
   }
@@ -162,7 +162,7 @@ TEST(CachedDataset, NullBackendDisablesCaching) {
   std::string sample;
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (size_t i = 0; i < 20; ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
       ASSERT_EQ(sample, source.expected(i));
     }
   }
@@ -179,14 +179,14 @@ TEST(CachedDataset, SourceErrorsReachTheCallerAndAreNotCached) {
   CachedDataset ds(source, makeEmbedded(), "e", 1);
   source.failAt(3);
   std::string sample;
-  Status s = ds.read(3, sample);
+  Status s = ds.get(3, sample);
   ASSERT_FALSE(s.isOk());
   EXPECT_EQ(s.code(), StatusCode::kSystemError);
   EXPECT_NE(s.message().find("sample '3' of 'e'"), std::string::npos) << s.message();
   source.failAt(-1);
-  ASSERT_TRUE(ds.read(3, sample).isOk());
+  ASSERT_TRUE(ds.get(3, sample).isOk());
   EXPECT_EQ(sample, source.expected(3));
-  EXPECT_EQ(ds.read(10, sample).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ds.get(10, sample).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CachedDataset, ConcurrentReadersGetEverySampleRight) {
@@ -201,7 +201,7 @@ TEST(CachedDataset, ConcurrentReadersGetEverySampleRight) {
         // Each thread walks the whole set from a different offset.
         for (size_t k = 0; k < 2000; ++k) {
           size_t i = (k + static_cast<size_t>(t) * 500) % 2000;
-          if (!ds.read(i, sample).isOk() || sample != source.expected(i)) {
+          if (!ds.get(i, sample).isOk() || sample != source.expected(i)) {
             wrong.fetch_add(1);
           }
         }
@@ -223,13 +223,13 @@ TEST(CachedDataset, BackendOutageIsReportedOnceAndServesFromTheSource) {
   CachedDataset ds(source, rec, "o", 10);
   std::string sample;
   for (size_t i = 0; i < 100; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
   }
   WarnCounter warnings;
   rec->setDown(true);
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (size_t i = 0; i < 100; ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
       ASSERT_EQ(sample, source.expected(i));
     }
   }
@@ -242,12 +242,12 @@ TEST(CachedDataset, BackendOutageIsReportedOnceAndServesFromTheSource) {
   EXPECT_NE(warnings.warnings()[0].find("serving samples from the source"), std::string::npos);
   rec->setDown(false);
   for (size_t i = 0; i < 100; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
     ASSERT_EQ(sample, source.expected(i));
   }
   EXPECT_EQ(ds.stats().hits, 100u);  // the first epoch's writes are still there
   rec->setDown(true);
-  ASSERT_TRUE(ds.read(0, sample).isOk());
+  ASSERT_TRUE(ds.get(0, sample).isOk());
   EXPECT_EQ(ds.stats().outages, 2u);
   EXPECT_EQ(warnings.warnings().size(), 2u);
 }
@@ -258,7 +258,7 @@ TEST(CachedDataset, ReadManyMixesHitsAndMissesInOrder) {
   CachedDataset ds(source, rec, "m", 8);
   std::string sample;
   for (size_t i = 0; i < 100; i += 2) {  // even samples cached (50 = 6 batches of 8 + 2 queued)
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
   }
   ASSERT_TRUE(ds.flush().isOk());
   // Reversed, with a duplicate and every odd sample missing from the cache.
@@ -268,7 +268,7 @@ TEST(CachedDataset, ReadManyMixesHitsAndMissesInOrder) {
   }
   indices.push_back(42);
   std::vector<std::string> samples;
-  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.getMany(indices, samples).isOk());
   ASSERT_EQ(samples.size(), indices.size());
   for (size_t j = 0; j < indices.size(); ++j) {
     ASSERT_EQ(samples[j], source.expected(indices[j])) << "position " << j;
@@ -281,12 +281,12 @@ TEST(CachedDataset, ReadManyMixesHitsAndMissesInOrder) {
   }
   ASSERT_TRUE(ds.flush().isOk());
   EXPECT_EQ(*rec->numKeys(), 100u);
-  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.getMany(indices, samples).isOk());
   EXPECT_EQ(ds.stats().hits, 51u + 101u);
   std::vector<size_t> bad = {1, 100};
-  EXPECT_EQ(ds.readMany(bad, samples).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ds.getMany(bad, samples).code(), StatusCode::kInvalidArgument);
   std::vector<size_t> none;
-  ASSERT_TRUE(ds.readMany(none, samples).isOk());
+  ASSERT_TRUE(ds.getMany(none, samples).isOk());
   EXPECT_TRUE(samples.empty());
 }
 
@@ -299,8 +299,8 @@ TEST(CachedDataset, ReadManyWithTheBackendDownServesFromTheSource) {
   std::iota(indices.begin(), indices.end(), size_t{0});
   std::vector<std::string> samples;
   WarnCounter warnings;
-  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
-  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.getMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.getMany(indices, samples).isOk());
   for (size_t i = 0; i < 40; ++i) {
     ASSERT_EQ(samples[i], source.expected(i));
   }
@@ -308,7 +308,7 @@ TEST(CachedDataset, ReadManyWithTheBackendDownServesFromTheSource) {
   EXPECT_EQ(ds.stats().outages, 1u);
   EXPECT_EQ(warnings.warnings().size(), 1u);
   source.failAt(7);
-  Status s = ds.readMany(indices, samples);
+  Status s = ds.getMany(indices, samples);
   EXPECT_EQ(s.code(), StatusCode::kSystemError);
 }
 

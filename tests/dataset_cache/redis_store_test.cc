@@ -91,7 +91,7 @@ TEST_F(RedisTest, CachedDatasetEpochsAndConcurrentReaders) {
   CachedDataset ds(source, store, "r", 20);
   std::string sample;
   for (size_t i = 0; i < 400; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
     ASSERT_EQ(sample, source.expected(i));
   }
   EXPECT_EQ(*store->numKeys(), 400u);
@@ -103,7 +103,7 @@ TEST_F(RedisTest, CachedDatasetEpochsAndConcurrentReaders) {
         std::string s;
         for (size_t k = 0; k < 400; ++k) {
           size_t i = (k * 7 + static_cast<size_t>(t) * 100) % 400;
-          if (!ds.read(i, s).isOk() || s != source.expected(i)) {
+          if (!ds.get(i, s).isOk() || s != source.expected(i)) {
             wrong.fetch_add(1);
           }
         }
@@ -178,7 +178,7 @@ TEST(RedisCluster, ShardsKeysOverThreeServersAndEveryRankAgrees) {
       for (size_t j = 0; j < 30; ++j) {
         indices[j] = b / 30 + j * 10;  // strided: each batch spans all servers
       }
-      ASSERT_TRUE(ds.readMany(std::span<const size_t>(indices.data(), 30), samples).isOk());
+      ASSERT_TRUE(ds.getMany(std::span<const size_t>(indices.data(), 30), samples).isOk());
       for (size_t j = 0; j < 30; ++j) {
         ASSERT_EQ(samples[j], source.expected(indices[j])) << "epoch " << epoch << " j " << j;
       }
@@ -203,7 +203,7 @@ TEST(RedisCluster, OneServerDownCostsOnlyItsShare) {
   std::vector<size_t> indices(200);
   std::iota(indices.begin(), indices.end(), size_t{0});
   std::vector<std::string> samples;
-  ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+  ASSERT_TRUE(ds.getMany(indices, samples).isOk());
   ASSERT_TRUE(ds.flush().isOk());
   size_t onFirst = 0;
   for (size_t i = 0; i < 200; ++i) {
@@ -215,7 +215,7 @@ TEST(RedisCluster, OneServerDownCostsOnlyItsShare) {
   WarnCounter warnings;
   for (int epoch = 0; epoch < 2; ++epoch) {
     uint64_t hitsBefore = ds.stats().hits;
-    ASSERT_TRUE(ds.readMany(indices, samples).isOk());
+    ASSERT_TRUE(ds.getMany(indices, samples).isOk());
     for (size_t i = 0; i < 200; ++i) {
       ASSERT_EQ(samples[i], source.expected(i)) << i;
     }
@@ -224,7 +224,7 @@ TEST(RedisCluster, OneServerDownCostsOnlyItsShare) {
   // Single reads alternate between the live and the dead server: still one outage.
   std::string sample;
   for (size_t i = 0; i < 200; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
     ASSERT_EQ(sample, source.expected(i)) << i;
   }
   EXPECT_EQ(ds.stats().outages, 1u);
@@ -314,7 +314,7 @@ TEST(RedisEviction, MaxmemoryWithRandomEvictionKeepsServingCorrectSamples) {
   class Big : public Dataset {
    public:
     size_t size() const override { return 6000; }
-    Status read(size_t i, std::string& s) override {
+    Status get(size_t i, Sample& s) const override {
       s.assign(4096, static_cast<char>(i & 0xff));
       std::memcpy(s.data(), &i, sizeof(i));
       return Status::ok();
@@ -325,8 +325,8 @@ TEST(RedisEviction, MaxmemoryWithRandomEvictionKeepsServingCorrectSamples) {
   std::string expected;
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (size_t i = 0; i < source.size(); ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
-      ASSERT_TRUE(source.read(i, expected).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
+      ASSERT_TRUE(source.get(i, expected).isOk());
       ASSERT_EQ(sample, expected) << i;
     }
   }
@@ -364,7 +364,7 @@ TEST_F(RedisTest, OutageMidEpochServesFromTheSourceReportsOnceAndRecovers) {
   CachedDataset ds(source, store, "out", 10);
   std::string sample;
   for (size_t i = 0; i < 200; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
   }
   ASSERT_EQ(ds.stats().writes, 200u);
   WarnCounter warnings;
@@ -375,7 +375,7 @@ TEST_F(RedisTest, OutageMidEpochServesFromTheSourceReportsOnceAndRecovers) {
       if (epoch == 0 && i == 100) {
         server_.kill();
       }
-      ASSERT_TRUE(ds.read(i, sample).isOk()) << "epoch " << epoch << " sample " << i;
+      ASSERT_TRUE(ds.get(i, sample).isOk()) << "epoch " << epoch << " sample " << i;
       ASSERT_EQ(sample, source.expected(i)) << "epoch " << epoch << " sample " << i;
     }
   }
@@ -395,7 +395,7 @@ TEST_F(RedisTest, OutageMidEpochServesFromTheSourceReportsOnceAndRecovers) {
   while (!allHit && std::chrono::steady_clock::now() < deadline) {
     uint64_t before = ds.stats().hits;
     for (size_t i = 0; i < 200; ++i) {
-      ASSERT_TRUE(ds.read(i, sample).isOk());
+      ASSERT_TRUE(ds.get(i, sample).isOk());
       ASSERT_EQ(sample, source.expected(i));
     }
     allHit = ds.stats().hits - before == 200;
@@ -420,7 +420,7 @@ TEST(RedisFaults, ServerDownAtStartIsNotFatal) {
   std::string sample;
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < 50; ++i) {
-    ASSERT_TRUE(ds.read(i, sample).isOk());
+    ASSERT_TRUE(ds.get(i, sample).isOk());
     ASSERT_EQ(sample, source.expected(i));
   }
   // Refused connections fail fast; a dead server must not cost a timeout per sample.

@@ -23,11 +23,11 @@ std::string expectedSample(size_t i) {
 }
 
 // The expensive source: counts how often it is read.
-class CountingSource final : public cache::Dataset {
+class CountingSource final : public Dataset {
  public:
   explicit CountingSource(size_t n) : n_(n) {}
   size_t size() const override { return n_; }
-  Status read(size_t index, std::string& sample) override {
+  Status get(size_t index, Sample& sample) const override {
     reads_.fetch_add(1, std::memory_order_relaxed);
     sample = expectedSample(index);
     return Status::ok();
@@ -36,7 +36,7 @@ class CountingSource final : public cache::Dataset {
 
  private:
   size_t n_;
-  std::atomic<uint64_t> reads_{0};
+  mutable std::atomic<uint64_t> reads_{0};
 };
 
 TEST(LoaderOverCachedDataset, LaterEpochsAreServedFromTheCacheByteForByte) {
@@ -45,15 +45,8 @@ TEST(LoaderOverCachedDataset, LaterEpochsAreServedFromTheCacheByteForByte) {
   cache::CacheOptions options;  // the embedded backend, the default
   Result<std::shared_ptr<cache::CacheBackend>> backend = cache::makeBackend(options);
   ASSERT_TRUE(backend.isOk()) << backend.status().toString();
-  cache::CachedDataset cached(source, *backend, "loader_test", /*writerBufferSize=*/16);
-
-  // The loader's dataset interface over the cache: copy the cached bytes into a Sample.
-  FunctionDataset dataset(kSamples, [&cached](size_t index, Sample& out) -> Status {
-    std::string bytes;
-    BAGUA_RETURN_IF_ERROR(cached.read(index, bytes));
-    out.assign(bytes.begin(), bytes.end());
-    return Status::ok();
-  });
+  // The cached dataset is the loader's dataset: one interface, no adapter.
+  cache::CachedDataset dataset(source, *backend, "loader_test", /*writerBufferSize=*/16);
 
   SamplerOptions so;
   so.seed = 7;
@@ -91,11 +84,11 @@ TEST(LoaderOverCachedDataset, LaterEpochsAreServedFromTheCacheByteForByte) {
       seen += batch.indices.size();
     }
     EXPECT_EQ(seen, kSamples) << "epoch " << epoch;
-    ASSERT_TRUE(cached.flush().isOk());
+    ASSERT_TRUE(dataset.flush().isOk());
     // Only the first epoch reads the source.
     EXPECT_EQ(source.reads(), kSamples) << "after epoch " << epoch;
   }
-  cache::CacheStats stats = cached.stats();
+  cache::CacheStats stats = dataset.stats();
   EXPECT_EQ(stats.misses, kSamples);
   EXPECT_EQ(stats.hits, 2 * kSamples);
 }

@@ -31,9 +31,9 @@ using Clock = std::chrono::steady_clock;
 // Sample i: 1 + i % 13 bytes, byte k = (i * 31 + k * 7) & 0xff, so a misplaced sample or byte is
 // caught.
 Sample patternSample(size_t i) {
-  Sample s(1 + i % 13);
+  Sample s(1 + i % 13, '\0');
   for (size_t k = 0; k < s.size(); ++k) {
-    s[k] = static_cast<uint8_t>((i * 31 + k * 7) & 0xff);
+    s[k] = static_cast<char>((i * 31 + k * 7) & 0xff);
   }
   return s;
 }

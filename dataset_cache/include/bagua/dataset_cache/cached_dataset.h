@@ -1,8 +1,10 @@
 // Datasets and their cached wrappers (Bagua's CachedDataset).
 //
-// Dataset: index -> sample bytes. CachedDataset(source, backend, name, writerBufferSize) serves
-// sample i from the cache under key "{name}_{i}" and falls through to source.read(i) on a miss,
-// writing back in batches (see CacheLoader for batching, faults and counters).
+// Dataset: bagua::Dataset (base/include/bagua/base/dataset.h), index -> sample bytes, the
+// interface the loader reads too. CachedDataset(source, backend, name, writerBufferSize) serves
+// sample i from the cache under key "{name}_{i}" and falls through to source.get(i) on a miss,
+// writing back in batches (see CacheLoader for batching, faults and counters); it is itself a
+// bagua::Dataset, so it goes straight into a bagua::loader::DataLoader.
 //
 // TypedDataset<T> / TypedCachedDataset<T>: the same for typed samples, with a Serializer<T>
 // (encode to bytes, decode with validation). A cached value that fails to decode is a miss and is
@@ -12,8 +14,8 @@
 // Cache only the deterministic preprocessing: random augmentation belongs after the cache
 // (Bagua's tutorial advice), or every epoch would see the first epoch's random draws.
 //
-// Thread model: read()/get() may be called from several threads at once when the source's
-// read()/get() may; nothing else is locked beyond CacheLoader's write queue.
+// Thread model: get() may be called from several threads at once (the loader's workers) when the
+// source's get() may; nothing else is locked beyond CacheLoader's write queue.
 //
 // Ownership: the source is borrowed and must outlive the cached dataset; the backend is shared
 // (several datasets may use one). A null backend disables caching (every read from the source).
@@ -29,46 +31,39 @@
 #include <type_traits>
 #include <vector>
 
+#include "bagua/base/dataset.h"
 #include "bagua/base/status.h"
 #include "bagua/dataset_cache/backend.h"
 #include "bagua/dataset_cache/cache_loader.h"
 
 namespace bagua::cache {
 
-class Dataset {
- public:
-  Dataset() = default;
-  Dataset(const Dataset&) = delete;
-  Dataset& operator=(const Dataset&) = delete;
-  virtual ~Dataset() = default;
-
-  virtual size_t size() const = 0;
-  // Writes sample `index` (< size()) into `sample`, reusing its capacity.
-  virtual Status read(size_t index, std::string& sample) = 0;
-};
+using bagua::Dataset;
+using bagua::Sample;
 
 class CachedDataset final : public Dataset {
  public:
-  CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend, std::string datasetName,
-                size_t writerBufferSize = 20);
-  CachedDataset(Dataset& source, std::shared_ptr<CacheBackend> backend, CacheLoaderOptions options);
+  CachedDataset(const Dataset& source, std::shared_ptr<CacheBackend> backend,
+                std::string datasetName, size_t writerBufferSize = 20);
+  CachedDataset(const Dataset& source, std::shared_ptr<CacheBackend> backend,
+                CacheLoaderOptions options);
 
   size_t size() const override { return source_.size(); }
   // kInvalidArgument for an index out of range; the source's error (with context) on a miss
   // that the source cannot serve. Never fails because of the cache.
-  Status read(size_t index, std::string& sample) override;
+  Status get(size_t index, Sample& sample) const override;
 
   // Many samples with one backend round trip per server (for a loader that knows its batch):
   // samples[j] is sample indices[j]; misses come from the source in order.
-  Status readMany(std::span<const size_t> indices, std::vector<std::string>& samples);
+  Status getMany(std::span<const size_t> indices, std::vector<Sample>& samples) const;
 
   Status flush() { return loader_.flush(); }
   CacheStats stats() const { return loader_.stats(); }
   CacheLoader& loader() { return loader_; }
 
  private:
-  Dataset& source_;
-  CacheLoader loader_;
+  const Dataset& source_;
+  mutable CacheLoader loader_;  // thread-safe
 };
 
 // ---- Typed samples -----------------------------------------------------------------------------
