@@ -3,6 +3,7 @@
 # bridge, 198.19.<pid % 250>.2 and .3, port 2222), baguarun in a third (the "laptop", .1), host
 # and client keys made here, the hosts' keys checked against a known_hosts file made here.
 # usage: baguarun_ssh_test.sh BAGUARUN TRAINER
+#   usage    a bad host list or a clashing flag exits 2 naming it, before any ssh
 #   train    2 hosts x 2 ranks of bagua-cpp-trainer succeed (hosts given as HOST:PORT; --ssh_opts
 #            beats BAGUA_SSH_OPTS): every rank first prints RANK, LOCAL_RANK, WORLD_SIZE,
 #            LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR (the first host), MASTER_PORT, an
@@ -30,6 +31,30 @@ sshd=/usr/sbin/sshd
 for tool in ssh ssh-keygen ip; do
   command -v "$tool" >/dev/null || skip "$tool is not installed"
 done
+
+# ---- usage: bad host lists and clashing flags (no network needed) ------------------------------
+usage_case() {  # WANT_IN_STDERR ARGS...
+  local want="$1" rc
+  shift
+  timeout 20 "$baguarun" "$@" -- true >/dev/null 2>"$tmp_usage"; rc=$?
+  [ "$rc" = 2 ] || { echo "FAIL: usage: baguarun $* exited with $rc, want 2"; exit 1; }
+  grep -qF -- "$want" "$tmp_usage" ||
+    { echo "FAIL: usage: baguarun $*: stderr lacks '$want':"; cat "$tmp_usage"; exit 1; }
+}
+tmp_usage="$(mktemp)"
+usage_case "empty host name in ''" --host_list "h0,,h1"
+usage_case "bad port '99999' in 'h1:99999'" --host_list "h0,h1:99999"
+usage_case "bad port 'x' in 'h1:x'" --host_list "h0,h1:x"
+usage_case "--ssh_port must be an integer in [1, 65535]" --host_list h0 --ssh_port 0
+usage_case "drop --nnodes/--node_rank" --host_list h0,h1 --node_rank 1
+usage_case "--master_port 0 (pick a free port) works on one node only" --host_list h0 \
+  --master_port 0
+usage_case "an elastic one (--nnodes MIN:MAX, --rdzv_*) is started on each node by hand" \
+  --host_list h0,h1 --nnodes 1:2
+usage_case "-x 1BAD: '1BAD' is not a variable name" --host_list h0 -x 1BAD
+BAGUA_SSH_PORT=abc usage_case "BAGUA_SSH_PORT" --host_list h0
+rm -f "$tmp_usage"
+echo "ok: usage: bad host lists, ports and clashing flags exit 2 naming them"
 
 t0=$SECONDS
 tag=$$; sub=$(( $$ % 250 ))
