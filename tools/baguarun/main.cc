@@ -22,6 +22,11 @@
 //       --max_restarts R [--rdzv_conf C] --no_python program [args...]
 // (B default c10d, E default --master_addr:--master_port, ID default "baguarun", R default 3),
 // so C++ trainers restart on membership changes like Python ones.
+//
+// On several hosts over SSH (--host_list, ssh.cc; tools/README.md "baguarun on several nodes"):
+// one baguarun per host, started with --stdin_control (the job key on stdin's first line; the
+// job stopped as by SIGTERM when stdin ends) and --rank_prefix ("[rank R] " before each line a
+// worker prints, also usable alone). The command line is args.cc's.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,7 +41,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
