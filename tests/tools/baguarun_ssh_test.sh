@@ -9,8 +9,9 @@
 #            LOCAL_WORLD_SIZE, NODE_RANK, NNODES, MASTER_ADDR (the first host), MASTER_PORT, an
 #            -x variable with a space and a quote, and its job key (64 hex digits, the same on
 #            every rank); all four summaries arrive; every line is prefixed with its host and rank
-#   sigint   SIGINT to baguarun mid-run (2 trainers running on each host): exit 130, and no
-#            trainer or baguarun is left on a host
+#   sigint   with the user's BAGUA_JOB_KEY, which no process's command line shows: SIGINT to
+#            baguarun mid-run (2 trainers running on each host): exit 130, and no trainer or
+#            baguarun is left on a host
 #   kill9    SIGKILL to baguarun mid-run: the hosts' ranks still end (their stdin, the lifeline
 #            through ssh, ends)
 #   refused  a host whose port refuses the connection: a non-zero exit naming that host as not
@@ -236,13 +237,19 @@ expect_no_orphans 5 train
 echo "ok: train: 4 ranks on 2 hosts trained; each had its variables, the -x value and the one job key, and every line arrived prefixed with its host and rank ($((SECONDS - t0)) s)"; t0=$SECONDS
 
 # ---- sigint: Ctrl-C ends every remote rank ------------------------------------------------------
+# The user's job key goes to the hosts through ssh's stdin: no command line may show it.
+export BAGUA_JOB_KEY="sigint$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+printf '%s\n' "$BAGUA_JOB_KEY" >"$tmp/key"  # grep reads it from there, not its own arguments
 start_long_run sigint
+shown="$(grep -lF -f "$tmp/key" /proc/[0-9]*/cmdline 2>/dev/null)"
+[ -z "$shown" ] || fail "sigint: the job key is on a command line: $shown"
+unset BAGUA_JOB_KEY
 kill -INT "$pid"
 wait_baguarun 20 sigint
 [ "$rc" = 130 ] || fail "sigint: exited with $rc, want 130"
 grep -q "stopped by signal 2" "$tmp/err" || fail "sigint: no 'stopped by signal 2'"
 expect_no_orphans 5 sigint
-echo "ok: sigint: baguarun exited 130 and no rank is left on either host ($((SECONDS - t0)) s)"; t0=$SECONDS
+echo "ok: sigint: no command line showed the job key; baguarun exited 130 and no rank is left on either host ($((SECONDS - t0)) s)"; t0=$SECONDS
 
 # ---- kill9: the hosts' ranks end with baguarun even when it is SIGKILLed -------------------------
 start_long_run kill9
