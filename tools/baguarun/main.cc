@@ -22,6 +22,11 @@
 //       --max_restarts R [--rdzv_conf C] --no_python program [args...]
 // (B default c10d, E default --master_addr:--master_port, ID default "baguarun", R default 3),
 // so C++ trainers restart on membership changes like Python ones.
+//
+// On several hosts over SSH (--host_list, ssh.cc; tools/README.md "baguarun on several nodes"):
+// one baguarun per host, started with --stdin_control (the job key on stdin's first line; the
+// job stopped as by SIGTERM when stdin ends) and --rank_prefix ("[rank R] " before each line a
+// worker prints, also usable alone). The command line is args.cc's.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,7 +41,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -44,173 +48,53 @@
 
 #include "bagua/base/crypto.h"
 #include "bagua/base/params.h"
+#include "baguarun.h"
+#include "baguarun_params.h"
+#include "output.h"
 
-namespace {
+namespace bagua::baguarun {
 
 volatile sig_atomic_t gSignal = 0;
+
+namespace {
 
 void onSignal(int sig) {
   gSignal = sig;
 }
 
-struct Options {
-  int nprocPerNode = 1;
-  int nnodes = 1;
-  int nodeRank = 0;
-  std::string masterAddr = "127.0.0.1";
-  int masterPort = 29500;
-  double graceS = 5.0;
-  std::vector<std::string> command;
-  // Elastic (delegated to torchrun): nnodes as given ("2:4"), and torchrun's rendezvous flags.
-  std::string nnodesText;
-  std::string rdzvBackend;
-  std::string rdzvEndpoint;
-  std::string rdzvId;
-  std::string rdzvConf;
-  int maxRestarts = 3;
-  std::string torchrun = "python3 -m bagua.distributed.run";
-  bool elastic() const {
-    return nnodesText.find(':') != std::string::npos || !rdzvBackend.empty() ||
-           !rdzvEndpoint.empty();
-  }
-};
+}  // namespace
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: baguarun [--nproc_per_node N] [--nnodes M] [--node_rank R]\n"
-               "                [--master_addr A] [--master_port P] [--grace_s S] [--] program "
-               "[args...]\n"
-               "Starts N workers with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,\n"
-               "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), forwards signals, and stops every\n"
-               "worker when one fails, reporting which rank failed and why.\n"
-               "  --master_port 0   pick a free port (single node)\n"
-               "  --grace_s S       seconds between SIGTERM and SIGKILL (default 5)\n"
-               "Elastic (torchrun underneath): --nnodes MIN:MAX, --rdzv_backend B (c10d),\n"
-               "  --rdzv_endpoint HOST:PORT (--master_addr:--master_port), --rdzv_id ID,\n"
-               "  --rdzv_conf K=V,..., --max_restarts R (3), --torchrun CMD\n"
-               "  (python3 -m bagua.distributed.run)\n");
+void installInterruptHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+    sigaction(s, &sa, nullptr);
+  }
 }
 
-bool parseIntArg(const std::string& name, const std::string& text, int lo, int hi, int* out) {
-  bagua::Result<int64_t> v = bagua::parseInt(text);
-  if (!v.isOk() || *v < lo || *v > hi) {
-    std::fprintf(stderr, "baguarun: %s must be an integer in [%d, %d], got '%s'\n", name.c_str(),
-                 lo, hi, text.c_str());
-    return false;
+std::string describe(int status) {
+  if (WIFEXITED(status)) {
+    return bagua::strPrintf("exited with code %d", WEXITSTATUS(status));
   }
-  *out = static_cast<int>(*v);
-  return true;
+  if (WIFSIGNALED(status)) {
+    return bagua::strPrintf("was killed by signal %d (%s)", WTERMSIG(status),
+                            strsignal(WTERMSIG(status)));
+  }
+  return "ended abnormally";
 }
 
-// Returns 0 on success, 2 on a usage error, -1 for --help.
-int parseArgs(int argc, char** argv, Options* o) {
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      return -1;
-    }
-    if (a.rfind("--", 0) != 0) {
-      break;  // the program
-    }
-    std::string key = a, value;
-    size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-    }
-    static const char* const kKnown[] = {"--nproc_per_node", "--nproc-per-node", "--nnodes",
-                                         "--node_rank",      "--node-rank",      "--master_addr",
-                                         "--master-addr",    "--master_port",    "--master-port",
-                                         "--grace_s",        "--rdzv_backend",   "--rdzv-backend",
-                                         "--rdzv_endpoint",  "--rdzv-endpoint",  "--rdzv_id",
-                                         "--rdzv-id",        "--rdzv_conf",      "--rdzv-conf",
-                                         "--max_restarts",   "--max-restarts",   "--torchrun"};
-    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
-      std::fprintf(stderr, "baguarun: unknown option %s\n", key.c_str());
-      return 2;
-    }
-    if (eq == std::string::npos) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "baguarun: %s needs a value\n", a.c_str());
-        return 2;
-      }
-      value = argv[++i];
-    }
-    bool ok = true;
-    if (key == "--nproc_per_node" || key == "--nproc-per-node") {
-      ok = parseIntArg(key, value, 1, 4096, &o->nprocPerNode);
-    } else if (key == "--nnodes") {
-      o->nnodesText = value;
-      const size_t colon = value.find(':');
-      if (colon == std::string::npos) {
-        ok = parseIntArg(key, value, 1, 65536, &o->nnodes);
-      } else {
-        int lo = 0;
-        int hi = 0;
-        ok = parseIntArg("--nnodes MIN", value.substr(0, colon), 1, 65536, &lo) &&
-             parseIntArg("--nnodes MAX", value.substr(colon + 1), lo, 65536, &hi);
-        o->nnodes = hi;
-      }
-    } else if (key == "--rdzv_backend" || key == "--rdzv-backend") {
-      o->rdzvBackend = value;
-    } else if (key == "--rdzv_endpoint" || key == "--rdzv-endpoint") {
-      o->rdzvEndpoint = value;
-    } else if (key == "--rdzv_id" || key == "--rdzv-id") {
-      o->rdzvId = value;
-    } else if (key == "--rdzv_conf" || key == "--rdzv-conf") {
-      o->rdzvConf = value;
-    } else if (key == "--max_restarts" || key == "--max-restarts") {
-      ok = parseIntArg(key, value, 0, 1 << 20, &o->maxRestarts);
-    } else if (key == "--torchrun") {
-      o->torchrun = value;
-    } else if (key == "--node_rank" || key == "--node-rank") {
-      ok = parseIntArg(key, value, 0, 65535, &o->nodeRank);
-    } else if (key == "--master_addr" || key == "--master-addr") {
-      o->masterAddr = value;
-    } else if (key == "--master_port" || key == "--master-port") {
-      ok = parseIntArg(key, value, 0, 65535, &o->masterPort);
-    } else if (key == "--grace_s") {
-      bagua::Result<double> g = bagua::parseDouble(value);
-      ok = g.isOk() && *g >= 0;
-      if (ok) {
-        o->graceS = *g;
-      } else {
-        std::fprintf(stderr, "baguarun: --grace_s must be a non-negative number\n");
-      }
-    } else {
-      std::fprintf(stderr, "baguarun: unknown option %s\n", key.c_str());
-      return 2;
-    }
-    if (!ok) {
-      return 2;
-    }
+int exitCodeOf(int status) {
+  if (WIFEXITED(status)) {
+    return WEXITSTATUS(status);
   }
-  for (; i < argc; ++i) {
-    o->command.push_back(argv[i]);
+  if (WIFSIGNALED(status)) {
+    return 128 + WTERMSIG(status);
   }
-  if (o->command.empty()) {
-    std::fprintf(stderr, "baguarun: no program given\n");
-    return 2;
-  }
-  if (o->elastic()) {
-    return 0;  // ranks come from torchrun's rendezvous; --node_rank does not apply
-  }
-  if (o->nodeRank >= o->nnodes) {
-    std::fprintf(stderr, "baguarun: --node_rank %d must be below --nnodes %d\n", o->nodeRank,
-                 o->nnodes);
-    return 2;
-  }
-  if (o->masterPort == 0 && o->nnodes > 1) {
-    std::fprintf(stderr, "baguarun: --master_port 0 (pick a free port) works on one node only\n");
-    return 2;
-  }
-  return 0;
+  return 1;
 }
+
+namespace {
 
 // A port no other process holds now and none is likely to take before rank 0's store binds it:
 // one outside the kernel's ephemeral range (net.ipv4.ip_local_port_range), where outgoing
@@ -273,27 +157,6 @@ struct Worker {
   bool running = false;
   int status = 0;
 };
-
-std::string describe(int status) {
-  if (WIFEXITED(status)) {
-    return bagua::strPrintf("exited with code %d", WEXITSTATUS(status));
-  }
-  if (WIFSIGNALED(status)) {
-    return bagua::strPrintf("was killed by signal %d (%s)", WTERMSIG(status),
-                            strsignal(WTERMSIG(status)));
-  }
-  return "ended abnormally";
-}
-
-int exitCodeOf(int status) {
-  if (WIFEXITED(status)) {
-    return WEXITSTATUS(status);
-  }
-  if (WIFSIGNALED(status)) {
-    return 128 + WTERMSIG(status);
-  }
-  return 1;
-}
 
 // ---- The job key ------------------------------------------------------------------------------
 
@@ -486,42 +349,96 @@ int execTorchrun(const Options& o) {
   return 127;
 }
 
-}  // namespace
+// ---- The SSH start's side on each host (--stdin_control) ---------------------------------------
 
-int main(int argc, char** argv) {
-  Options o;
-  int rc = parseArgs(argc, argv, &o);
-  if (rc != 0) {
-    usage(rc < 0 ? stdout : stderr);
-    return rc < 0 ? 0 : rc;
+// The job key the SSH start sends as stdin's first line (empty: none; the hosts' own
+// BAGUA_JOB_KEY_FILE or key then). Read byte by byte so nothing after the line is taken.
+bool readJobKeyFromStdin() {
+  std::string line;
+  char c = 0;
+  for (;;) {
+    ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      std::fprintf(stderr, "baguarun: --stdin_control: stdin ended before the job key line\n");
+      return false;
+    }
+    if (c == '\n') {
+      break;
+    }
+    line += c;
   }
-  // Elastic: one node when MAX is 1 (torchrun's agent hands the environment to its workers).
-  if (!ensureJobKey(o.nnodes == 1)) {
-    return 1;
+  return line.empty() || ::setenv("BAGUA_JOB_KEY", line.c_str(), 1) == 0;
+}
+
+// True when stdin ended (the SSH start closed it, or its connection is gone); discards data.
+bool stdinEnded() {
+  char buf[256];
+  ssize_t n = ::read(STDIN_FILENO, buf, sizeof(buf));
+  return n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+// ---- Local workers ------------------------------------------------------------------------------
+
+// In the forked worker: its own process group, dies with baguarun, torchrun's variables, output
+// into the pipes (when given), then the program. Never returns.
+[[noreturn]] void execWorker(const Options& o, const Worker& w, pid_t parent, int outFd,
+                             int errFd) {
+  // Own process group: signals reach the worker's whole tree (shells, helpers).
+  ::setpgid(0, 0);
+  dieWithParent(parent);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
+    sigaction(s, &dfl, nullptr);
   }
-  if (o.elastic()) {
-    return execTorchrun(o);
+  if (outFd >= 0) {
+    ::dup2(outFd, STDOUT_FILENO);
+    ::dup2(errFd, STDERR_FILENO);
   }
-  if (o.masterPort == 0) {
-    o.masterPort = pickFreePort();
-    if (o.masterPort <= 0) {
-      std::fprintf(stderr, "baguarun: could not find a free port\n");
-      return 1;
+  if (o.stdinControl) {
+    // Only baguarun watches the connection; a worker reading stdin must not eat the end.
+    int devNull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (devNull >= 0) {
+      ::dup2(devNull, STDIN_FILENO);
     }
   }
-  struct sigaction sa {};
-  sa.sa_handler = onSignal;
-  sigemptyset(&sa.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
-    sigaction(s, &sa, nullptr);
-  }
   const int world = o.nprocPerNode * o.nnodes;
+  ::setenv("MASTER_ADDR", o.masterAddr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(o.masterPort).c_str(), 1);
+  ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(w.localRank).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nprocPerNode).c_str(), 1);
+  ::setenv("NODE_RANK", std::to_string(o.nodeRank).c_str(), 1);
+  ::setenv("NNODES", std::to_string(o.nnodes).c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& s : o.command) {
+    args.push_back(const_cast<char*>(s.c_str()));
+  }
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "baguarun: rank %d: cannot run '%s': %s\n", w.rank, args[0],
+               std::strerror(errno));
+  ::_exit(127);
+}
+
+// Forks the workers (with --rank_prefix, their output into `pumps`); false after a fork failed
+// (the ones started are killed).
+bool startWorkers(const Options& o, std::vector<Worker>& workers, Pumps& pumps) {
   const pid_t self = ::getpid();
-  std::vector<Worker> workers(o.nprocPerNode);
   for (int l = 0; l < o.nprocPerNode; ++l) {
     Worker& w = workers[l];
     w.localRank = l;
     w.rank = o.nodeRank * o.nprocPerNode + l;
+    int out[2] = {-1, -1};
+    int err[2] = {-1, -1};
+    if (o.rankPrefix && (!makePipe(out) || !makePipe(err))) {
+      std::fprintf(stderr, "baguarun: pipe: %s\n", std::strerror(errno));
+      return false;
+    }
     pid_t pid = ::fork();
     if (pid < 0) {
       std::fprintf(stderr, "baguarun: fork failed: %s\n", std::strerror(errno));
@@ -530,60 +447,34 @@ int main(int argc, char** argv) {
           ::kill(-other.pid, SIGKILL);
         }
       }
-      return 1;
+      return false;
     }
     if (pid == 0) {
-      // Own process group: signals reach the worker's whole tree (shells, helpers).
-      ::setpgid(0, 0);
-      dieWithParent(self);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (int s : {SIGINT, SIGTERM, SIGHUP}) {
-        sigaction(s, &dfl, nullptr);
-      }
-      ::setenv("MASTER_ADDR", o.masterAddr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(o.masterPort).c_str(), 1);
-      ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(l).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nprocPerNode).c_str(), 1);
-      ::setenv("NODE_RANK", std::to_string(o.nodeRank).c_str(), 1);
-      ::setenv("NNODES", std::to_string(o.nnodes).c_str(), 1);
-      std::vector<char*> args;
-      for (auto& s : o.command) {
-        args.push_back(s.data());
-      }
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "baguarun: rank %d: cannot run '%s': %s\n", w.rank, args[0],
-                   std::strerror(errno));
-      ::_exit(127);
+      execWorker(o, w, self, out[1], err[1]);
     }
     ::setpgid(pid, pid);  // also here, so there is no window before the child runs
     w.pid = pid;
     w.running = true;
-  }
-  Guardian guardian;
-  {
-    std::vector<pid_t> groups;
-    for (const Worker& w : workers) {
-      groups.push_back(w.pid);
-    }
-    if (!guardian.start(groups, 1000)) {
-      std::fprintf(stderr,
-                   "baguarun: continuing without a guardian: a kill -9 of baguarun would "
-                   "leave the workers' children running\n");
+    if (o.rankPrefix) {
+      ::close(out[1]);
+      ::close(err[1]);
+      const std::string prefix = bagua::strPrintf("[rank %d] ", w.rank);
+      pumps.push_back(std::make_unique<LinePump>(out[0], STDOUT_FILENO, prefix));
+      pumps.push_back(std::make_unique<LinePump>(err[0], STDERR_FILENO, prefix));
     }
   }
-  std::fprintf(stderr,
-               "baguarun: started %d worker(s) (ranks %d..%d of %d) for '%s', master %s:%d\n",
-               o.nprocPerNode, workers.front().rank, workers.back().rank, world,
-               o.command[0].c_str(), o.masterAddr.c_str(), o.masterPort);
+  return true;
+}
 
+// Waits for every worker: forwards signals, stops the others at the first failure (SIGTERM,
+// SIGKILL after --grace_s) and with --stdin_control when stdin ends. Returns the exit status.
+int superviseWorkers(const Options& o, std::vector<Worker>& workers, Pumps& pumps,
+                     Guardian& guardian) {
   using Clock = std::chrono::steady_clock;
   int failedIndex = -1;
   int forwarded = 0;
   bool stopping = false;
+  bool stdinOpen = o.stdinControl;
   Clock::time_point killAt{};
   auto stopAll = [&](int sig) {
     for (auto& w : workers) {
@@ -660,8 +551,15 @@ int main(int argc, char** argv) {
       }
       killAt = Clock::now() + std::chrono::hours(24);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (pollPumps(pumps, stdinOpen ? STDIN_FILENO : -1, 20) && stdinEnded()) {
+      stdinOpen = false;
+      std::fprintf(stderr,
+                   "baguarun: stdin ended (the SSH start stopped the job, or its connection is "
+                   "gone); stopping the workers\n");
+      gSignal = SIGTERM;
+    }
   }
+  drainPumps(pumps, 1000);
   if (failedIndex >= 0) {
     const Worker& w = workers[failedIndex];
     std::fprintf(stderr, "baguarun: FAILED: rank %d %s (first failure)\n", w.rank,
@@ -673,4 +571,89 @@ int main(int argc, char** argv) {
     return 128 + gSignal;
   }
   return 0;
+}
+
+// The static job's ranks on this node.
+int runLocal(Options& o) {
+  if (o.masterPort == 0) {
+    o.masterPort = pickFreePort();
+    if (o.masterPort <= 0) {
+      std::fprintf(stderr, "baguarun: could not find a free port\n");
+      return 1;
+    }
+  }
+  installInterruptHandlers();
+  if (o.stdinControl) {
+    // A connection gone must not kill baguarun before it has stopped the workers.
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+  std::vector<Worker> workers(o.nprocPerNode);
+  Pumps pumps;
+  if (!startWorkers(o, workers, pumps)) {
+    return 1;
+  }
+  Guardian guardian;
+  {
+    std::vector<pid_t> groups;
+    for (const Worker& w : workers) {
+      groups.push_back(w.pid);
+    }
+    if (!guardian.start(groups, 1000)) {
+      std::fprintf(stderr,
+                   "baguarun: continuing without a guardian: a kill -9 of baguarun would "
+                   "leave the workers' children running\n");
+    }
+  }
+  std::fprintf(stderr,
+               "baguarun: started %d worker(s) (ranks %d..%d of %d) for '%s', master %s:%d\n",
+               o.nprocPerNode, workers.front().rank, workers.back().rank, o.nprocPerNode * o.nnodes,
+               o.command[0].c_str(), o.masterAddr.c_str(), o.masterPort);
+  return superviseWorkers(o, workers, pumps, guardian);
+}
+
+// The hosts of an SSH start: --host_list, else BAGUA_NODE_DOMAIN_NAMES unless the command line
+// places this node itself (the baguarun an SSH start runs on each host gets --nnodes and
+// --node_rank, so a cluster that exports the variable everywhere does not recurse). False after
+// printing a bad value.
+bool resolveHostList(Options* o) {
+  if (!o->hostList.empty() || o->placementGiven || o->elastic() || o->stdinControl) {
+    return true;
+  }
+  bagua::Result<std::string> env = baguarunParams().nodeDomainNames.get();
+  if (!env.isOk()) {
+    std::fprintf(stderr, "baguarun: %s\n", env.status().message().c_str());
+    return false;
+  }
+  o->hostList = *env;
+  return true;
+}
+
+}  // namespace
+}  // namespace bagua::baguarun
+
+int main(int argc, char** argv) {
+  using namespace bagua::baguarun;
+  Options o;
+  int rc = parseArgs(argc, argv, &o);
+  if (rc == 0 && !resolveHostList(&o)) {
+    rc = 2;
+  }
+  if (rc != 0) {
+    usage(rc < 0 ? stdout : stderr);
+    return rc < 0 ? 0 : rc;
+  }
+  if (!o.hostList.empty()) {
+    return runOverSsh(o);
+  }
+  if (o.stdinControl && !readJobKeyFromStdin()) {
+    return 1;
+  }
+  // Elastic: one node when MAX is 1 (torchrun's agent hands the environment to its workers).
+  if (!ensureJobKey(o.nnodes == 1)) {
+    return 1;
+  }
+  if (o.elastic()) {
+    return execTorchrun(o);
+  }
+  return runLocal(o);
 }

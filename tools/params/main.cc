@@ -25,7 +25,8 @@
 #include "bagua/net/params.h"
 #include "bagua/optimizer/params.h"
 #include "bagua/python/params.h"
-#include "tuner.h"  // net_plugin private: the tuner's catalogue
+#include "baguarun_params.h"  // tools/baguarun
+#include "tuner.h"            // net_plugin private: the tuner's catalogue
 
 namespace {
 
@@ -40,7 +41,8 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
           &bagua::autotune::autotuneParams(),
           &bagua::optim::optimizerParams(),
           &bagua::algo::algorithmsParams(),
-          &bagua::py::pythonParams()};
+          &bagua::py::pythonParams(),
+          &bagua::baguarun::baguarunParams()};
 }
 
 // `s` with a backslash before each character of `special` and each control character replaced

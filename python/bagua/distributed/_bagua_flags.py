@@ -49,7 +49,8 @@ def add_bagua_flags(parser):
     g.add_argument("--enable_bagua_net", action="store_true", default=False,
                    help="NCCL uses our Bagua-Net network plugin (sets NCCL_NET_PLUGIN)")
     g.add_argument("--host_list", type=str, default=None,
-                   help="accepted for compatibility (multi-node start over SSH is baguarun's)")
+                   help="accepted for compatibility; to start on several hosts over SSH, use "
+                        "baguarun --host_list H1,H2 (tools/README.md)")
     g.add_argument("--ssh_port", type=int, default=None, help="see --host_list")
     return parser
 
@@ -87,7 +88,7 @@ def bagua_env(args):
         e["NCCL_NET_PLUGIN"] = plugin
     if args.host_list or args.ssh_port:
         warnings.warn("bagua: --host_list / --ssh_port are not used by this launcher (run it "
-                      "on every node, or use baguarun)")
+                      "on every node, or start every node over SSH with baguarun --host_list)")
     return e
 
 
