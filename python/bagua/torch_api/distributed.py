@@ -28,7 +28,7 @@ class BaguaModule:
         algorithm) replaces the previous wrap (Bagua's model switch). Buffers are not
         broadcast in forward (Bagua does not either); use the DistributedDataParallel wrapper
         with ``broadcast_buffers=True`` for torch DDP's behaviour. ``_engine_options`` (not
-        Bagua's): an ``EngineOptions`` (data_parallel/bagua_distributed.py), for benchmarks and
+        Bagua's): an ``EngineOptions`` (data_parallel/engine_options.py), for benchmarks and
         tests that compare the engine's modes."""
         if process_group is None:
             process_group = _get_default_group()
