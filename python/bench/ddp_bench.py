@@ -90,7 +90,7 @@ def main():
     # (under torchrun bagua finds its own port through the agent's store)
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms import Algorithm
-    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
+    from bagua.torch_api.data_parallel.engine_options import EngineOptions
 
     bagua.init_process_group()
 

@@ -21,7 +21,7 @@ class BaguaModule:
         ``optimizers``: the optimizers stepping it (their state is broadcast from rank 0 and
         their ``step`` runs the algorithm's post-step hook); ``process_group``: default group
         when None; ``do_flatten``: lay each bucket's parameters out contiguously (see
-        data_parallel/bagua_distributed.py). Buckets hold BAGUA_DEFAULT_BUCKET_SIZE bytes
+        data_parallel/_native_engine.py). Buckets hold BAGUA_DEFAULT_BUCKET_SIZE bytes
         (25 MiB, torch DDP's size; Bagua's was 10 MiB: see env.get_default_bucket_size).
         Parameters named in ``_bagua_params_and_buffers_to_ignore`` (or DDP's
         ``_ddp_params_and_buffers_to_ignore``) are left alone. Wrapping again (another
