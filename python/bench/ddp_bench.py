@@ -34,7 +34,6 @@ def parse():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--algorithm", default="gradient_allreduce")
     ap.add_argument("--bucket_cap_mb", type=float, default=25)
-    ap.add_argument("--cuda_reducer", default="core", choices=["core", "python"])
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
     ap.add_argument("--json", default="", help="rank 0 writes the summary here")
     return ap.parse_args()
@@ -91,7 +90,7 @@ def main():
     # (under torchrun bagua finds its own port through the agent's store)
     import bagua.torch_api as bagua
     from bagua.torch_api.algorithms import Algorithm
-    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
+    from bagua.torch_api.data_parallel.engine_options import EngineOptions
 
     bagua.init_process_group()
 
@@ -104,7 +103,7 @@ def main():
     o_bagua = torch.optim.SGD(m_bagua.parameters(), lr=1e-3)
     kwargs = {"hierarchical": False} if args.algorithm != "async" else {}
     w_bagua = m_bagua.with_bagua([o_bagua], Algorithm.init(args.algorithm, **kwargs),
-                                 _engine_options=EngineOptions(cuda_reducer=args.cuda_reducer))
+                                 _engine_options=EngineOptions())
 
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=g).to(dev)
@@ -136,11 +135,10 @@ def main():
     summary = {"device": args.device, "world": world, "params": params,
                "algorithm": args.algorithm, "torch_ms": med["torch"] * 1e3,
                "bagua_ms": med["bagua"] * 1e3, "ratio_torch_over_bagua": med["torch"] / med["bagua"],
-               "max_weight_diff": diff, "cuda_reducer": args.cuda_reducer}
+               "max_weight_diff": diff}
     if rank == 0:
-        print("ddp_bench {} x{} {} params={} algorithm={}{}".format(
-            args.device, world, "x".join([str(args.width)] * 2), params, args.algorithm,
-            " (cuda reducer: {})".format(args.cuda_reducer) if args.device == "cuda" else ""))
+        print("ddp_bench {} x{} {} params={} algorithm={}".format(
+            args.device, world, "x".join([str(args.width)] * 2), params, args.algorithm))
         print("  torch DDP   median step {:.3f} ms".format(med["torch"] * 1e3))
         print("  bagua       median step {:.3f} ms".format(med["bagua"] * 1e3))
         print("  ratio torch/bagua {:.3f} (> 1: bagua faster); max |w_torch - w_bagua| {:.2e}".format(

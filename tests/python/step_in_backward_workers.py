@@ -15,7 +15,7 @@ import torch
 import bagua.torch_api as bagua
 from bagua.torch_api.algorithms import GradientAllReduceAlgorithm
 from bagua.torch_api.contrib import fuse_optimizer
-from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
+from bagua.torch_api.data_parallel.engine_options import EngineOptions
 
 STEPS = 110
 

@@ -195,7 +195,7 @@ def test_init_device_keeps_a_selected_device_else_local_rank():
 def test_with_bagua_refuses_parameters_off_the_group_device():
     from types import SimpleNamespace
 
-    from bagua.torch_api.data_parallel.bagua_distributed import _check_devices
+    from bagua.torch_api.data_parallel._engine import _check_devices
 
     on = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
     off = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))

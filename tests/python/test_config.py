@@ -401,11 +401,11 @@ def test_job_key_reads_go_through_the_catalogue(clean):
     assert _bagua_flags.job_key_env(True) == {}
 
 
-def test_engine_options_refuse_an_unknown_reducer():
-    from bagua.torch_api.data_parallel.bagua_distributed import EngineOptions
+def test_engine_options_refuse_an_unknown_option():
+    from bagua.torch_api.data_parallel.engine_options import EngineOptions
 
-    with pytest.raises(ValueError, match="cuda_reducer"):
-        EngineOptions(cuda_reducer="gpu")
+    with pytest.raises(TypeError, match="cuda_reducer"):
+        EngineOptions(cuda_reducer="python")
     with pytest.raises(TypeError):
         EngineOptions("python")  # keyword-only
     assert bagua.torch_api.env is env

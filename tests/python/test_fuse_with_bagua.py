@@ -5,7 +5,7 @@ on worlds 1 and 2, with torch 1's and torch 2's zero_grad."""
 import pytest
 
 import harness
-import workers
+import workers_dropin
 
 EPOCHS = 11  # fuse_step on the even epochs: 6 steps x 2 groups fused when fusing
 
@@ -22,10 +22,10 @@ def test_fused_counts_with_bagua(world):
     want = {(True, False): fused, (True, True): 0, (False, True): 0}
     bad = []
     for out in outs:
-        assert len(out) == 2 * len(workers.FUSE_OPTIMIZERS) * 7
+        assert len(out) == 2 * len(workers_dropin.FUSE_OPTIMIZERS) * 7
         for (none, k, algo, f1, f2), (equal, count) in sorted(out.items()):
             if not equal or count != want[(f1, f2)]:
-                bad.append((workers.FUSE_OPTIMIZERS[k], algo, "set_to_none={}".format(none),
+                bad.append((workers_dropin.FUSE_OPTIMIZERS[k], algo, "set_to_none={}".format(none),
                             "fuse do_flatten={}".format(f1), "with_bagua do_flatten={}".format(f2),
                             "equal={}".format(equal), "count={} want {}".format(
                                 count, want[(f1, f2)])))

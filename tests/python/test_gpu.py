@@ -17,15 +17,13 @@ if not _bagua_ext.HAVE_NCCL:
 
 SCENARIOS = {
     "gar_core": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
-                 "device": "cuda", "cuda_reducer": "core"},
+                 "device": "cuda"},
     # The default runs the device buckets at do_flatten's gradients (in_place_device_buckets); these
     # turn it off: gradients copied into reducer buckets and back.
     "gar_core_copies": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
-                        "device": "cuda", "cuda_reducer": "core", "in_place": False},
+                        "device": "cuda", "in_place": False},
     "bytegrad_copies": {"algorithm": "bytegrad", "steps": 10, "reference": True,
                         "device": "cuda", "kwargs": {"hierarchical": False}, "in_place": False},
-    "gar_python": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
-                   "device": "cuda", "cuda_reducer": "python"},
     "gar_ddp_noflat": {"algorithm": "gradient_allreduce", "steps": 10, "reference": True,
                        "device": "cuda", "wrapper": "ddp"},
     "bytegrad": {"algorithm": "bytegrad", "steps": 10, "reference": True, "device": "cuda",
@@ -62,8 +60,7 @@ def test_nccl_collectives(runs):
     comm_checks.check_collectives(runs["comm"], 2)
 
 
-@pytest.mark.parametrize("name", ["gar_core", "gar_core_copies", "gar_python",
-                                  "gar_ddp_noflat"])
+@pytest.mark.parametrize("name", ["gar_core", "gar_core_copies", "gar_ddp_noflat"])
 def test_gradient_allreduce_cuda_equals_single_process(runs, name):
     outs = runs[name]
     assert torch.equal(outs[0]["init"], outs[1]["init"])
@@ -99,11 +96,11 @@ def test_decentralized_cuda_runs(runs, name):
 
 def _train_loss(weights, steps):
     """MSE of the test model with `weights` (CPU) over every batch both ranks trained on."""
-    import workers
-    model = workers.Net()
+    import worker_base
+    model = worker_base.Net()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(weights.clone(), model.parameters())
-        xs, ys = zip(*[workers.data(r, s) for r in range(2) for s in range(steps)])
+        xs, ys = zip(*[worker_base.data(r, s) for r in range(2) for s in range(steps)])
         return torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).item()
 
 
@@ -111,20 +108,20 @@ def test_qadam_cuda_warmup_equals_adam(runs):
     # Warm-up QAdam is Adam on the averaged gradient: 2 ranks on CUDA == torch Adam (CPU) on the
     # concatenated batch from the same start. Tolerance rtol 1e-4, atol 1e-5: the GPU's
     # reduction order differs from the CPU's (the CPU case holds to 1e-5 / 1e-6).
-    import workers
+    import worker_base
     outs = runs["qadam_warmup"]
     assert torch.equal(outs[0]["init"], outs[1]["init"])
     assert torch.equal(outs[0]["final"], outs[1]["final"])
-    model = workers.Net()
+    model = worker_base.Net()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(outs[0]["init"].clone(), model.parameters())
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(8):
         opt.zero_grad()
-        xs, ys = zip(*[workers.data(r, step) for r in range(2)])
+        xs, ys = zip(*[worker_base.data(r, step) for r in range(2)])
         torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
         opt.step()
-    ref = workers.flat(model)
+    ref = worker_base.flat(model)
     assert not torch.equal(outs[0]["final"], outs[0]["init"])
     assert torch.allclose(outs[0]["final"], ref, rtol=1e-4, atol=1e-5), \
         "max |qadam - adam| = {}".format((outs[0]["final"] - ref).abs().max().item())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import harness
-import workers
+import worker_base
 
 LR = 0.05
 STEPS = 6
@@ -93,7 +93,7 @@ def _lpd_reference(init, nodes, local, steps, lr):
     node averages its ranks' locally stepped weights, the node leaders run the low-precision
     ring among themselves (one node: the leader is its own left and right peer), the node's
     ranks take the result."""
-    model = workers.Net()
+    model = worker_base.Net()
     cur = [init.clone() for _ in range(nodes)]
     w = [init.clone() for _ in range(nodes)]
     left = [init.clone() for _ in range(nodes)]
@@ -106,10 +106,10 @@ def _lpd_reference(init, nodes, local, steps, lr):
                 with torch.no_grad():
                     torch.nn.utils.vector_to_parameters(cur[k].clone(), model.parameters())
                 model.zero_grad()
-                x, y = workers.data(k * local + j, step)
+                x, y = worker_base.data(k * local + j, step)
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 torch.optim.SGD(model.parameters(), lr=lr).step()  # the rank's local step
-                acc += workers.flat(model)
+                acc += worker_base.flat(model)
             xs.append(acc / local)
         # The core's arithmetic: x + l / 3 + r / 3 - 5 / 3 w with float32 thirds.
         ds = [_q(xs[k] + left[k] * (1.0 / 3) + right[k] * (1.0 / 3) - w[k] * (5.0 / 3))
@@ -148,7 +148,7 @@ def _check(outs, nodes, local, name):
     if algo == "gar":
         assert torch.allclose(outs[0]["final"], outs[0]["reference"], rtol=1e-5, atol=1e-6)
     if algo == "bytegrad":  # compressed, close to the exact average's training
-        ref = workers.reference(outs[0]["init"], nodes * local, STEPS, LR, "gradient_allreduce")
+        ref = worker_base.reference(outs[0]["init"], nodes * local, STEPS, LR, "gradient_allreduce")
         assert torch.allclose(outs[0]["final"], ref, atol=2e-2)
 
 

@@ -306,3 +306,64 @@ def test_load_state_dict_keeps_or_replaces_the_core():
     for i, p in enumerate(params):
         assert torch.equal(opt.state[p]["exp_avg"], early["state"][i]["exp_avg"])
         assert opt.state[p]["exp_avg"].data_ptr() == opt._ext.state_ptr(i, False)
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_python_update_agrees_with_the_core_step(hold):
+    # QAdamOptimizer.step (the torch update; q_adam.py says why it is not the core's step) and
+    # the core's QAdamOptimizer::step: warm-up (1 step) and the compression stage's local step,
+    # weight decay on, three elements of each parameter at 0 with a gradient of exactly 0 in the
+    # warm-up (frozen v = 0: what hold_zero_variance holds) and then a momentum (as the qadam
+    # algorithm's would give them). The constants are exact in float32 (the core takes float32
+    # hyperparameters, torch Python floats). m and v agree bit for bit; a parameter may differ in
+    # its last bit: torch's addcdiv computes x + (value * m) / denom, the core
+    # x + value * (m / denom).
+    lr, betas, eps, wd = 2.0 ** -7, (1 - 2.0 ** -3, 1 - 2.0 ** -7), 2.0 ** -20, 2.0 ** -5
+
+    def grad(step):
+        out = grads(step)
+        for g in out:
+            g.view(-1)[:3] = 0.0
+        return out
+
+    def start():
+        out = weights()
+        for w in out:
+            w.view(-1)[:3] = 0.0
+        return out
+
+    params = [torch.nn.Parameter(w) for w in start()]
+    opt = q_adam.QAdamOptimizer(params, lr=lr, warmup_steps=2, betas=betas, eps=eps,
+                                weight_decay=wd, hold_zero_variance=hold)
+    host = start()
+    specs = [("p{}".format(i), t.data_ptr(), 0, t.numel(), dtype_code(t.dtype), 0, 0, True)
+             for i, t in enumerate(host)]
+    core = ext.QAdamOptimizer(specs, lr, 2, betas[0], betas[1], eps, wd, hold)
+    after_warmup = None
+    for step in range(5):
+        for p, g in zip(params, grad(step)):
+            p.grad = g
+        opt.step()
+        gs = grad(step)
+        core.set_pointers([(t.data_ptr(), g.data_ptr()) for t, g in zip(host, gs)])
+        core.step()
+        for i, (p, t) in enumerate(zip(params, host)):
+            if step == 0:
+                assert torch.equal(bits(p.detach()), bits(t)), i
+            assert torch.allclose(p.detach(), t, rtol=1e-6, atol=0), (step, i)
+            for second in (False, True):
+                got = opt.exp_avg_sq(i) if second else opt.exp_avg(i)
+                want = torch.frombuffer(bytearray(core.state(i, second)), dtype=torch.float32)
+                assert torch.equal(bits(got.reshape(-1)), bits(want)), (step, i, second)
+        if step == 0:
+            after_warmup = [p.detach().view(-1)[:3].clone() for p in params]
+            for i, p in enumerate(params):
+                m = opt.state[p]["exp_avg"]
+                m.view(-1)[:3] = 0.25
+                core.set_state(i, False, m.reshape(-1).numpy().tobytes())
+    for p, t, w in zip(params, host, after_warmup):
+        assert torch.equal(opt.state[p]["exp_avg_sq"].view(-1)[:3], torch.zeros(3))
+        # Held (both updates): the compression stage left the v = 0 elements alone; not held:
+        # Bagua's update moved them (by lr / (1 - b1^t) * m / eps).
+        assert torch.equal(p.detach().view(-1)[:3], w) == hold
+        assert torch.equal(t.view(-1)[:3], w) == hold

@@ -152,8 +152,8 @@ def test_no_sync_accumulation_equals_single_process(runs2):
     outs = runs2["no_sync"]
     _assert_ranks_equal(outs)
     # Reference: the gradient of the two micro-batch losses summed, averaged over 2 ranks.
-    import workers
-    model = workers.Net()
+    import worker_base
+    model = worker_base.Net()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(outs[0]["init"].clone(), model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -161,10 +161,10 @@ def test_no_sync_accumulation_equals_single_process(runs2):
         opt.zero_grad()
         for r in range(2):
             for micro in range(2):
-                x, y = workers.data(r * 2 + micro, step)
+                x, y = worker_base.data(r * 2 + micro, step)
                 (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
         opt.step()
-    assert torch.allclose(outs[0]["final"], workers.flat(model), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(outs[0]["final"], worker_base.flat(model), rtol=1e-5, atol=1e-6)
 
 
 def test_bytegrad_ranks_bitwise_equal_and_close(runs2):
@@ -181,10 +181,10 @@ def test_decentralized_all_matches_simulation(runs2, which):
     outs = runs2["decentralized"] if which == "builtin" else \
         [o["user_decentralized"] for o in runs2["dropin"]]
     # x_{t+1} = avg(x_t) - lr * g_r(x_t): simulate both ranks.
-    import workers
+    import worker_base
     models = []
     for r in range(2):
-        m = workers.Net()
+        m = worker_base.Net()
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(outs[0]["init"].clone(), m.parameters())
         models.append(m)
@@ -192,21 +192,21 @@ def test_decentralized_all_matches_simulation(runs2, which):
         grads = []
         for r, m in enumerate(models):
             m.zero_grad()
-            x, y = workers.data(r, step)
+            x, y = worker_base.data(r, step)
             torch.nn.functional.mse_loss(m(x), y).backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
-        avg = (workers.flat(models[0]) + workers.flat(models[1])) / 2
+        avg = (worker_base.flat(models[0]) + worker_base.flat(models[1])) / 2
         for r, m in enumerate(models):
             with torch.no_grad():
                 torch.nn.utils.vector_to_parameters(avg - 0.05 * grads[r], m.parameters())
     for r in range(2):
-        assert torch.allclose(outs[r]["final"], workers.flat(models[r]), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(outs[r]["final"], worker_base.flat(models[r]), rtol=1e-5, atol=1e-6)
     if which == "builtin":
         # bagua_buckets[0]._peer_weight: the last average, parameters in reverse order (Bagua's
         # single decentralized bucket); the same on both ranks.
         n, pw = outs[0]["peer_weight"]
         last = torch.cat([t.reshape(-1) for t in reversed(
-            [p.detach() for p in _unflat(avg, workers.Net())])])
+            [p.detach() for p in _unflat(avg, worker_base.Net())])])
         assert n == 1 and torch.allclose(pw, last, rtol=1e-5, atol=1e-6)
         assert torch.equal(outs[1]["peer_weight"][1], pw)
 
@@ -240,17 +240,17 @@ def test_qadam_warmup_equals_adam(runs2):
     # on the concatenated batch.
     outs = runs2["qadam_warmup"]
     _assert_ranks_equal(outs)
-    import workers
-    model = workers.Net()
+    import worker_base
+    model = worker_base.Net()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(outs[0]["init"].clone(), model.parameters())
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(8):
         opt.zero_grad()
-        xs, ys = zip(*[workers.data(r, step) for r in range(2)])
+        xs, ys = zip(*[worker_base.data(r, step) for r in range(2)])
         torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
         opt.step()
-    assert torch.allclose(outs[0]["final"], workers.flat(model), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(outs[0]["final"], worker_base.flat(model), rtol=1e-5, atol=1e-6)
 
 
 def test_qadam_compression_stage_runs(runs2):
@@ -261,11 +261,11 @@ def test_qadam_compression_stage_runs(runs2):
 
 def _train_loss(weights, steps):
     """MSE of the test model with `weights` over every batch both ranks trained on."""
-    import workers
-    model = workers.Net()
+    import worker_base
+    model = worker_base.Net()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(weights.clone(), model.parameters())
-        xs, ys = zip(*[workers.data(r, s) for r in range(2) for s in range(steps)])
+        xs, ys = zip(*[worker_base.data(r, s) for r in range(2) for s in range(steps)])
         return torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).item()
 
 
@@ -322,9 +322,9 @@ def test_algorithm_switch(runs2):
 
 
 def _dropin_reference(init, steps=6, lr=0.05):
-    import workers
+    import worker_base
 
-    return workers.reference(init, 2, steps, lr, "gradient_allreduce")
+    return worker_base.reference(init, 2, steps, lr, "gradient_allreduce")
 
 
 @pytest.mark.parametrize("key", ["user_algo", "user_algo_pyop"])
@@ -441,21 +441,21 @@ def test_qadam_from_parameter_groups_is_the_same_run(runs2):
 def test_dtype_changed_after_wrap(runs2):
     # .double() after with_bagua: the reducer rebinds to the float64 memory; training equals
     # the single-process float64 reference on the joint batch.
-    import workers
+    import worker_base
 
     outs = [o["double_after_wrap"] for o in runs2["dropin"]]
     assert outs[0]["dtype"] == "torch.float64"
     _assert_ranks_equal(outs)
-    m = workers.Net().double()
+    m = worker_base.Net().double()
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(outs[0]["init"].double(), m.parameters())
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     for step in range(3):
-        xs, ys = zip(*[workers.data(r, step) for r in range(2)])
+        xs, ys = zip(*[worker_base.data(r, step) for r in range(2)])
         opt.zero_grad()
         torch.nn.functional.mse_loss(m(torch.cat(xs).double()), torch.cat(ys).double()).backward()
         opt.step()
-    assert torch.allclose(outs[0]["final"], workers.flat(m), rtol=1e-9, atol=1e-12)
+    assert torch.allclose(outs[0]["final"], worker_base.flat(m), rtol=1e-9, atol=1e-12)
 
 
 def test_a_model_freed_at_different_moments_on_each_rank_does_not_hold_the_others():

@@ -26,17 +26,17 @@ export PYTHONPATH="$ROOT/python:$BUILD/python"
 export BAGUA_TEST_BAGUARUN="$BUILD/tools/baguarun/baguarun"
 export BAGUA_TEST_ACCELERATOR=gpu
 echo "extension: $("$PY" -c 'import _bagua_ext as e, torch; print("torch", torch.__version__, "nccl", e.HAVE_NCCL, "gpus", torch.cuda.device_count())')"
-# The core reducer launched by baguarun, the Python device reducer by torchrun (both launchers).
+# The same benchmark launched by baguarun and by torchrun (both launchers).
 PORT=$(( 20000 + RANDOM % 20000 ))
-for cfg in "core" "python"; do
-  if [ "$cfg" = core ]; then
+for cfg in "baguarun" "torchrun"; do
+  if [ "$cfg" = baguarun ]; then
     RUN=("$BUILD/tools/baguarun/baguarun" --nproc_per_node 2 --master_port 0 -- "$PY")
   else
     RUN=("$PY" -m torch.distributed.run --nproc_per_node 2 --master_port "$PORT")
   fi
   timeout 35 "${RUN[@]}" "$ROOT/python/bench/ddp_bench.py" \
     --device cuda --layers 8 --width 4096 --batch 64 --steps 30 --warmup 5 --rounds 3 \
-    --cuda_reducer "$cfg" --json "$OUT/python-ddp-$cfg.json" > "$OUT/python-ddp-$cfg.log" 2>&1
+    --json "$OUT/python-ddp-$cfg.json" > "$OUT/python-ddp-$cfg.log" 2>&1
   rc=$?
   grep -E "^(ddp_bench|  )" "$OUT/python-ddp-$cfg.log" || { echo "ddp_bench ($cfg) rc=$rc"; tail -5 "$OUT/python-ddp-$cfg.log"; }
   cat "$OUT/python-ddp-$cfg.log" >> "$LOG"

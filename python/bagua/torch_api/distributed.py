@@ -21,14 +21,14 @@ class BaguaModule:
         ``optimizers``: the optimizers stepping it (their state is broadcast from rank 0 and
         their ``step`` runs the algorithm's post-step hook); ``process_group``: default group
         when None; ``do_flatten``: lay each bucket's parameters out contiguously (see
-        data_parallel/bagua_distributed.py). Buckets hold BAGUA_DEFAULT_BUCKET_SIZE bytes
+        data_parallel/_native_engine.py). Buckets hold BAGUA_DEFAULT_BUCKET_SIZE bytes
         (25 MiB, torch DDP's size; Bagua's was 10 MiB: see env.get_default_bucket_size).
         Parameters named in ``_bagua_params_and_buffers_to_ignore`` (or DDP's
         ``_ddp_params_and_buffers_to_ignore``) are left alone. Wrapping again (another
         algorithm) replaces the previous wrap (Bagua's model switch). Buffers are not
         broadcast in forward (Bagua does not either); use the DistributedDataParallel wrapper
         with ``broadcast_buffers=True`` for torch DDP's behaviour. ``_engine_options`` (not
-        Bagua's): an ``EngineOptions`` (data_parallel/bagua_distributed.py), for benchmarks and
+        Bagua's): an ``EngineOptions`` (data_parallel/engine_options.py), for benchmarks and
         tests that compare the engine's modes."""
         if process_group is None:
             process_group = _get_default_group()

@@ -2,7 +2,7 @@
 ``reify(process_group)`` returns, with the hooks), plus ``GlobalAlgorithmRegistry``.
 
 A user-written algorithm derives from both, as in Bagua's tutorial, and runs on the Python
-engine (``data_parallel/bagua_distributed.py``, ``bucket.py``). The built-in algorithms reify to
+engine (``data_parallel/_python_engine.py``, ``bucket.py``). The built-in algorithms reify to
 ``_NativeImpl`` subclasses: the wrapper hands them to the C++ reducer (``algorithms/`` library,
 built by name through ``createAlgorithm``); a later wrap of the same model with another
 algorithm (Bagua's model switch) builds a fresh one.

@@ -18,6 +18,23 @@ of that memory (numpy / CUDA array interfaces, no copy). The core's own step is 
 its step count (advanced with no gradient attached, so it touches no memory), which tells the
 algorithm when the warm-up ends.
 
+Why the update is written here and not stepped by the core's ``QAdamOptimizer::step``: a torch
+optimizer's ``step()`` updates whatever its ``param_groups`` hold at the call, with each group's
+hyperparameters as they are at the call, and the core's step cannot take that. It steps the fixed
+parameter list it was created over, with the options it was created with, and keeps one step
+count for all of them. The package calls ``step()`` on other tensors than that list:
+``fuse_step`` (contrib/fuse) steps fused views of byte-adjacent parameters and their state, and
+the optimizer inside the backward pass (data_parallel/step_in_backward.py) steps one bucket's
+parameters at a time, several calls per iteration. Per-group ``lr`` (LR schedulers),
+``weight_decay``, ``betas`` and ``eps``, and the per-parameter step count of ``state_dict()``
+(a parameter without a gradient does not advance), are Bagua's API and are not options the core
+takes per call. Nor would the core's step be Bagua's bit for bit: it takes float32
+hyperparameters (Bagua's betas=(0.9, 0.999) and 1 - beta are not float32 numbers; torch rounds
+the Python floats where it uses them), and it divides m by the denominator before scaling where
+torch's ``addcdiv`` scales first, so a parameter may differ in its last bit
+(tests/python/test_qadam_state.py compares the two with float32-exact constants: m and v bit
+for bit, parameters within that last bit).
+
 ``hold_zero_variance`` (our addition, default False = Bagua's maths): in the compression stage
 an element whose frozen v is exactly 0 (its gradient was exactly zero through the whole warm-up:
 a dead ReLU unit, an unused embedding row) is not updated. Bagua's update there is
@@ -121,7 +138,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         old_steps = self._ext.step_count if getattr(self, "_ext", None) is not None else 0
         self._ext = core
         # A reducer built on the previous core object keeps using it: the wrap compares this
-        # generation and rebuilds on the new one (bagua_distributed.py).
+        # generation and rebuilds on the new one (data_parallel/_native_engine.py).
         self._generation = getattr(self, "_generation", 0) + 1
         self._order = list(order)
         self._index = {id(p): i for i, p in enumerate(order)}

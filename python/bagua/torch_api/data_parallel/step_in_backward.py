@@ -154,8 +154,6 @@ class StepInBackward:
         elif engine.impl._native_name not in ALGORITHMS:
             self.static_reason = "{} does not leave final gradients per bucket".format(
                 engine.impl._native_name)
-        elif engine._python_device:
-            self.static_reason = "the Python CUDA reducer (EngineOptions.cuda_reducer)"
         self._opts = {}
         self.active = []
         self._stepped = set()
@@ -326,8 +324,7 @@ class StepInBackward:
             self._fresh = []
             self.active = []
         elif sync and self.static_reason is None:
-            # Where no optimizer can step inside backward there is nothing to observe (and the
-            # Python CUDA reducer has no bucket layout to read).
+            # Where no optimizer can step inside backward there is nothing to observe.
             for st in self._opts.values():
                 if st.mode == OBSERVE:
                     engine = self.engine
