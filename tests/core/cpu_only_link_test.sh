@@ -37,7 +37,8 @@ mkdir -p "$T/lib" "$T/run"
 cp "$prog" "$T/cpu_only_program"
 for f in "${libs[@]}"; do cp "$f" "$T/lib/"; done
 [ ! -e "$T/lib/libbagua_core_cuda.so.${libs[0]##*.so.}" ] || fail "libbagua_core_cuda was copied"
-clean=(env -i PATH=/usr/bin:/bin HOME="$T/run" LD_LIBRARY_PATH="$T/lib")
+key=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')  # a job key: no "no job key" warnings
+clean=(env -i PATH=/usr/bin:/bin HOME="$T/run" LD_LIBRARY_PATH="$T/lib" BAGUA_JOB_KEY="$key")
 deps=$("${clean[@]}" ldd "$T/cpu_only_program")
 if grep -E "$cuda_re|not found" <<< "$deps"; then
   fail "ldd with LD_LIBRARY_PATH=$T/lib alone: a CUDA/NCCL library or a missing one (above)"
@@ -50,7 +51,7 @@ echo "ldd (LD_LIBRARY_PATH=$T/lib alone): every libbagua_* from the copy, no CUD
 
 run() {  # LABEL PROGRAM ARGS...: runs it from $T/run, wants exit 0 and both ranks' lines
   local label="$1"; shift
-  (cd "$T/run" && timeout 120 "$@") > "$T/out" 2>&1
+  (cd "$T/run" && BAGUA_JOB_KEY="$key" timeout 120 "$@") > "$T/out" 2>&1
   rc=$?
   sed "s/^/[$label] /" "$T/out"
   [ "$rc" = 0 ] || fail "$label: cpu_only_program exited $rc"

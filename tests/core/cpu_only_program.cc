@@ -97,7 +97,9 @@ int runRank(int rank, int port, bool refused, const std::string& words) {
   }
   std::string nccl;
   if (rank == 0) {
-    auto comm = createCommunicator(Backend::kNccl, *shared, 0, 1, opts);
+    ProcessGroupOptions one = opts;
+    one.cudaDevice = 0;  // where there is a GPU, a real 1-rank NCCL communicator
+    auto comm = createCommunicator(Backend::kNccl, *shared, 0, 1, one);
     if (refused) {
       if (comm.isOk()) {
         return failed(who, "the NCCL backend was created with no CUDA library reachable");
