@@ -2,11 +2,7 @@
 
 #include <thread>
 
-#if BAGUA_CORE_WITH_NCCL
-#include <cuda_runtime.h>
-
-#include "bagua/base/cuda_check.h"
-#endif
+#include "cuda_backend.h"
 
 namespace bagua::core {
 
@@ -43,24 +39,43 @@ void DeviceStager::commit() {
   next_ = Layout{};
 }
 
-#if BAGUA_CORE_WITH_NCCL
-
-// ---- Device paths ------------------------------------------------------------------------------
+// ---- Device paths: CUDA runtime calls through the CUDA half (cuda_backend.h) -----------------
 
 namespace {
+
+// The CUDA half. Device buckets exist only after checkDevice() accepted a tensor on an NCCL
+// process group, whose communicator came from the registered CUDA half.
+Result<CudaBackend*> cuda() {
+  if (CudaBackend* b = registeredCudaBackend()) {
+    return b;
+  }
+  return BAGUA_ERROR(kInternal, "a device bucket without the CUDA half of core loaded");
+}
+
+// Returns a failed Status of a CUDA call from the enclosing function, with printf-style context.
+#define BAGUA_STAGER_CHECK(expr, ...)                     \
+  do {                                                    \
+    ::bagua::Status stager_status_ = (expr);              \
+    if (!stager_status_.isOk()) {                         \
+      stager_status_.withContext(strPrintf(__VA_ARGS__)); \
+      return stager_status_;                              \
+    }                                                     \
+  } while (0)
 
 // Polls an event until it completed or the deadline passed (never an unbounded wait). The first
 // 200 us spin (a yield between queries): a bucket's event usually fires within a few kernels of
 // the query, and every microsecond here delays the bucket's collective; then 20 us sleeps.
-Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
+Status pollEvent(CudaBackend& rt, CUevent_st* ev, Clock::time_point deadline, const char* what) {
   const Clock::time_point spinUntil = Clock::now() + std::chrono::microseconds(200);
   while (true) {
-    const cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) {
-      return Status::ok();
+    Result<bool> done = rt.queryEvent(ev);
+    if (!done.isOk()) {
+      Status s = done.status();
+      s.withContext(what);
+      return s;
     }
-    if (e != cudaErrorNotReady) {
-      return cudaStatus(e, what, __FILE__, __LINE__);
+    if (*done) {
+      return Status::ok();
     }
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
@@ -77,8 +92,12 @@ Status pollEvent(cudaEvent_t ev, Clock::time_point deadline, const char* what) {
 }  // namespace
 
 DeviceStager::~DeviceStager() {
+  CudaBackend* rt = registeredCudaBackend();
+  if (rt == nullptr) {
+    return;  // no device bucket was ever made
+  }
   if (copyDevice_ >= 0) {
-    cudaSetDevice(copyDevice_);
+    (void)rt->setDevice(copyDevice_);
   }
   // cudaFree waits for the device's outstanding work (copies into the buckets included).
   release(next_);
@@ -93,6 +112,12 @@ Status DeviceStager::checkDevice(const std::string& name, const Device& device,
                        "tensors need the NCCL backend (ProcessGroupOptions::backend = kNccl)",
                        name.c_str(), device.index, backend.c_str());
   }
+  Result<CudaBackend*> rt = cudaBackend();
+  if (!rt.isOk()) {
+    Status s = rt.status();
+    s.withContext(strPrintf("%s lives on cuda:%d", name.c_str(), device.index));
+    return s;
+  }
   if (copyDevice_ >= 0 && device.index != copyDevice_) {
     return BAGUA_ERROR(kInvalidArgument,
                        "%s lives on cuda:%d, other tensors on cuda:%d: one process reduces the "
@@ -103,8 +128,9 @@ Status DeviceStager::checkDevice(const std::string& name, const Device& device,
 }
 
 Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
   const int bi = b.index;
-  BAGUA_CHECK_CUDA(cudaSetDevice(b.device.index), "bucket %d", bi);
+  BAGUA_STAGER_CHECK(rt->setDevice(b.device.index), "bucket %d", bi);
   if (copyDevice_ < 0) {
     copyDevice_ = b.device.index;
   }
@@ -115,26 +141,28 @@ Status DeviceStager::allocateDevice(Bucket& b, Layout& layout) {
                        bi, b.device.index, copyDevice_);
   }
   layout.anyDevice = true;
-  BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&layout.copied[bi], cudaEventDisableTiming),
-                   "bucket %d", bi);
+  Result<CUevent_st*> ev = rt->createEvent();
+  BAGUA_STAGER_CHECK(ev.status(), "bucket %d", bi);
+  layout.copied[bi] = *ev;
   if (b.inPlace) {
     return Status::ok();  // the trainer's memory (Parameter::gradHome): neither ours nor zeroed
   }
-  BAGUA_CHECK_CUDA(cudaMalloc(&layout.device[bi], b.bytes() + 64),
-                   "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64, b.device.index);
+  Result<void*> mem = rt->malloc(b.bytes() + 64);
+  BAGUA_STAGER_CHECK(mem.status(), "bucket %d: %zu bytes on cuda:%d", bi, b.bytes() + 64,
+                     b.device.index);
+  layout.device[bi] = *mem;
   b.flat = layout.device[bi];
   return deviceZero(b, b.flat, b.bytes());
 }
 
 void DeviceStager::release(Layout& layout) {
-  for (CUevent_st* ev : layout.copied) {
-    if (ev != nullptr) {
-      cudaEventDestroy(ev);
+  CudaBackend* rt = registeredCudaBackend();
+  if (rt != nullptr) {
+    for (CUevent_st* ev : layout.copied) {
+      rt->destroyEvent(ev);
     }
-  }
-  for (void* m : layout.device) {
-    if (m != nullptr) {
-      cudaFree(m);
+    for (void* m : layout.device) {
+      rt->free(m);
     }
   }
   layout = Layout{};
@@ -144,33 +172,37 @@ Status DeviceStager::deviceCopy(const Bucket& bucket, void* dst, const void* src
                                 CUstream_st* stream) {
   // On the trainer's stream: after the kernel that wrote the gradient, with no event and no
   // cross-stream wait (two runtime calls per gradient; torch DDP copies on it too).
-  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
+  BAGUA_STAGER_CHECK(rt->setDevice(bucket.device.index), "bucket %d", bucket.index);
   if (bytes > 0) {
-    BAGUA_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
-                     "bucket %d, %zu bytes", bucket.index, bytes);
+    BAGUA_STAGER_CHECK(rt->copyAsync(dst, src, bytes, stream), "bucket %d, %zu bytes", bucket.index,
+                       bytes);
   }
   return Status::ok();
 }
 
 Status DeviceStager::deviceZero(const Bucket& bucket, void* dst, size_t bytes) {
-  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  BAGUA_CHECK_CUDA(cudaMemsetAsync(dst, 0, bytes, trainerStream_), "bucket %d, %zu bytes",
-                   bucket.index, bytes);
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
+  BAGUA_STAGER_CHECK(rt->setDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_STAGER_CHECK(rt->zeroAsync(dst, bytes, trainerStream_), "bucket %d, %zu bytes",
+                     bucket.index, bytes);
   return Status::ok();
 }
 
 Status DeviceStager::deviceMarkReady(const Bucket& bucket) {
   // After the bucket's copies (and, for bucket views, the kernels that wrote the gradients).
-  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  BAGUA_CHECK_CUDA(cudaEventRecord(current_.copied[bucket.index], trainerStream_), "bucket %d",
-                   bucket.index);
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
+  BAGUA_STAGER_CHECK(rt->setDevice(bucket.device.index), "bucket %d", bucket.index);
+  BAGUA_STAGER_CHECK(rt->recordEvent(current_.copied[bucket.index], trainerStream_), "bucket %d",
+                     bucket.index);
   return Status::ok();
 }
 
 Status DeviceStager::deviceWaitReady(const Bucket& bucket, Clock::time_point deadline) {
   // The bucket thread issues the algorithm's device work: it must run on the bucket's device.
-  BAGUA_CHECK_CUDA(cudaSetDevice(bucket.device.index), "bucket %d", bucket.index);
-  return pollEvent(current_.copied[bucket.index], deadline,
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
+  BAGUA_STAGER_CHECK(rt->setDevice(bucket.device.index), "bucket %d", bucket.index);
+  return pollEvent(*rt, current_.copied[bucket.index], deadline,
                    "waiting for the gradients copied into a device bucket");
 }
 
@@ -192,17 +224,17 @@ Status DeviceStager::waitForTrainerStream(const std::vector<const Parameter*>& t
   if (device < 0) {
     return Status::ok();
   }
-  BAGUA_CHECK_CUDA(cudaSetDevice(device), "waiting for the trainer's stream");
-  cudaEvent_t ev = nullptr;
-  BAGUA_CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "trainer stream");
-  Status s;
-  if (cudaEventRecord(ev, trainerStream_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "recording an event on the trainer's stream failed");
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
+  BAGUA_STAGER_CHECK(rt->setDevice(device), "waiting for the trainer's stream");
+  Result<CUevent_st*> ev = rt->createEvent();
+  BAGUA_STAGER_CHECK(ev.status(), "trainer stream");
+  Status s = rt->recordEvent(*ev, trainerStream_);
+  if (!s.isOk()) {
+    s.withContext("recording an event on the trainer's stream");
   } else {
-    s = pollEvent(ev, Clock::now() + timeout, "waiting for the trainer's stream");
+    s = pollEvent(*rt, *ev, Clock::now() + timeout, "waiting for the trainer's stream");
   }
-  cudaEventDestroy(ev);
+  rt->destroyEvent(*ev);
   return s;
 }
 
@@ -212,81 +244,31 @@ Status DeviceStager::broadcastHostI64(Communicator& comm, int device, int64_t* d
     return comm.broadcast(data, count, DataType::kI64, 0)->wait(timeout);
   }
   // NCCL reads device memory only: stage through the communicator's device.
+  BAGUA_ASSIGN_OR_RETURN(CudaBackend * rt, cuda());
   const size_t bytes = count * sizeof(int64_t);
-  BAGUA_CHECK_CUDA(cudaSetDevice(device), "broadcast staging");
-  void* staging = nullptr;
-  BAGUA_CHECK_CUDA(cudaMalloc(&staging, bytes > 0 ? bytes : 8), "%zu bytes", bytes);
-  Status s;
-  if (cudaMemcpy(staging, data, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy to cuda:%d failed", device);
+  BAGUA_STAGER_CHECK(rt->setDevice(device), "broadcast staging");
+  Result<void*> staging = rt->malloc(bytes > 0 ? bytes : 8);
+  BAGUA_STAGER_CHECK(staging.status(), "broadcast staging: %zu bytes", bytes);
+  Status s = rt->copyToDevice(*staging, data, bytes);
+  if (s.isOk()) {
+    s = rt->synchronizeDefaultStream();
   }
-  if (s.isOk() && cudaStreamSynchronize(nullptr) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: synchronising cuda:%d failed", device);
+  if (!s.isOk()) {
+    s.withContext(strPrintf("broadcast staging to cuda:%d", device));
   }
   if (s.isOk()) {
-    s = comm.broadcast(staging, count, DataType::kI64, 0)->wait(timeout);
+    s = comm.broadcast(*staging, count, DataType::kI64, 0)->wait(timeout);
   }
-  if (s.isOk() && cudaMemcpy(data, staging, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
-    (void)cudaGetLastError();
-    s = BAGUA_ERROR(kCudaError, "broadcast staging: copy from cuda:%d failed", device);
+  if (s.isOk()) {
+    s = rt->copyToHost(data, *staging, bytes);
+    if (!s.isOk()) {
+      s.withContext(strPrintf("broadcast staging from cuda:%d", device));
+    }
   }
-  cudaFree(staging);
+  rt->free(*staging);
   return s;
 }
 
-#else  // host-only build: no device tensor gets past checkDevice(), so no device bucket exists
-
-namespace {
-
-Status noDevice() {
-  return BAGUA_ERROR(kInternal, "a device bucket in a build without CUDA");
-}
-
-}  // namespace
-
-DeviceStager::~DeviceStager() = default;
-
-Status DeviceStager::checkDevice(const std::string& name, const Device& device,
-                                 const std::string& /*backend*/) const {
-  return BAGUA_ERROR(kFailedPrecondition,
-                     "%s lives on cuda:%d but bagua was built without NCCL/CUDA, so the reducer "
-                     "flattens host buckets only (configure with -Dcuda=enabled -Dnccl=enabled)",
-                     name.c_str(), device.index);
-}
-Status DeviceStager::allocateDevice(Bucket& /*bucket*/, Layout& /*layout*/) {
-  return noDevice();
-}
-void DeviceStager::release(Layout& layout) {
-  layout = Layout{};
-}
-Status DeviceStager::deviceCopy(const Bucket& /*bucket*/, void* /*dst*/, const void* /*src*/,
-                                size_t /*bytes*/, CUstream_st* /*stream*/) {
-  return noDevice();
-}
-Status DeviceStager::deviceZero(const Bucket& /*bucket*/, void* /*dst*/, size_t /*bytes*/) {
-  return noDevice();
-}
-Status DeviceStager::deviceMarkReady(const Bucket& /*bucket*/) {
-  return noDevice();
-}
-Status DeviceStager::deviceWaitReady(const Bucket& /*bucket*/, Clock::time_point /*deadline*/) {
-  return noDevice();
-}
-Status DeviceStager::releaseToTrainer() {
-  return Status::ok();
-}
-Status DeviceStager::waitForTrainerStream(const std::vector<const Parameter*>& /*tensors*/,
-                                          std::chrono::milliseconds /*timeout*/) {
-  return Status::ok();
-}
-
-Status DeviceStager::broadcastHostI64(Communicator& comm, int /*device*/, int64_t* data,
-                                      size_t count, std::chrono::milliseconds timeout) {
-  return comm.broadcast(data, count, DataType::kI64, 0)->wait(timeout);
-}
-
-#endif
+#undef BAGUA_STAGER_CHECK
 
 }  // namespace bagua::core

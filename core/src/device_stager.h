@@ -24,9 +24,13 @@
 // iteration's buckets are done, and the layout changes only between iterations, so no lock is
 // needed. One process stages the tensors of one device.
 //
+// The CUDA runtime calls go through the CUDA half of core (cuda_backend.h), so that
+// libbagua_core links no CUDA library: checkDevice() loads it (or says why it cannot) before a
+// device tensor is accepted, and the device paths run only after that.
+//
 // Errors: CUDA failures are kCudaError naming the call and the bucket; waits on the device past
-// their deadline are kDeadlineExceeded. In a build without CUDA, device tensors are refused by
-// checkDevice() and the device paths are never reached.
+// their deadline are kDeadlineExceeded. Without the CUDA half (a build without CUDA/NCCL, or
+// libbagua_core_cuda not installed), device tensors are refused by checkDevice().
 #pragma once
 
 #include <chrono>
@@ -59,7 +63,7 @@ class DeviceStager {
   DeviceStager& operator=(const DeviceStager&) = delete;
 
   // Whether a tensor on `device` can be staged: device tensors need the NCCL backend
-  // (`backend` is the process group's), a build with it, and the device of the others.
+  // (`backend` is the process group's), the CUDA half of core, and the device of the others.
   Status checkDevice(const std::string& name, const Device& device,
                      const std::string& backend) const;
 
@@ -164,7 +168,7 @@ class DeviceStager {
 
   CUstream_st* const trainerStream_;
   // The device of the first device bucket; one device per process.
-  [[maybe_unused]] int copyDevice_ = -1;  // unused where CUDA is left out
+  int copyDevice_ = -1;
   Layout current_;
   Layout next_;  // allocated, not yet committed
 };

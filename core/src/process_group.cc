@@ -9,11 +9,8 @@
 #include "bagua/base/logging.h"
 #include "bagua/core/params.h"
 #include "bagua_config.h"
+#include "cuda_backend.h"
 #include "liveness.h"
-
-#ifdef BAGUA_CORE_WITH_NCCL
-#include "backend/nccl/nccl_communicator.h"
-#endif
 
 namespace bagua::core {
 
@@ -87,13 +84,9 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
                                                          int size,
                                                          const ProcessGroupOptions& options) {
   if (backend == Backend::kNccl) {
-#ifdef BAGUA_CORE_WITH_NCCL
-    return nccl::createNcclCommunicator(store, rank, size, options);
-#else
-    return BAGUA_ERROR(kFailedPrecondition,
-                       "the NCCL backend was not built (no CUDA/NCCL at configure time); use "
-                       "the host backend");
-#endif
+    // The CUDA half of core (cuda_backend.h), loaded on this first use where core is shared.
+    BAGUA_ASSIGN_OR_RETURN(CudaBackend * cuda, cudaBackend());
+    return cuda->createNcclCommunicator(store, rank, size, options);
   }
   BAGUA_ASSIGN_OR_RETURN(Liveness live, livenessFromParams());
   host::HostTransportOptions ht;
