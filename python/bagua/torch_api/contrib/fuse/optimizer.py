@@ -155,6 +155,8 @@ def fuse_step(optimizer, closure=None):
         raise RuntimeError("bagua: call fuse_optimizer(optimizer) before fuse_step")
     ctl = getattr(optimizer, "_bagua_step_ctl", None)
     ctl = ctl() if ctl is not None else None
+    if ctl is not None and ctl.static_reason is not None:
+        ctl = None  # this wrap never steps inside backward: a step after it, as without a wrap
     resync = getattr(optimizer, "_bagua_resync_state", None)
     if ctl is not None or resync is not None:
         # Stepping inside backward, or QAdam (whose state the core reads): per-parameter
