@@ -15,6 +15,8 @@ namespace {
 // A line longer than this is written in pieces (a child printing without newlines).
 constexpr size_t kMaxLine = 64 * 1024;
 
+}  // namespace
+
 void writeAll(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
@@ -23,13 +25,11 @@ void writeAll(int fd, const std::string& text) {
       continue;
     }
     if (n <= 0) {
-      return;  // our own output is gone (a closed terminal): nothing left to tell
+      return;
     }
     done += static_cast<size_t>(n);
   }
 }
-
-}  // namespace
 
 bool makePipe(int fds[2]) {
   return ::pipe2(fds, O_CLOEXEC) == 0;

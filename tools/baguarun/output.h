@@ -17,6 +17,10 @@ namespace bagua::baguarun {
 // A pipe with both ends close-on-exec (dup2 onto 0/1/2 in a child clears it). False on failure.
 bool makePipe(int fds[2]);
 
+// Writes all of `text` to `fd` (retrying short writes and EINTR); stops silently when the other
+// end is gone (a closed terminal, an ssh that exited: its exit status says why).
+void writeAll(int fd, const std::string& text);
+
 // Copies a pipe's lines to `out` (not owned), each after `prefix`. Owns the pipe's read end.
 class LinePump {
  public:

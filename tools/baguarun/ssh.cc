@@ -276,20 +276,6 @@ bool jobKeyLine(std::string* line) {
   return true;
 }
 
-void writeAllTo(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n <= 0) {
-      return;  // ssh is gone already; its exit status says why
-    }
-    done += static_cast<size_t>(n);
-  }
-}
-
 // Forks ssh for `h` with its stdin from a pipe (the job key, then kept open) and its output into
 // `pumps`, "[HOST] " before each line. False when the pipes or the fork failed.
 bool startHost(Host& h, const std::vector<std::string>& args, const std::string& keyLine,
@@ -331,7 +317,7 @@ bool startHost(Host& h, const std::vector<std::string>& args, const std::string&
   h.pid = pid;
   h.running = true;
   h.stdinFd = in[1];
-  writeAllTo(h.stdinFd, keyLine);
+  writeAll(h.stdinFd, keyLine);
   const std::string prefix = "[" + h.given + "] ";
   pumps.push_back(std::make_unique<LinePump>(out[0], STDOUT_FILENO, prefix));
   Host* hp = &h;
