@@ -96,20 +96,27 @@ Result<Figures> decode(const std::string& s) {
   return f;
 }
 
-// Every rank publishes its figures under `prefix`; rank 0 combines them (the slowest rank's times,
-// the slowest link, the slowest codec, the widest spread) and publishes that; every rank returns
-// the combined figures, so every rank then runs the same rule on the same numbers.
-Result<Figures> exchange(core::Store& store, const std::string& prefix, int rank, int size,
-                         const Figures& mine, std::chrono::milliseconds wait) {
+// Every rank publishes its figures through the group's store under "bagua-auto/<group>/<key>";
+// rank 0 combines them (the slowest rank's times, the slowest link, the slowest codec, the widest
+// spread) and publishes that; every rank returns the combined figures, so every rank then runs
+// the same rule on the same numbers. Each wait: the collective timeout, at least 1 s.
+Result<Figures> exchange(core::ProcessGroup& group, const std::string& key, const Figures& mine) {
+  std::shared_ptr<core::Store> store = group.store();
+  if (!store) {
+    return BAGUA_ERROR(kFailedPrecondition, "the process group has no store");
+  }
+  const int rank = group.rank();
+  const auto wait = std::max(group.options().collectiveTimeout, std::chrono::milliseconds(1000));
+  const std::string prefix = "bagua-auto/" + group.options().name + "/" + key;
   BAGUA_RETURN_IF_ERROR(
-      store.set(prefix + "rank" + std::to_string(rank), core::toBytes(encode(mine))));
+      store->set(prefix + "rank" + std::to_string(rank), core::toBytes(encode(mine))));
   if (rank != 0) {
-    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store.get(prefix + "combined", wait));
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store->get(prefix + "combined", wait));
     return decode(core::toString(got));
   }
   Figures f = mine;
-  for (int r = 1; r < size; ++r) {
-    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store.get(prefix + "rank" + std::to_string(r), wait));
+  for (int r = 1; r < group.size(); ++r) {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes got, store->get(prefix + "rank" + std::to_string(r), wait));
     BAGUA_ASSIGN_OR_RETURN(Figures o, decode(core::toString(got)));
     f.compute = std::max(f.compute, o.compute);
     f.allReduceStep = std::max(f.allReduceStep, o.allReduceStep);
@@ -119,7 +126,7 @@ Result<Figures> exchange(core::Store& store, const std::string& prefix, int rank
     f.busy = std::max(f.busy, o.busy);
     f.spread = std::max(f.spread, o.spread);
   }
-  BAGUA_RETURN_IF_ERROR(store.set(prefix + "combined", core::toBytes(encode(f))));
+  BAGUA_RETURN_IF_ERROR(store->set(prefix + "combined", core::toBytes(encode(f))));
   return f;
 }
 
@@ -385,20 +392,23 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
     const int done = step_ - 1;
     if (phase_ == kWarm && step_ > kWarmSteps) {
       phase_ = kTimed;
-    } else if (phase_ == kTimed && !checked_ &&
-               static_cast<int>(timed_.size()) >= std::min(kEarlySteps, probe_)) {
-      checked_ = true;
-      const AutoSelect::Early e =
-          owner_->checkEarly(ddp, inputs(ddp), busyPerStep(), spread(), seq_, done);
-      if (e == AutoSelect::Early::kDecided) {
-        return finish();
+    } else if (phase_ == kTimed) {
+      const int timed = static_cast<int>(timed_.size());
+      if (!checked_ && timed >= std::min(kEarlySteps, probe_)) {
+        checked_ = true;
+        const AutoSelect::Early e =
+            owner_->checkEarly(ddp, inputs(ddp), busyPerStep(), spread(), seq_, done);
+        if (e == AutoSelect::Early::kDecided) {
+          return finish();
+        }
+        if (e == AutoSelect::Early::kSettled) {
+          localTarget_ = 1;
+          phase_ = kLocal;
+        }
       }
-      if (e == AutoSelect::Early::kSettled || static_cast<int>(timed_.size()) >= probe_) {
-        localTarget_ = e == AutoSelect::Early::kSettled ? 1 : localTarget_;
+      if (timed >= probe_) {
         phase_ = kLocal;
       }
-    } else if (phase_ == kTimed && static_cast<int>(timed_.size()) >= probe_) {
-      phase_ = kLocal;
     } else if (phase_ == kLocal && static_cast<int>(localSteps_.size()) >= localTarget_) {
       owner_->decide(ddp, inputs(ddp), seq_, done);
       return finish();
@@ -608,14 +618,6 @@ AutoSelect::Early AutoSelect::checkEarly(core::DistributedDataParallel& ddp, con
                                          double busySeconds, double spread, int64_t seq,
                                          int stepsSoFar) {
   core::ProcessGroup& group = ddp.group();
-  std::shared_ptr<core::Store> store = group.store();
-  if (!store) {
-    fail(BAGUA_ERROR(kFailedPrecondition, "the process group has no store"));
-    return Early::kDecided;
-  }
-  const auto wait = std::max(group.options().collectiveTimeout, std::chrono::milliseconds(1000));
-  const std::string prefix = strPrintf("bagua-auto/%s/%lld/early/", group.options().name.c_str(),
-                                       static_cast<long long>(seq));
   Figures f{0,
             mine.allReduceStepSeconds,
             mine.link.latencySeconds,
@@ -623,7 +625,8 @@ AutoSelect::Early AutoSelect::checkEarly(core::DistributedDataParallel& ddp, con
             mine.codecBytesPerSecond,
             busySeconds,
             spread};
-  Result<Figures> combined = exchange(*store, prefix, group.rank(), group.size(), f, wait);
+  Result<Figures> combined =
+      exchange(group, strPrintf("%lld/early/", static_cast<long long>(seq)), f);
   if (!combined.isOk()) {
     fail(combined.takeStatus());
     return Early::kDecided;
@@ -645,17 +648,9 @@ AutoSelect::Early AutoSelect::checkEarly(core::DistributedDataParallel& ddp, con
 void AutoSelect::decide(core::DistributedDataParallel& ddp, const AutoInputs& mine, int64_t seq,
                         int stepsSoFar) {
   core::ProcessGroup& group = ddp.group();
-  std::shared_ptr<core::Store> store = group.store();
-  if (!store) {
-    fail(BAGUA_ERROR(kFailedPrecondition, "the process group has no store"));
-    return;
-  }
-  const auto wait = std::max(group.options().collectiveTimeout, std::chrono::milliseconds(1000));
-  const std::string prefix =
-      strPrintf("bagua-auto/%s/%lld/", group.options().name.c_str(), static_cast<long long>(seq));
   Figures f{mine.computeSeconds, mine.allReduceStepSeconds, mine.link.latencySeconds,
             mine.link.bytesPerSecond, mine.codecBytesPerSecond};
-  Result<Figures> combined = exchange(*store, prefix, group.rank(), group.size(), f, wait);
+  Result<Figures> combined = exchange(group, strPrintf("%lld/", static_cast<long long>(seq)), f);
   if (!combined.isOk()) {
     fail(combined.takeStatus());
     return;
