@@ -219,3 +219,29 @@ def test_fuse_step_keeps_its_plan_and_stays_bitwise_equal(opt_cls, kwargs):
     for a, b in zip(ref.parameters(), fus.parameters()):
         assert torch.equal(a, b)
     assert fus_opt._bagua_fused_count == fused_steps
+
+
+@pytest.mark.parametrize("opt_cls,kwargs", OPTIMIZERS)
+def test_fuse_step_with_gradients_of_their_own_stays_bitwise_equal(opt_cls, kwargs):
+    """Gradients each in memory of their own (not laid out), reused in place from step to step:
+    they are copied into the fused gradient, and every step must copy them again (same
+    addresses, new values)."""
+    x = torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]])
+
+    def make():
+        m = Fused()
+        return m, opt_cls(m.parameters(), **kwargs)
+
+    ref, ref_opt = make()
+    fus, fus_opt = make()
+    fus_opt = fuse_optimizer(fus_opt)
+    for p in fus.parameters():
+        p.grad = torch.zeros_like(p)  # a gradient of its own, not the laid-out place
+    for step in range(12):
+        for m, o, fused in ((ref, ref_opt, False), (fus, fus_opt, True)):
+            o.zero_grad(set_to_none=False)
+            (m(x) * (step + 1)).sum().backward()
+            o.fuse_step() if fused else o.step()
+    for a, b in zip(ref.parameters(), fus.parameters()):
+        assert torch.equal(a, b)
+    assert fus_opt._bagua_fused_count == 12

@@ -192,26 +192,20 @@ def _layout_key(optimizer):
 class _Plan:
     """A fusion kept from one fuse_step to the next while the layout holds (_layout_key): the
     fused views and their state stay in place and the per-parameter element states are views
-    into it, so a step is the optimizer's own step on the fused list and nothing more. Scalar
-    states (Adam's ``step``) advance in the fused state only; ``retire()`` copies them back to
-    every parameter and drops the fused entries, before anything else reads or steps the
-    per-parameter state (the optimizer's ``step``, ``state_dict``, ``load_state_dict``,
-    ``add_param_group``) or the layout changes."""
+    into it, so a step is the optimizer's own step on the fused list and nothing more. Kept only
+    where every fused weight and gradient is a view of the parameters' own memory (a gradient
+    copied into the fusion would be stale at the next step). Scalar states (Adam's ``step``)
+    advance in the fused state only; ``retire()`` copies them back to every parameter and drops
+    the fused entries, before anything else reads or steps the per-parameter state (the
+    optimizer's ``step``, ``state_dict``, ``load_state_dict``, ``add_param_group``) or the layout
+    changes."""
 
-    def __init__(self, key, groups, fused, fused_groups):
+    def __init__(self, key, fusion):
         self.key = key
-        self.groups = groups  # [(group, its own params, the fused list)]
-        self.fused = fused    # [(fp, part, scalar keys)]
-        self.fused_groups = fused_groups  # indices of the groups with a fused run
+        self.fusion = fusion
 
     def retire(self, state):
-        for fp, part, scalar_keys in self.fused:
-            st = state.pop(fp, {})
-            for p in part:
-                ps = state.setdefault(p, {})
-                for k in scalar_keys:
-                    v = st[k]
-                    ps[k] = v.clone() if isinstance(v, torch.Tensor) else v
+        _unfuse_state(state, self.fusion, keep=False)
 
 
 def _retire_plan(optimizer):
@@ -236,43 +230,16 @@ def _guard(optimizer):
         setattr(optimizer, name, guarded)
 
 
-def _make_plan(optimizer):
-    """After a fused step: the plan the next steps reuse, or None where nothing fused or the
-    fused states are not back to back (then every step plans again)."""
-    state = optimizer.state
-    groups, fused, fused_groups = [], [], set()
-    with torch.no_grad():
-        for gi, group in enumerate(optimizer.param_groups):
-            params = group["params"]
-            new_params = []
-            for part in _partitions([p for p in params if p.grad is not None]):
-                info = _fusable(part, state) if len(part) >= 2 else None
-                if (info is None or not _adjacent([p.data for p in part]) or
-                        _laid_out_elsewhere([p.grad for p in part])):
-                    new_params.extend(part)
-                    continue
-                elem, scalars = info
-                st = {}
-                for k in elem:
-                    span, aliased = _span([state[p][k] for p in part])
-                    if not aliased:
-                        for fp, _, _ in fused:
-                            state.pop(fp, None)
-                        return None
-                    st[k] = span
-                for k, v in scalars.items():
-                    st[k] = v.clone() if isinstance(v, torch.Tensor) else v
-                fp, _ = _span([p.data for p in part])
-                fp.grad, _ = _span([p.grad for p in part])
-                state[fp] = st
-                new_params.append(fp)
-                fused.append((fp, part, tuple(scalars)))
-                fused_groups.add(gi)
-            new_params.extend(p for p in params if p.grad is None)
-            groups.append((group, params, new_params))
-    if not fused:
-        return None
-    return _Plan(_layout_key(optimizer), groups, fused, fused_groups)
+def _with_groups(fusion, step):
+    """Runs ``step()`` with every group's parameter list replaced by the fusion's, then puts the
+    groups' own lists back."""
+    for group, _, fused_params in fusion.groups:
+        group["params"] = fused_params
+    try:
+        return step()
+    finally:
+        for group, params, _ in fusion.groups:
+            group["params"] = params
 
 
 def _planned_fuse_step(optimizer, closure):
@@ -283,37 +250,43 @@ def _planned_fuse_step(optimizer, closure):
     if plan is not None and plan.key != _layout_key(optimizer):
         _retire_plan(optimizer)
         plan = None
-    if plan is None:
-        raw = optimizer.__dict__.get("_bagua_unguarded_step", optimizer.step)
-        loss, fused = _fuse_and_step(optimizer, (lambda: raw(closure)) if closure else raw)
-        plan = _make_plan(optimizer)
-        if plan is not None:
-            _guard(optimizer)
-            optimizer._bagua_fuse_plan = plan
-        return loss, fused
-    saved = []
-    for group, params, new_params in plan.groups:
-        saved.append((group, params))
-        group["params"] = new_params
-    raw = optimizer._bagua_unguarded_step
+    raw = optimizer.__dict__.get("_bagua_unguarded_step", optimizer.step)
+    step = (lambda: raw(closure)) if closure else raw
+    if plan is not None:
+        return _with_groups(plan.fusion, step), plan.fusion.fused_groups
+    fusion = _fuse(optimizer)
+    keep = bool(fusion.runs) and fusion.aliased
     try:
-        loss = raw(closure) if closure else raw()
+        loss = _with_groups(fusion, step)
     finally:
-        for group, params in saved:
-            group["params"] = params
-    return loss, plan.fused_groups
+        with torch.no_grad():
+            _unfuse_state(optimizer.state, fusion, keep=keep)
+    if keep:
+        _guard(optimizer)
+        optimizer._bagua_fuse_plan = _Plan(_layout_key(optimizer), fusion)
+    return loss, fusion.fused_groups
 
 
-def _fuse_and_step(optimizer, step, subsets=None):
-    """Runs ``step()`` (the optimizer's step, no argument) once with every run of byte-adjacent
-    parameters replaced by one fused view (the optimizer's state laid out alike), then puts the
-    parameters and their states back. ``subsets``: per param group, the parameters to step (the
-    others are left out of this call); None steps every group's own. Returns (the step's result,
-    the indices of the groups in which at least one run was fused)."""
+class _Fusion:
+    """What _fuse made: per group (group, its own parameters, the list with fused views), the
+    fused runs (fused view, its parameters, the state keys laid out per element), the indices of
+    the groups with a fused run, and whether every fused weight and gradient aliases the
+    parameters' memory."""
+
+    def __init__(self):
+        self.groups = []
+        self.runs = []
+        self.fused_groups = set()
+        self.aliased = True
+
+
+def _fuse(optimizer, subsets=None):
+    """Every run of byte-adjacent parameters (per group; ``subsets``: the parameters to step per
+    group, None for all) as one fused view, its gradient and state laid out alike in
+    ``optimizer.state``; the groups' parameter lists are left as they are (_with_groups swaps
+    them in)."""
     state = optimizer.state
-    saved = []
-    restores = []
-    fused_groups = set()
+    fusion = _Fusion()
     with torch.no_grad():
         for gi, group in enumerate(optimizer.param_groups):
             params = group["params"]
@@ -332,7 +305,8 @@ def _fuse_and_step(optimizer, step, subsets=None):
                     continue
                 elem, scalars = info
                 fp, _ = _span([p.data for p in part])
-                fg, _ = _span([p.grad for p in part])
+                fg, grad_aliased = _span([p.grad for p in part])
+                fusion.aliased = fusion.aliased and grad_aliased
                 fp.grad = fg
                 st = dict(scalars)
                 for k in elem:
@@ -342,29 +316,43 @@ def _fuse_and_step(optimizer, step, subsets=None):
                         st[k] = v.clone()
                 state[fp] = st
                 new_params.append(fp)
-                restores.append((fp, part, elem))
-                fused_groups.add(gi)
+                fusion.runs.append((fp, part, elem))
+                fusion.fused_groups.add(gi)
             new_params.extend(p for p in todo if p.grad is None)
-            saved.append((group, params))
-            group["params"] = new_params
+            fusion.groups.append((group, params, new_params))
+    return fusion
+
+
+def _unfuse_state(state, fusion, keep):
+    """Each parameter's state back from its fused run's: element states as views into the fused
+    state, scalars copied. ``keep``: the fused entries stay (a kept plan), else they are
+    dropped."""
+    for fp, part, elem in fusion.runs:
+        st = state[fp] if keep else state.pop(fp)
+        off = 0
+        for p in part:
+            n = p.numel()
+            ps = state.setdefault(p, {})
+            for k, v in st.items():
+                if k in elem or (isinstance(v, torch.Tensor) and v.shape == fp.shape):
+                    ps[k] = v[off:off + n].view_as(p)
+                elif isinstance(v, torch.Tensor):
+                    ps[k] = v.clone()
+                else:
+                    ps[k] = v
+            off += n
+
+
+def _fuse_and_step(optimizer, step, subsets=None):
+    """Runs ``step()`` (the optimizer's step, no argument) once with every run of byte-adjacent
+    parameters replaced by one fused view (the optimizer's state laid out alike), then puts the
+    parameters and their states back. ``subsets``: per param group, the parameters to step (the
+    others are left out of this call); None steps every group's own. Returns (the step's result,
+    the indices of the groups in which at least one run was fused)."""
+    fusion = _fuse(optimizer, subsets)
     try:
-        loss = step()
+        loss = _with_groups(fusion, step)
     finally:
         with torch.no_grad():
-            for group, params in saved:
-                group["params"] = params
-            for fp, part, elem in restores:
-                st = state.pop(fp)
-                off = 0
-                for p in part:
-                    n = p.numel()
-                    ps = state.setdefault(p, {})
-                    for k, v in st.items():
-                        if k in elem or (isinstance(v, torch.Tensor) and v.shape == fp.shape):
-                            ps[k] = v[off:off + n].view_as(p)
-                        elif isinstance(v, torch.Tensor):
-                            ps[k] = v.clone()
-                        else:
-                            ps[k] = v
-                    off += n
-    return loss, fused_groups
+            _unfuse_state(optimizer.state, fusion, keep=False)
+    return loss, fusion.fused_groups
