@@ -2,6 +2,9 @@
 // exit-status helpers (main.cc), and the SSH start (ssh.cc).
 #pragma once
 
+#include <sys/types.h>
+#include <sys/wait.h>
+
 #include <csignal>
 #include <cstdio>
 #include <optional>
@@ -60,6 +63,31 @@ std::string describe(int status);
 int exitCodeOf(int status);
 // Handles SIGINT, SIGTERM and SIGHUP by setting gSignal.
 void installInterruptHandlers();
+
+// Reaps every child that has ended (waitpid(-1, WNOHANG) until none is left) and, for each one
+// that is an entry of `children` still marked running (Child: pid, running, status), marks it
+// ended with its wait status and calls ended(index). Returns how many children were reaped,
+// those outside `children` included.
+template <typename Child, typename Ended>
+int reapEnded(std::vector<Child>& children, Ended ended) {
+  int reaped = 0;
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) {
+      return reaped;
+    }
+    ++reaped;
+    for (size_t i = 0; i < children.size(); ++i) {
+      Child& c = children[i];
+      if (c.pid == pid && c.running) {
+        c.running = false;
+        c.status = status;
+        ended(i);
+      }
+    }
+  }
+}
 
 // Starts the job on o.hostList over SSH (one baguarun per host, node rank = position in the
 // list) and supervises it; returns baguarun's exit status (2: a bad host list).

@@ -501,30 +501,16 @@ int superviseWorkers(const Options& o, std::vector<Worker>& workers, Pumps& pump
     // one poll a worker killed by a signal is taken as the cause over one that exited with an
     // error code.
     int candidate = -1;
-    int reaped = 0;
-    for (;;) {
-      int status = 0;
-      pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) {
-        break;
+    const int reaped = reapEnded(workers, [&](size_t i) {
+      const Worker& w = workers[i];
+      --running;
+      guardian.reaped(w.pid);
+      const bool failed = !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
+      if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
+          (candidate < 0 || (WIFSIGNALED(w.status) && !WIFSIGNALED(workers[candidate].status)))) {
+        candidate = static_cast<int>(i);
       }
-      ++reaped;
-      for (size_t i = 0; i < workers.size(); ++i) {
-        Worker& w = workers[i];
-        if (w.pid != pid || !w.running) {
-          continue;
-        }
-        w.running = false;
-        w.status = status;
-        --running;
-        guardian.reaped(w.pid);
-        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
-            (candidate < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(workers[candidate].status)))) {
-          candidate = static_cast<int>(i);
-        }
-      }
-    }
+    });
     if (candidate >= 0) {
       failedIndex = candidate;
       const Worker& w = workers[candidate];

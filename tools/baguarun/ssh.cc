@@ -392,33 +392,22 @@ int superviseHosts(const Options& o, std::vector<Host>& hosts, Pumps& pumps) {
     // As for local workers: reap all that ended, then blame one; a lost connection (255) is
     // taken as the cause over a host whose ranks failed (they lost their peers).
     int candidate = -1;
-    for (;;) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) {
-        break;
+    reapEnded(hosts, [&](size_t i) {
+      Host& h = hosts[i];
+      const int status = h.status;
+      --running;
+      closeStdin(h);
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      const bool lost = WIFEXITED(status) && WEXITSTATUS(status) == kSshFailed;
+      if (lost) {  // always said: an unreachable or dead host is news even while stopping
+        std::fprintf(stderr, "baguarun: host %s (node rank %d) %s\n", h.given.c_str(), h.nodeRank,
+                     hostFailure(h).c_str());
       }
-      for (size_t i = 0; i < hosts.size(); ++i) {
-        Host& h = hosts[i];
-        if (h.pid != pid || !h.running) {
-          continue;
-        }
-        h.running = false;
-        h.status = status;
-        --running;
-        closeStdin(h);
-        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        const bool lost = WIFEXITED(status) && WEXITSTATUS(status) == kSshFailed;
-        if (lost) {  // always said: an unreachable or dead host is news even while stopping
-          std::fprintf(stderr, "baguarun: host %s (node rank %d) %s\n", h.given.c_str(), h.nodeRank,
-                       hostFailure(h).c_str());
-        }
-        if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
-            (candidate < 0 || (lost && WEXITSTATUS(hosts[candidate].status) != kSshFailed))) {
-          candidate = static_cast<int>(i);
-        }
+      if (failed && failedIndex < 0 && !(stopping && gSignal != 0) &&
+          (candidate < 0 || (lost && WEXITSTATUS(hosts[candidate].status) != kSshFailed))) {
+        candidate = static_cast<int>(i);
       }
-    }
+    });
     if (candidate >= 0) {
       failedIndex = candidate;
       std::fprintf(stderr, "baguarun: host %s (node rank %d) failed; stopping the other hosts\n",
