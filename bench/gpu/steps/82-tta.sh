@@ -104,16 +104,7 @@ if [ "$MODEL" = transformer ] && [ "${TTA_LM_MARGIN:-}" = from-ddp ]; then
     --json "$OUT/82-tta-$LABEL-margin.json" > "$OUT/82-tta-$LABEL-margin.log" 2>&1
   margin=$("$PY" - "$OUT/82-tta-$LABEL-margin.json" << 'EOF'
 import json, math, sys
-def runs(x):
-    if isinstance(x, dict):
-        if "results" in x and "task" in x:
-            yield x
-        for v in x.values():
-            yield from runs(v)
-    elif isinstance(x, list):
-        for v in x:
-            yield from runs(v)
-run = next(runs(json.load(open(sys.argv[1]))))
+run = next(r for r in json.load(open(sys.argv[1]))["runs"] if r.get("mode") == "tta")
 evals = run["results"][0]["evals"]
 at = max(e[0] for e in evals) * 0.6
 loss = min((abs(e[0] - at), e[2]) for e in evals)[1]
