@@ -99,6 +99,11 @@ def parse():
                     help="Adam's (and QAdam's) learning rate (default 1e-3; with --tta 5e-3)")
     ap.add_argument("--optimizer", default="adam", choices=["adam", "adamw"],
                     help="every contestant's optimizer but qadam's (default adam)")
+    ap.add_argument("--lr-warmup", type=int, default=0,
+                    help="with --tta: the learning rate rises linearly to --lr over this many "
+                         "steps, the same for every contestant (default 0: constant). A deep "
+                         "LM from scratch (gpt2-chain) needs it: bench/ddp/lr_probe.py shows "
+                         "which warm-up and rate learn the chain soonest")
     ap.add_argument("--algo-warmup", type=int, default=0,
                     help="QAdam warm-up steps and PowerSGD's start iteration, torch's hook's and "
                          "ours, and async's warm-up with --tta (default: the first round; with "
@@ -267,7 +272,8 @@ def run_model(args, model, link):
     if args.tta:
         wargs += ["--tta", "--max-steps", str(args.max_steps), "--eval-every",
                   str(args.eval_every), "--eval-batches", str(args.eval_batches), "--lm-margin",
-                  str(args.lm_margin), "--target-acc", str(args.target_acc)] + \
+                  str(args.lm_margin), "--target-acc", str(args.target_acc),
+                  "--lr-warmup", str(args.lr_warmup)] + \
             (["--stop-at-target"] if args.stop_at_target else [])
     master = link.addr(0) if link else "127.0.0.1"
     port = 29500 if link else free_port()

@@ -119,6 +119,12 @@ def _loss(args, module, batch):
     return F.cross_entropy(out, y)
 
 
+def _warm_lr(opt, lr):
+    """Every parameter group of a contestant's optimizer at ``lr`` (the linear warm-up)."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
 def _sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -185,7 +191,9 @@ def run(args, dev, rank, world, build, unavailable):
             _sync(dev)
             t0 = time.perf_counter()
             loss = None
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                if args.lr_warmup:
+                    _warm_lr(c.opt, args.lr * min(1.0, (b * every + i + 1) / args.lr_warmup))
                 c.opt.zero_grad(set_to_none=True)
                 loss = _loss(args, c.wrapped, batch)
                 loss.backward()
@@ -223,7 +231,7 @@ def run(args, dev, rank, world, build, unavailable):
         return None
     out = {"mode": "tta", "model": args.model, "preset": args.preset, "params": nparams,
            "world": world, "device": args.device, "torch": torch.__version__,
-           "lr": args.lr, "algo_warmup": args.algo_warmup, "batch_per_rank": task.batch,
+           "lr": args.lr, "lr_warmup": args.lr_warmup, "algo_warmup": args.algo_warmup, "batch_per_rank": task.batch,
            "eval_every": every, "max_steps": cap, "stop_at_target": bool(args.stop_at_target),
            "task": task.describe(), "skipped": skipped,
            "results": [rec[c.name] for c in cont],

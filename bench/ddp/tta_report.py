@@ -80,9 +80,10 @@ def table(res, link_desc):
         print("target: {} >= {:.1f} ({} classes)".format(task["metric"], task["target"],
                                                           task["classes"]))
     print("evaluation every {} steps on {} held-out {} (time excluded, below); step cap {}; "
-          "Adam lr {}, batch {} per rank; PowerSGD start / QAdam and async warm-up: step {}"
+          "Adam lr {}{}, batch {} per rank; PowerSGD start / QAdam and async warm-up: step {}"
           .format(res["eval_every"], task["eval_samples"], task["eval_unit"], res["max_steps"],
-                  res["lr"], res["batch_per_rank"], res["algo_warmup"]))
+                  res["lr"], " (linear warm-up over {} steps)".format(res["lr_warmup"])
+                  if res.get("lr_warmup") else "", res["batch_per_rank"], res["algo_warmup"]))
     hdr = "{:28s} {:>10s} {:>7s} {:>7s} {:>9s} {:>11s} {:>9s} {:>8s} {:>7s}".format(
         "contestant", "to target", "steps", "vs DDP", "vs torch", "metric@cap", "vs DDP", "step ms",
         "eval s")

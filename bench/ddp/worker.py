@@ -80,6 +80,7 @@ def parse(argv=None):
     ap.add_argument("--lm-margin", type=float, default=0.35)
     ap.add_argument("--target-acc", type=float, default=95.0)
     ap.add_argument("--stop-at-target", action="store_true")
+    ap.add_argument("--lr-warmup", type=int, default=0)
     ap.add_argument("--optimizer", default="adam", choices=["adam", "adamw"])
     return ap.parse_args(argv)
 
