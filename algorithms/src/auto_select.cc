@@ -540,8 +540,8 @@ class AutoProbeImpl final : public core::AlgorithmImpl {
 // ---- AutoSelect ---------------------------------------------------------------------------------
 
 Result<std::shared_ptr<AutoSelect>> AutoSelect::create(const std::string& pin,
-                                                       const std::string& pinSource,
-                                                       int probeSteps) {
+                                                       const std::string& pinSource, int probeSteps,
+                                                       int startIter) {
   if (!pin.empty() && !contains(autoCandidateNames(), pin)) {
     return BAGUA_ERROR(kInvalidArgument,
                        "auto: %s='%s' is not an algorithm auto can pin (one of: %s); unset it to "
@@ -556,7 +556,10 @@ Result<std::shared_ptr<AutoSelect>> AutoSelect::create(const std::string& pin,
   if (probeSteps < 1) {
     return BAGUA_ERROR(kInvalidArgument, "auto: probe_steps=%d must be >= 1", probeSteps);
   }
-  std::shared_ptr<AutoSelect> a(new AutoSelect(pin, probeSteps));
+  if (startIter < -1) {
+    return BAGUA_ERROR(kInvalidArgument, "auto: start_iter=%d must be >= 0", startIter);
+  }
+  std::shared_ptr<AutoSelect> a(new AutoSelect(pin, probeSteps, startIter));
   if (!pin.empty()) {
     a->decision_.algorithm = pin;
     a->decision_.reason = "pinned to " + pin + " by " + pinSource;
@@ -573,7 +576,8 @@ Result<std::unique_ptr<core::AlgorithmImpl>> AutoSelect::reify(core::ProcessGrou
     }
     if (!chosen_ && !pin_.empty()) {
       // Pinned: the algorithm's defaults, but flat unless the group spans several nodes.
-      decision_.args = pin_ == "powersgd" ? AlgorithmArgs{} : flatOrHierarchical(group);
+      decision_.args =
+          withStart(pin_, pin_ == "powersgd" ? AlgorithmArgs{} : flatOrHierarchical(group), 0);
       BAGUA_ASSIGN_OR_RETURN(chosen_, createAlgorithm(pin_, decision_.args));
       if (group.rank() == 0) {
         BAGUA_LOG_INFO(kLogAlgo, "auto: %s", decision_.reason.c_str());
@@ -664,7 +668,16 @@ void AutoSelect::decide(core::DistributedDataParallel& ddp, const AutoInputs& mi
   adopt(std::move(*d), mine.hierarchical, group.rank());
 }
 
+AlgorithmArgs AutoSelect::withStart(const std::string& algorithm, AlgorithmArgs args,
+                                    int stepsRun) const {
+  if (algorithm == "powersgd" && startIter_ >= 0) {
+    args["start_iter"] = std::to_string(std::max(0, startIter_ - stepsRun));
+  }
+  return args;
+}
+
 void AutoSelect::adopt(AutoDecision d, bool hierarchical, int rank) {
+  d.args = withStart(d.algorithm, std::move(d.args), d.probeSteps);
   Result<std::shared_ptr<core::Algorithm>> algo = createAlgorithm(d.algorithm, d.args);
   if (!algo.isOk()) {
     // A registered algorithm that refuses the rule's settings: exact all-reduce instead.

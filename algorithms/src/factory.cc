@@ -173,8 +173,9 @@ Result<std::shared_ptr<core::Algorithm>> createAlgorithm(const std::string& name
     }
     BAGUA_ASSIGN_OR_RETURN(int64_t probeDefault, algorithmsParams().autoProbeSteps.get());
     BAGUA_ASSIGN_OR_RETURN(int probe, a.getInt("probe_steps", static_cast<int>(probeDefault), 1));
+    BAGUA_ASSIGN_OR_RETURN(int startIter, a.getInt("start_iter", -1, 0));
     BAGUA_RETURN_IF_ERROR(a.checkNoneLeft());
-    BAGUA_ASSIGN_OR_RETURN(out, AutoSelect::create(*pin, source, probe));
+    BAGUA_ASSIGN_OR_RETURN(out, AutoSelect::create(*pin, source, probe, startIter));
   } else {
     std::string list;
     for (const std::string& n : algorithmNames()) {

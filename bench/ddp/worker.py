@@ -157,6 +157,9 @@ class Contestant:
             kw = {}
             if name == "async":
                 kw["warmup_steps"] = args.algo_warmup  # Bagua's sync_interval_ms (500) kept
+            elif name == "auto":
+                kw["start_iter"] = args.algo_warmup  # a chosen powersgd starts where ours does
+                self.note = "Algorithm.init('auto', start_iter={})".format(args.algo_warmup)
             elif base == "powersgd":
                 import inspect
 

@@ -268,6 +268,10 @@ TEST(AutoFactory, PinnedByTheEnvironmentOrTheArgument) {
   EXPECT_EQ(createAlgorithm("auto", {{"probe_steps", "0"}}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(createAlgorithm("auto", {{"rank", "4"}}).status().code(), StatusCode::kInvalidArgument);
+  auto badStart = createAlgorithm("auto", {{"start_iter", "-1"}});
+  ASSERT_EQ(badStart.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(badStart.status().message().find("start_iter='-1'"), std::string::npos)
+      << badStart.status().toString();
   auto plain = createAlgorithm("auto");
   ASSERT_TRUE(plain.isOk()) << plain.status().toString();
   EXPECT_EQ(static_cast<AutoSelect&>(**plain).decision().algorithm, "") << "not decided yet";
@@ -442,6 +446,25 @@ TEST(AutoTraining, ProbesDecidesAndEveryRankSwitchesAlike) {
   }
   EXPECT_TRUE(std::isfinite(out[0].last)) << out[0].last;
   EXPECT_LT(out[0].last + out[1].last, out[0].first + out[1].first);
+}
+
+TEST(AutoTraining, StartIterHoldsAChosenPowerSgdToPlainAllReduceUntilThatStep) {
+  ScopedEnvForTesting env(algorithmsParams(), {});
+  const auto& names = algorithmNames();
+  if (std::find(names.begin(), names.end(), "powersgd") == names.end()) {
+    GTEST_SKIP() << "powersgd is not registered in this build";
+  }
+  // Pinned, so chosen at step 1: start_iter 7 reaches powersgd unchanged, and its first six
+  // steps are plain all-reduce, which leaves the ranks bitwise equal (compressed steps would not:
+  // the low-rank product differs from the mean gradient).
+  auto out = trainAuto({{"pin", "powersgd"}, {"start_iter", "7"}}, 6);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].decision.algorithm, "powersgd");
+  EXPECT_EQ(out[0].decision.args.at("start_iter"), "7");
+  EXPECT_EQ(out[0].weights, out[1].weights);
+  auto plain = trainAuto({{"pin", "powersgd"}}, 3);
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(plain[0].decision.args.count("start_iter"), 0u) << "powersgd's own default";
 }
 
 TEST(AutoTraining, PinnedRunsThePinnedAlgorithmFromTheFirstStep) {

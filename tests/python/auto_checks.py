@@ -72,6 +72,14 @@ def test_registry_and_arguments():
     a = Algorithm.init("auto", pin="bytegrad", probe_steps=3)
     assert isinstance(a, AutoAlgorithm) and a.pin == "bytegrad" and a.probe_steps == 3
     assert a._kwargs() == {"pin": "bytegrad", "probe_steps": 3}
+    assert Algorithm.init("auto", start_iter=30)._kwargs() == {"start_iter": 30}
+    for bad in (-1, 2.5, "10"):
+        try:
+            AutoAlgorithm(start_iter=bad)
+        except ValueError as e:
+            assert "start_iter" in str(e)
+        else:
+            raise AssertionError("start_iter={!r} accepted".format(bad))
     assert AutoAlgorithm()._kwargs() == {}
     assert GlobalAlgorithmRegistry["auto"]["algorithm"] is AutoAlgorithm
     for bad in (0, -1, 1.5):

@@ -164,8 +164,13 @@ class AutoSelect final : public core::Algorithm {
   // pin: "" (measure and choose) or one of autoCandidateNames(); pinSource names the setting it
   // came from, for messages ("BAGUA_ALGORITHM", "pin"). probeSteps >= 1. InvalidArgument for an
   // unknown pin, naming pinSource; FailedPrecondition for a pin not registered in this build.
+  // startIter (>= 0, or -1 for the chosen algorithm's own default): the training step, counted
+  // from the first one with the probe's steps included, from which a chosen powersgd compresses;
+  // the steps before it are its plain all-reduce (a compressor started during a learning-rate
+  // warm-up slows convergence). ByteGrad and gradient all-reduce have no start step.
   static Result<std::shared_ptr<AutoSelect>> create(const std::string& pin,
-                                                    const std::string& pinSource, int probeSteps);
+                                                    const std::string& pinSource, int probeSteps,
+                                                    int startIter = -1);
 
   std::string name() const override { return "auto"; }
   Result<std::unique_ptr<core::AlgorithmImpl>> reify(core::ProcessGroup& group) override;
@@ -175,7 +180,10 @@ class AutoSelect final : public core::Algorithm {
 
  private:
   friend class AutoProbeImpl;
-  AutoSelect(std::string pin, int probeSteps) : pin_(std::move(pin)), probeSteps_(probeSteps) {}
+  AutoSelect(std::string pin, int probeSteps, int startIter)
+      : pin_(std::move(pin)), probeSteps_(probeSteps), startIter_(startIter) {}
+  // d.args with the start step (startIter_ less the steps already run) where d is powersgd.
+  AlgorithmArgs withStart(const std::string& algorithm, AlgorithmArgs args, int stepsRun) const;
   // What the early check concluded.
   enum class Early { kDecided, kSettled, kGoOn };
   // Trainer thread, after the first timed steps: exchange the figures (store keys under `seq`),
@@ -195,6 +203,7 @@ class AutoSelect final : public core::Algorithm {
   mutable std::mutex mu_;
   const std::string pin_;
   const int probeSteps_;
+  const int startIter_;
   std::shared_ptr<core::Algorithm> chosen_;
   AutoDecision decision_;
   Status pending_;

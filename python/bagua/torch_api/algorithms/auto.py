@@ -17,6 +17,10 @@ at INFO; ``decision()["probe_steps"]`` says how many steps the probe took), and 
 from rank 0's weights with the chosen algorithm.
 ``pin`` (or ``BAGUA_ALGORITHM``) skips the measurement: one of ``gradient_allreduce``,
 ``bytegrad``, ``powersgd``; another name fails at the wrap, naming the setting.
+``start_iter``: the training step (counted from the first, the probe's included) from which a
+chosen powersgd compresses, as ``PowerSGDAlgorithm(start_iter=...)``; the default (None) is
+powersgd's own (10 steps after the choice). Set it past a learning-rate warm-up: compressing
+while the rate still rises slows convergence (bench/RESULTS.md, "Time to accuracy").
 """
 
 from .._ext import ext
@@ -31,7 +35,7 @@ class AutoAlgorithm(Algorithm):
 
     name = "auto"
 
-    def __init__(self, pin: str = None, probe_steps: int = None):
+    def __init__(self, pin: str = None, probe_steps: int = None, start_iter: int = None):
         super().__init__()
         if pin is not None and not isinstance(pin, str):
             raise TypeError("AutoAlgorithm: pin must be an algorithm name (str), got {!r}".format(
@@ -39,8 +43,12 @@ class AutoAlgorithm(Algorithm):
         if probe_steps is not None and (not isinstance(probe_steps, int) or probe_steps < 1):
             raise ValueError("AutoAlgorithm: probe_steps={!r} must be an integer >= 1".format(
                 probe_steps))
+        if start_iter is not None and (not isinstance(start_iter, int) or start_iter < 0):
+            raise ValueError("AutoAlgorithm: start_iter={!r} must be an integer >= 0".format(
+                start_iter))
         self.pin = pin
         self.probe_steps = probe_steps
+        self.start_iter = start_iter
 
     def _kwargs(self):
         kw = {}
@@ -48,6 +56,8 @@ class AutoAlgorithm(Algorithm):
             kw["pin"] = self.pin
         if self.probe_steps is not None:
             kw["probe_steps"] = self.probe_steps
+        if self.start_iter is not None:
+            kw["start_iter"] = self.start_iter
         return kw
 
     def decision(self):
