@@ -88,6 +88,7 @@ def train(a, rank):
         except (TypeError, RuntimeError):
             scaler = None  # this torch has no CPU GradScaler: the emulation below
     losses, last_stepped, buckets = [], [], 0
+    plans, seen = [], []  # per step: the buckets' kept fusion plans, as indices into seen
     ddp = model.bagua_ddp
     for step in range(a.get("steps", STEPS)):
         opt.zero_grad(set_to_none=a["set_to_none"])
@@ -118,11 +119,17 @@ def train(a, rank):
         steps = ddp._engine.steps()
         last_stepped.append(len(steps._stepped) if steps._stepped else 0)
         buckets = len(ddp.bucket_layout())
+        kept = opt.__dict__.get("_bagua_bucket_plans", {})
+        for plan in kept.values():
+            if not any(plan is q for q in seen):
+                seen.append(plan)  # held, so that no later plan can reuse its id
+        plans.append(sorted(next(i for i, q in enumerate(seen) if q is plan)
+                            for plan in kept.values()))
     mode, reason = ddp.optimizer_steps_in_backward[opt]
     return {"weights": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
             "losses": torch.stack(losses), "mode": mode, "reason": reason,
             "stepped": last_stepped, "buckets": buckets,
-            "fused_count": opt._bagua_fused_count,
+            "fused_count": opt._bagua_fused_count, "plans": plans,
             "log": [m for m in records.messages if m.startswith("bagua:")]}
 
 

@@ -6,7 +6,8 @@
   backward pass equal the same run stepped after backward (weights and every loss), for SGD
   (momentum, Nesterov, weight decay) and AdamW, both orders of with_bagua / fuse_optimizer,
   zero_grad(set_to_none) both ways, step() and fuse_step(); every bucket of the last backward
-  was stepped inside it, and several buckets exist.
+  was stepped inside it, and several buckets exist; under fuse_step() each bucket's fusion is
+  kept from step to step, under step() it is made anew.
 * Gradient clipping and a GradScaler (torch's CPU GradScaler where this torch has one, else its
   unscale_ done by hand): the optimizer steps after backward, the reason is logged, and the run
   equals the one that never steps inside backward.
@@ -97,6 +98,16 @@ def test_stepping_inside_backward_equals_stepping_after(runs, run):
         assert got["stepped"][0] == 0 and all(s > 0 for s in got["stepped"][1:])
         assert ref["stepped"] == [0] * 110
         assert got["fused_count"] == ref["fused_count"]
+        # Each bucket keeps its fusion from step to step (no fusion derived, no state moved
+        # inside backward) where the user calls fuse_step(); a plain step() retires the plans
+        # (the per-parameter state is the optimizer's own again after it).
+        plans = got["plans"]
+        if SPECS[run + "_in"]["call"] == "fuse_step":
+            assert len(plans[-1]) == got["buckets"], plans[-1]
+            assert all(p == plans[-1] for p in plans[3:]), plans[:6]
+        else:
+            assert plans == [[]] * 110, plans[:6]
+        assert ref["plans"] == [[]] * 110
     assert _same(runs[0][run + "_in"]["weights"], runs[1][run + "_in"]["weights"])
 
 

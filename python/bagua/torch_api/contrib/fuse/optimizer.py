@@ -160,11 +160,12 @@ def fuse_step(optimizer, closure=None):
     resync = getattr(optimizer, "_bagua_resync_state", None)
     if ctl is not None or resync is not None:
         # Stepping inside backward, or QAdam (whose state the core reads): per-parameter
-        # state, planned every step.
-        _retire_plan(optimizer)
+        # state, planned every step; the buckets stepped inside backward keep their plans.
+        _retire_plan(optimizer, buckets=False)
         if ctl is not None and ctl.finish_if_stepped(optimizer, (closure,) if closure else (),
                                                      {}, fused=True):
             return None
+        _retire_plan(optimizer)
         step = (lambda: optimizer.step(closure)) if closure is not None else optimizer.step
         loss, fused = _fuse_and_step(optimizer, step)
     else:
@@ -175,13 +176,15 @@ def fuse_step(optimizer, closure=None):
     return loss
 
 
-def _layout_key(optimizer):
-    """What a kept fusion plan depends on: per group, each parameter's identity, the addresses
-    of its weight and gradient (None without one) and its state's keys."""
+def _layout_key(optimizer, subsets=None):
+    """What a kept fusion plan depends on: per group (``subsets``: per group, the parameters
+    the plan steps; None for all), each parameter's identity, the addresses of its weight and
+    gradient (None without one) and its state's keys."""
     key = []
     state = optimizer.state
-    for group in optimizer.param_groups:
-        for p in group["params"]:
+    for gi, group in enumerate(optimizer.param_groups):
+        key.append(gi)
+        for p in group["params"] if subsets is None else subsets[gi]:
             g = p.grad
             st = state.get(p)
             key.append((id(p), p.data_ptr(), g.data_ptr() if g is not None else None,
@@ -208,10 +211,15 @@ class _Plan:
         _unfuse_state(state, self.fusion, keep=False)
 
 
-def _retire_plan(optimizer):
+def _retire_plan(optimizer, buckets=True):
+    """Retires the whole-step plan and (``buckets``) the plans of the buckets stepped inside
+    the backward pass."""
     plan = optimizer.__dict__.pop("_bagua_fuse_plan", None)
     if plan is not None:
         plan.retire(optimizer.state)
+    if buckets:
+        for plan in optimizer.__dict__.pop("_bagua_bucket_plans", {}).values():
+            plan.retire(optimizer.state)
 
 
 def _guard(optimizer):
@@ -227,6 +235,7 @@ def _guard(optimizer):
             _retire_plan(optimizer)
             return _raw(*args, **kwargs)
 
+        guarded._bagua_guard = True
         setattr(optimizer, name, guarded)
 
 
@@ -264,6 +273,37 @@ def _planned_fuse_step(optimizer, closure):
     if keep:
         _guard(optimizer)
         optimizer._bagua_fuse_plan = _Plan(_layout_key(optimizer), fusion)
+    return loss, fusion.fused_groups
+
+
+def _planned_bucket_step(optimizer, step, subsets, bucket):
+    """_fuse_and_step over one bucket's parameters (``subsets``, per group) inside the backward
+    pass (data_parallel/step_in_backward.py), keeping that bucket's fusion from one step to the
+    next while its layout holds, as _planned_fuse_step does for a whole step: no fusion derived,
+    no state moved and no scalar state compared (a device synchronisation for a torch fused
+    optimizer's ``step`` tensors) while the backward pass runs. The buckets hold disjoint
+    parameters, so their plans coexist; every guarded method retires them all."""
+    if getattr(step, "_bagua_guard", False):
+        step = optimizer.__dict__.get("_bagua_unguarded_step", step)
+    plans = optimizer.__dict__.setdefault("_bagua_bucket_plans", {})
+    key = _layout_key(optimizer, subsets)
+    plan = plans.get(bucket)
+    if plan is not None and plan.key != key:
+        plans.pop(bucket).retire(optimizer.state)
+        plan = None
+    if plan is not None:
+        return _with_groups(plan.fusion, step), plan.fusion.fused_groups
+    fusion = _fuse(optimizer, subsets)
+    keep = bool(fusion.runs) and fusion.aliased
+    try:
+        loss = _with_groups(fusion, step)
+    finally:
+        with torch.no_grad():
+            _unfuse_state(optimizer.state, fusion, keep=keep)
+    if keep:
+        _guard(optimizer)
+        # The state's keys as they are after this step (a first step creates them).
+        plans[bucket] = _Plan(_layout_key(optimizer, subsets), fusion)
     return loss, fusion.fused_groups
 
 
