@@ -10,7 +10,7 @@
 #   5. the whole test suite (the GPU/NCCL tests run here instead of skipping);
 #   6. the per-capability steps in bench/gpu/steps/.
 # BAGUA_GPU_PHASES (default "net steps tests") picks what runs after the build, so that a long
-# session can be split over several device calls on the same warm machine.
+# run can be split over several device calls on the same warm machine.
 # Shorter calls: BAGUA_GPU_MESON_ARGS (extra setup options, e.g. -Dgpu_arch=90: one architecture
 # instead of all), BAGUA_GPU_TARGETS (an extended regex over Meson's target names: build only
 # those, e.g. '^(_bagua_ext.*|nccl-net|baguarun)$'; nccl-net brings its alias
