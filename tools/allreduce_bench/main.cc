@@ -19,10 +19,12 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/process_group.h"
 #include "bagua/demo_support/bench_args.h"
 
@@ -308,30 +310,23 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    const int common = demo::parseBenchArg("bagua-allreduce-bench", argc, argv, &i, &a);
-    if (common < 0) {
-      return 2;
-    }
-    if (common > 0) {
-      continue;
-    }
-    if (k == "--no_gloo") {
-      a.gloo = false;
-    } else if (k == "--transports" && i + 1 < argc) {
-      std::string list = argv[++i];
-      for (size_t pos = 0; pos <= list.size();) {
-        size_t comma = list.find(',', pos);
-        a.transports.push_back(list.substr(pos, comma == std::string::npos ? comma : comma - pos));
-        pos = comma == std::string::npos ? list.size() + 1 : comma + 1;
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: baguarun --nproc_per_node N bagua-allreduce-bench [--sizes 4K,1M,64M] "
-                   "[--iters N] [--reps R] [--no_gloo] [--transports shm,engine,socket,auto]\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
+  CLI::App app{
+      "All-reduce bandwidth of the host backend against gloo, same processes, same run; "
+      "one process per rank, under baguarun: baguarun --nproc_per_node N "
+      "bagua-allreduce-bench [options]",
+      "bagua-allreduce-bench"};
+  bagua::cli::configure(app);
+  demo::addBenchOptions(app, &a);
+  app.add_flag_callback(
+      bagua::cli::flagNames("no_gloo"), [&a] { a.gloo = false; }, "leave gloo out");
+  app.add_option("--transports", a.transports,
+                 "run the host backend once per transport: shm, engine, socket, auto "
+                 "(default: one group configured by the environment)")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::IsMember({"shm", "engine", "socket", "auto"}));
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
   }
   return run(a);
 }

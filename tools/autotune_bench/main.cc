@@ -45,6 +45,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +54,7 @@
 #include "bagua/autotune/transport_knobs.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/thread.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/host_tuning.h"
 #include "bagua/core/params.h"
@@ -85,95 +87,70 @@ struct Args {
   std::vector<uint64_t> gridSegmentsKib = {8, 32, 128, 512};
 };
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: bagua-autotune-bench [--world=4] [--layers=64] [--tensors=8] "
-               "[--numel=1024]\n"
-               "         [--fwd_us=3000] [--bwd_us=150] [--default_kib=10240] [--iters=60]\n"
-               "         [--rounds=3] [--samples=14] [--window_s=0.8] [--warmup_s=1] "
-               "[--seed=0]\n"
-               "         [--transport=auto|engine] [--net_streams=4] [--segment_kib=8]\n"
-               "         [--grid_segments_kib=8,32,128,512]\n"
-               "Autotuned bucket layout against Bagua's default and a grid sweep's best, same "
-               "run\n(ranks are threads over loopback). Options take the --key=value form.\n"
-               "Limits: world, layers, tensors, numel, net_streams >= 1; iters >= 2; "
-               "segment_kib >= 4.\n");
-}
-
-// Returns 1 to run, 0 after --help, -1 on a bad argument (reported).
-int parseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s == "--help" || s == "-h") {
-      usage(stdout);
-      return 0;
-    }
-    const size_t eq = s.find('=');
-    if (s.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "bad argument '%s' (expected --key=value)\n", s.c_str());
-      usage(stderr);
-      return -1;
-    }
-    const std::string k = s.substr(2, eq - 2);
-    const std::string v = s.substr(eq + 1);
-    const double d = std::atof(v.c_str());
-    if (k == "world") {
-      a->world = static_cast<int>(d);
-    } else if (k == "layers") {
-      a->layers = static_cast<int>(d);
-    } else if (k == "tensors") {
-      a->tensors = static_cast<int>(d);
-    } else if (k == "numel") {
-      a->numel = static_cast<int>(d);
-    } else if (k == "fwd_us") {
-      a->fwdUs = static_cast<int>(d);
-    } else if (k == "bwd_us") {
-      a->bwdUs = static_cast<int>(d);
-    } else if (k == "default_kib") {
-      a->defaultKib = d;
-    } else if (k == "iters") {
-      a->iters = static_cast<int>(d);
-    } else if (k == "rounds") {
-      a->rounds = static_cast<int>(d);
-    } else if (k == "samples") {
-      a->samples = static_cast<int>(d);
-    } else if (k == "window_s") {
-      a->windowS = d;
-    } else if (k == "warmup_s") {
-      a->warmupS = d;
-    } else if (k == "seed") {
-      a->seed = static_cast<uint64_t>(d);
-    } else if (k == "transport") {
-      if (v != "auto" && v != "engine") {
-        std::fprintf(stderr, "--transport must be auto or engine\n");
-        return -1;
-      }
-      a->engine = v == "engine";
-    } else if (k == "net_streams") {
-      a->netStreams = static_cast<int>(d);
-    } else if (k == "segment_kib") {
-      a->segmentKib = d;
-    } else if (k == "grid_segments_kib") {
-      a->gridSegmentsKib.clear();
-      for (size_t pos = 0; pos < v.size();) {
-        size_t comma = v.find(',', pos);
-        a->gridSegmentsKib.push_back(
-            std::strtoull(v.substr(pos, comma - pos).c_str(), nullptr, 10));
-        pos = comma == std::string::npos ? v.size() : comma + 1;
-      }
-    } else {
-      std::fprintf(stderr, "unknown option --%s\n", k.c_str());
-      usage(stderr);
-      return -1;
-    }
-  }
-  if (!(a->world >= 1 && a->layers >= 1 && a->tensors >= 1 && a->numel >= 1 && a->iters >= 2 &&
-        a->netStreams >= 1 && a->segmentKib >= 4 && !a->gridSegmentsKib.empty())) {
-    std::fprintf(stderr, "bagua-autotune-bench: an option is out of range\n");
-    usage(stderr);
-    return -1;
-  }
-  return 1;
+// Returns nullopt to run, else main's exit status (0 after --help or --version, 2 after a usage
+// error).
+std::optional<int> parseArgs(int argc, char** argv, Args* a) {
+  using bagua::cli::flagNames;
+  CLI::App app{
+      "Autotuned bucket layout against Bagua's default and a grid sweep's best, same "
+      "run (ranks are threads over loopback).",
+      "bagua-autotune-bench"};
+  bagua::cli::configure(app);
+  const auto atLeast = [](double lo) { return CLI::Range(lo, 1e15); };
+  app.add_option("--world", a->world, "ranks")->check(atLeast(1))->capture_default_str();
+  app.add_option("--layers", a->layers, "layers of the model")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option("--tensors", a->tensors, "tensors per layer")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option("--numel", a->numel, "elements per tensor")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option(flagNames("fwd_us"), a->fwdUs, "forward time per iteration, microseconds")
+      ->check(atLeast(0))
+      ->capture_default_str();
+  app.add_option(flagNames("bwd_us"), a->bwdUs, "backward time per layer, microseconds")
+      ->check(atLeast(0))
+      ->capture_default_str();
+  app.add_option(flagNames("default_kib"), a->defaultKib, "the default layout's bucket, KiB")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option("--iters", a->iters, "iterations per measurement")
+      ->check(atLeast(2))
+      ->capture_default_str();
+  app.add_option("--rounds", a->rounds, "rounds of each contestant")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option("--samples", a->samples, "the autotuner's trials")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option(flagNames("window_s"), a->windowS, "seconds each trial is measured")
+      ->check(atLeast(0))
+      ->capture_default_str();
+  app.add_option(flagNames("warmup_s"), a->warmupS, "seconds of warm-up before the trials")
+      ->check(atLeast(0))
+      ->capture_default_str();
+  app.add_option("--seed", a->seed, "the autotuner's random seed")->capture_default_str();
+  app.add_option_function<std::string>(
+         "--transport", [a](const std::string& v) { a->engine = v == "engine"; },
+         "the host transport: auto (what the environment picks) or engine (Bagua-Net's TCP "
+         "engine, tuned live)")
+      ->check(CLI::IsMember({"auto", "engine"}))
+      ->default_str("auto");
+  app.add_option(flagNames("net_streams"), a->netStreams, "the engine's starting stream count")
+      ->check(atLeast(1))
+      ->capture_default_str();
+  app.add_option(flagNames("segment_kib"), a->segmentKib, "the engine's starting segment, KiB")
+      ->check(atLeast(4))
+      ->capture_default_str();
+  app.add_option(flagNames("grid_segments_kib"), a->gridSegmentsKib,
+                 "the grid's segment sizes, KiB, comma-separated")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(atLeast(1))
+      ->capture_default_str();
+  return bagua::cli::parse(app, argc, argv);
 }
 
 // A transport setting of the engine (what core::setHostTuning applies).
@@ -479,9 +456,8 @@ Status rankMain(int rank, const Args& a, std::shared_ptr<Store> store, Report* r
 
 int main(int argc, char** argv) {
   Args a;
-  const int parsed = parseArgs(argc, argv, &a);
-  if (parsed <= 0) {
-    return parsed == 0 ? 0 : 2;
+  if (std::optional<int> rc = parseArgs(argc, argv, &a)) {
+    return *rc;
   }
   if (a.engine) {
     // The starting transport setting comes from core's parameters, as in a training job.

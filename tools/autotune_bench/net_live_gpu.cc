@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "bagua/autotune/transport_knobs.h"
 #include "bagua/base/params.h"
 #include "bagua/base/status.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/gpu_tool_support/gpu_tool.h"
 
 namespace {
@@ -235,46 +237,27 @@ class Rank {
   int wrong_ = 0;
 };
 
-bool parse(int argc, char** argv, Options* o) {
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--bytes") {
-      Result<uint64_t> b = parseBytes(v);
-      if (!b.isOk() || *b < 1024) {
-        return false;
-      }
-      o->bytes = *b;
-    } else {
-      Result<int64_t> n = parseInt(v);
-      if (!n.isOk() || *n < 1 || *n > 100000) {
-        return false;
-      }
-      if (k == "--iters") {
-        o->iters = static_cast<int>(*n);
-      } else if (k == "--rounds") {
-        o->rounds = static_cast<int>(*n);
-      } else if (k == "--samples") {
-        o->samples = static_cast<int>(*n);
-      } else {
-        return false;
-      }
-    }
-  }
-  return argc % 2 == 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  const bool help =
-      argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
-  if (help || !parse(argc, argv, &o)) {
-    std::fprintf(help ? stdout : stderr,
-                 "usage: bagua-autotune-net-live-bench [--bytes 32M] [--iters 10] [--rounds 3] "
-                 "[--samples 16]\n");
-    return help ? 0 : 2;
+  CLI::App app{
+      "Bagua-Net's live knobs inside a real NCCL run on two GPUs: the plugin's default, "
+      "a grid's best and the optimiser's choice, every result checked.",
+      "bagua-autotune-net-live-bench"};
+  bagua::cli::configure(app);
+  bagua::cli::addBytes(app, "--bytes", &o.bytes, 1024, "bytes of each all-reduce");
+  app.add_option("--iters", o.iters, "all-reduces per batch")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--rounds", o.rounds, "grid passes and final rounds")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--samples", o.samples, "the optimiser's trials")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
   }
   // Rank 1 is forked before CUDA is touched; rank 0 makes the NCCL id and pipes it over.
   bagua::tools::ForkedRanks ranks;

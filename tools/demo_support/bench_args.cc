@@ -1,7 +1,8 @@
 #include "bagua/demo_support/bench_args.h"
 
-#include <cstdio>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "bagua/base/params.h"
 
@@ -26,28 +27,25 @@ Result<std::vector<size_t>> parseByteList(std::string_view text, uint64_t min) {
   }
 }
 
-int parseBenchArg(const char* tool, int argc, char** argv, int* i, BenchArgs* a) {
-  const std::string k = argv[*i];
-  if (*i + 1 >= argc || (k != "--sizes" && k != "--iters" && k != "--reps")) {
-    return 0;
-  }
-  const char* v = argv[++*i];
-  if (k == "--sizes") {
-    Result<std::vector<size_t>> sizes = parseByteList(v, 4);
-    if (!sizes.isOk()) {
-      std::fprintf(stderr, "%s: %s\n", tool, sizes.status().message().c_str());
-      return -1;
-    }
-    a->sizes = *sizes;
-    return 1;
-  }
-  Result<int64_t> n = parseInt(v);
-  if (!n.isOk() || *n < 1 || *n > 100000) {
-    std::fprintf(stderr, "%s: %s must be a positive integer\n", tool, k.c_str());
-    return -1;
-  }
-  (k == "--iters" ? a->iters : a->reps) = static_cast<int>(*n);
-  return 1;
+void addBenchOptions(CLI::App& app, BenchArgs* a) {
+  app.add_option_function<std::string>(
+         "--sizes",
+         [a](const std::string& v) {
+           a->sizes = *parseByteList(v, 4);  // the check below has accepted it
+         },
+         "message sizes in bytes, comma-separated (4K,1M,64M; each at least 4)")
+      ->type_name("LIST")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            Result<std::vector<size_t>> sizes = parseByteList(v, 4);
+            return sizes.isOk() ? std::string() : sizes.status().message();
+          },
+          "LIST"));
+  app.add_option("--iters", a->iters, "timed iterations of each measurement")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--reps", a->reps, "repetitions of each measurement")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
 }
 
 }  // namespace bagua::demo

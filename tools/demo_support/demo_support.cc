@@ -8,8 +8,63 @@
 #include <vector>
 
 #include "bagua/algorithms/qadam.h"
+#include "bagua/cli_support/cli.h"
 
 namespace bagua::demo {
+
+void addDemoOptions(CLI::App& app, DemoOptions* o) {
+  using bagua::cli::flagNames;
+  app.add_option("--steps", o->steps, "training steps")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  app.add_option("--batch", o->batch, "samples per rank and step")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--hidden", o->hidden, "width of the hidden layers")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--lr", o->lr, "learning rate (SGD's; with qadam, QAdam's, default 1e-3)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->each([o](const std::string&) { o->lrGiven = true; })
+      ->capture_default_str();
+  app.add_option("--momentum", o->momentum, "SGD's momentum")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option(flagNames("bucket_cap_mb"), o->bucketCapMb, "DDP's bucket cap in MiB")
+      ->check(CLI::Range(1e-6, 1e6))
+      ->capture_default_str();
+  app.add_flag(flagNames("hierarchical"), o->hierarchical,
+               "hierarchical=true for the algorithms that take it (default false)");
+  app.add_flag_callback(
+      flagNames("no_grad_view"), [o] { o->viewGrads = false; },
+      "gradients are not views into the buckets (DDP's "
+      "gradient_as_bucket_view=False)");
+  std::string names;
+  for (const std::string& n : algo::algorithmNames()) {
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  app.add_option("--algorithm", o->algorithm, "the algorithm, one of: " + names)
+      ->check(CLI::IsMember(algo::algorithmNames()))
+      ->capture_default_str();
+  app.add_option_function<std::vector<std::string>>(
+         flagNames("algo_arg"),
+         [o](const std::vector<std::string>& kvs) {
+           for (const std::string& kv : kvs) {
+             const size_t eq = kv.find('=');
+             o->algoArgs[kv.substr(0, eq)] = kv.substr(eq + 1);
+           }
+         },
+         "an algorithm parameter, e.g. peer_selection_mode=shift_one (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator(
+          [](std::string& kv) {
+            const size_t eq = kv.find('=');
+            return eq == std::string::npos || eq == 0 ? "wants KEY=VALUE, got '" + kv + "'"
+                                                      : std::string();
+          },
+          "KEY=VALUE"));
+}
 
 algo::AlgorithmArgs algorithmArgs(const DemoOptions& o) {
   algo::AlgorithmArgs args = o.algoArgs;

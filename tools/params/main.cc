@@ -8,17 +8,18 @@
 //                           (defaults, never the environment's values, so the output depends on
 //                           the build only); `./bagua docs` writes them into the READMEs
 #include <cstdio>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "bagua_config.h"  // BAGUA_VERSION
+#include <nlohmann/json.hpp>
 
 #include "bagua/algorithms/params.h"
 #include "bagua/autotune/params.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/params.h"
 #include "bagua/dataset_cache/params.h"
 #include "bagua/loader/params.h"
@@ -46,7 +47,7 @@ std::vector<bagua::ParamCatalogue*> allCatalogues() {
 }
 
 // `s` with a backslash before each character of `special` and each control character replaced
-// by `control(c)`: the one escaping loop behind JSON strings and Markdown table cells.
+// by `control(c)`: Markdown table cells.
 template <typename Control>
 std::string escape(const std::string& s, std::string_view special, Control control) {
   std::string out;
@@ -61,10 +62,6 @@ std::string escape(const std::string& s, std::string_view special, Control contr
     }
   }
   return out;
-}
-
-std::string jsonEscape(const std::string& s) {
-  return escape(s, "\"\\", [](char c) { return bagua::strPrintf("\\u%04x", c); });
 }
 
 // A table cell: one line; '|' escaped so it does not end the cell, '<' so that "<if>" in a
@@ -110,24 +107,11 @@ int markdown(const char* library) {
     found = true;
   }
   if (!found) {
-    std::fprintf(stderr, "bagua-params: no library '%s' (libraries: %s)\n", library,
-                 libraryNames().c_str());
-    return 2;
+    return bagua::cli::usageError(
+        "bagua-params", bagua::strPrintf("--markdown: no library '%s' (libraries: %s)", library,
+                                         libraryNames().c_str()));
   }
   return 0;
-}
-
-void usage() {
-  std::printf(
-      "usage: bagua-params [--json] [--check] | --markdown [LIBRARY] | --version\n"
-      "Lists every bagua parameter: environment key, type, current value, where the value\n"
-      "came from (default, environment, api), default, accepted values and description.\n"
-      "  --json               machine-readable output\n"
-      "  --check              exit with status 1 if any environment value is invalid\n"
-      "  --markdown [LIBRARY] the README tables (key, type, default, accepted, description) of\n"
-      "                       one library or of all; libraries: %s\n"
-      "  --version            print bagua's version and exit\n",
-      libraryNames().c_str());
 }
 
 }  // namespace
@@ -135,43 +119,35 @@ void usage() {
 int main(int argc, char** argv) {
   bool json = false;
   bool check = false;
-  bool markdownMode = false;
-  const char* library = nullptr;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (std::strcmp(argv[i], "--check") == 0) {
-      check = true;
-    } else if (std::strcmp(argv[i], "--markdown") == 0) {
-      markdownMode = true;
-      if (i + 1 < argc && argv[i + 1][0] != '-') {
-        library = argv[++i];
-      }
-    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      usage();
-      return 0;
-    } else if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("bagua-params %s\n", BAGUA_VERSION);  // meson.build's project version
-      return 0;
-    } else {
-      std::fprintf(stderr, "bagua-params: unknown argument '%s'\n", argv[i]);
-      usage();
-      return 2;
-    }
+  std::optional<std::string> markdownLibrary;
+  CLI::App app{
+      "Lists every bagua parameter: environment key, type, current value, where the "
+      "value came from (default, environment, api), default, accepted values and "
+      "description.",
+      "bagua-params"};
+  bagua::cli::configure(app);
+  app.add_flag("--json", json, "machine-readable output");
+  app.add_flag("--check", check, "exit with status 1 if any environment value is invalid");
+  CLI::Option* markdownOpt =
+      app.add_option("--markdown", markdownLibrary,
+                     "the README tables (key, type, default, accepted, description) of one "
+                     "library or of all; libraries: " +
+                         libraryNames())
+          ->expected(0, 1)
+          ->type_name("[LIBRARY]");
+  markdownOpt->excludes(app.get_option("--json"))->excludes(app.get_option("--check"));
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
   }
+  const bool markdownMode = markdownOpt->count() > 0;
+  const char* library =
+      markdownLibrary && !markdownLibrary->empty() ? markdownLibrary->c_str() : nullptr;
   if (markdownMode) {
-    if (json || check) {
-      std::fprintf(stderr, "bagua-params: --markdown does not combine with --json or --check\n");
-      usage();
-      return 2;
-    }
     return markdown(library);
   }
   int invalid = 0;
-  bool first = true;
-  if (json) {
-    std::printf("[\n");
-  }
+  // ordered_json: the fields in the order the table prints them.
+  nlohmann::ordered_json entries = nlohmann::ordered_json::array();
   for (bagua::ParamCatalogue* c : allCatalogues()) {
     if (!json) {
       std::printf("== %s: %s\n", c->library().c_str(), c->description().c_str());
@@ -184,15 +160,15 @@ int main(int argc, char** argv) {
         ++invalid;
       }
       if (json) {
-        std::printf(
-            "%s  {\"library\": \"%s\", \"key\": \"%s\", \"type\": \"%s\", \"value\": \"%s\", "
-            "\"source\": \"%s\", \"default\": \"%s\", \"accepted\": \"%s\", \"valid\": %s, "
-            "\"description\": \"%s\"}",
-            first ? "" : ",\n", jsonEscape(c->library()).c_str(), p->key().c_str(),
-            bagua::paramTypeName(p->type()), jsonEscape(value).c_str(), source.c_str(),
-            jsonEscape(p->defaultString()).c_str(), jsonEscape(p->acceptedString()).c_str(),
-            v.isOk() ? "true" : "false", jsonEscape(p->description()).c_str());
-        first = false;
+        entries.push_back({{"library", c->library()},
+                           {"key", p->key()},
+                           {"type", bagua::paramTypeName(p->type())},
+                           {"value", value},
+                           {"source", source},
+                           {"default", p->defaultString()},
+                           {"accepted", p->acceptedString()},
+                           {"valid", v.isOk()},
+                           {"description", p->description()}});
       } else {
         std::printf("  %-32s %-7s = %-20s [%s]\n", p->key().c_str(),
                     bagua::paramTypeName(p->type()), value.c_str(), source.c_str());
@@ -206,7 +182,7 @@ int main(int argc, char** argv) {
     }
   }
   if (json) {
-    std::printf("\n]\n");
+    std::printf("%s\n", entries.dump(2).c_str());
   }
   if (invalid > 0) {
     std::fprintf(stderr, "bagua-params: %d invalid value(s) in the environment\n", invalid);

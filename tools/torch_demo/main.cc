@@ -17,12 +17,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/process_group.h"
 #include "bagua/demo_support/demo_support.h"
@@ -40,79 +42,6 @@ struct Args : demo::DemoOptions {
     features = 32;
   }
 };
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: bagua-torch-demo [--steps N] [--batch B] [--hidden H] [--lr X] "
-               "[--momentum X]\n"
-               "                        [--bucket_cap_mb X] [--hierarchical] [--no_grad_view]\n"
-               "                        [--algorithm NAME] [--algo_arg key=value ...]\n");
-  std::string names;
-  for (const std::string& n : algo::algorithmNames()) {
-    names += (names.empty() ? "" : ", ") + n;
-  }
-  std::fprintf(stderr, "algorithms: %s\n", names.c_str());
-}
-
-bool parseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bagua-torch-demo: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](double lo, double hi) -> double {
-      const char* v = value();
-      Result<double> d = parseDouble(v);
-      if (!d.isOk() || *d < lo || *d > hi) {
-        std::fprintf(stderr, "bagua-torch-demo: %s wants a number in [%g, %g], got '%s'\n",
-                     k.c_str(), lo, hi, v);
-        std::exit(2);
-      }
-      return *d;
-    };
-    if (k == "--steps") {
-      a->steps = static_cast<int>(number(1, 1e7));
-    } else if (k == "--batch") {
-      a->batch = static_cast<int>(number(1, 1e6));
-    } else if (k == "--hidden") {
-      a->hidden = static_cast<int>(number(1, 1e5));
-    } else if (k == "--lr") {
-      a->lr = static_cast<float>(number(0, 100));
-      a->lrGiven = true;
-    } else if (k == "--momentum") {
-      a->momentum = static_cast<float>(number(0, 1));
-    } else if (k == "--bucket_cap_mb") {
-      a->bucketCapMb = number(1e-6, 1e6);
-    } else if (k == "--hierarchical") {
-      a->hierarchical = true;
-    } else if (k == "--no_grad_view") {
-      a->viewGrads = false;
-    } else if (k == "--algorithm") {
-      a->algorithm = value();
-    } else if (k == "--algo_arg") {
-      std::string kv = value();
-      size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        std::fprintf(stderr, "bagua-torch-demo: --algo_arg wants key=value, got '%s'\n",
-                     kv.c_str());
-        return false;
-      }
-      a->algoArgs[kv.substr(0, eq)] = kv.substr(eq + 1);
-    } else if (k == "-h" || k == "--help") {
-      usage();
-      std::exit(0);
-    } else {
-      std::fprintf(stderr, "bagua-torch-demo: unknown option %s\n", k.c_str());
-      usage();
-      return false;
-    }
-  }
-  return true;
-}
 
 Status run(const Args& a) {
   algo::AlgorithmArgs algoArgs = demo::algorithmArgs(a);
@@ -185,5 +114,14 @@ Status run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  return parseArgs(argc, argv, &a) ? demo::exitStatus("bagua-torch-demo", run(a)) : 2;
+  CLI::App app{
+      "Data-parallel training of a libtorch MLP on generated data, under baguarun (env://); the "
+      "exit status is 1 if the loss did not go down.",
+      "bagua-torch-demo"};
+  bagua::cli::configure(app);
+  demo::addDemoOptions(app, &a);
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
+  }
+  return demo::exitStatus("bagua-torch-demo", run(a));
 }

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/base/logging.h"
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/example_mlp.h"
 #include "bagua/core/process_group.h"
@@ -32,105 +34,6 @@ using namespace bagua;
 using namespace bagua::core;
 
 using Args = demo::DemoOptions;
-
-void usage() {
-  std::printf(
-      "usage: bagua-train-demo [--steps N] [--batch B] [--hidden H] [--lr X] [--momentum X]\n"
-      "                        [--bucket_cap_mb X] [--hierarchical] [--no_grad_view]\n"
-      "                        [--algorithm NAME] [--algo_arg key=value ...]\n"
-      "Data-parallel training of an MLP on generated data. Run under baguarun (env://).\n"
-      "Algorithms: gradient_allreduce (default), bytegrad, decentralized,\n"
-      "low_precision_decentralized, qadam (trains with QAdam; --lr is its learning rate, default "
-      "1e-3),\n"
-      "async. --algo_arg passes an algorithm parameter, e.g. --algo_arg\n"
-      "peer_selection_mode=shift_one; --hierarchical sets hierarchical=true (default false).\n");
-}
-
-bool parseArgs(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&](const char* what) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bagua-train-demo: %s needs a value\n", what);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    auto intArg = [&](int* out, int lo, int hi) {
-      const char* v = next(k.c_str());
-      Result<int64_t> r = v ? parseInt(v) : Result<int64_t>(BAGUA_ERROR(kInvalidArgument, "-"));
-      if (!r.isOk() || *r < lo || *r > hi) {
-        std::fprintf(stderr, "bagua-train-demo: %s must be an integer in [%d, %d]\n", k.c_str(), lo,
-                     hi);
-        return false;
-      }
-      *out = static_cast<int>(*r);
-      return true;
-    };
-    auto dblArg = [&](double* out, double lo, double hi) {
-      const char* v = next(k.c_str());
-      Result<double> r = v ? parseDouble(v) : Result<double>(BAGUA_ERROR(kInvalidArgument, "-"));
-      if (!r.isOk() || *r < lo || *r > hi) {
-        std::fprintf(stderr, "bagua-train-demo: %s must be a number in [%g, %g]\n", k.c_str(), lo,
-                     hi);
-        return false;
-      }
-      *out = *r;
-      return true;
-    };
-    double d = 0;
-    if (k == "--steps") {
-      if (!intArg(&a->steps, 1, 1000000))
-        return false;
-    } else if (k == "--batch") {
-      if (!intArg(&a->batch, 1, 1 << 16))
-        return false;
-    } else if (k == "--hidden") {
-      if (!intArg(&a->hidden, 1, 1 << 14))
-        return false;
-    } else if (k == "--lr") {
-      if (!dblArg(&d, 0, 10))
-        return false;
-      a->lr = static_cast<float>(d);
-      a->lrGiven = true;
-    } else if (k == "--momentum") {
-      if (!dblArg(&d, 0, 1))
-        return false;
-      a->momentum = static_cast<float>(d);
-    } else if (k == "--bucket_cap_mb") {
-      if (!dblArg(&a->bucketCapMb, 1e-6, 1 << 20))
-        return false;
-    } else if (k == "--hierarchical") {
-      a->hierarchical = true;
-    } else if (k == "--algo_arg") {
-      const char* v = next("--algo_arg");
-      if (v == nullptr)
-        return false;
-      const std::string kv = v;
-      const size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        std::fprintf(stderr, "bagua-train-demo: --algo_arg wants key=value, got '%s'\n", v);
-        return false;
-      }
-      a->algoArgs[kv.substr(0, eq)] = kv.substr(eq + 1);
-    } else if (k == "--no_grad_view") {
-      a->viewGrads = false;
-    } else if (k == "--algorithm") {
-      const char* v = next("--algorithm");
-      if (v == nullptr)
-        return false;
-      a->algorithm = v;
-    } else if (k == "-h" || k == "--help") {
-      usage();
-      std::exit(0);
-    } else {
-      std::fprintf(stderr, "bagua-train-demo: unknown option %s\n", k.c_str());
-      usage();
-      return false;
-    }
-  }
-  return true;
-}
 
 // The task: a fixed random "teacher" network labels gaussian inputs; every rank draws its own
 // samples (rank-dependent stream), like a sharded dataset.
@@ -243,5 +146,14 @@ Status run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  return parseArgs(argc, argv, &a) ? demo::exitStatus("bagua-train-demo", run(a)) : 2;
+  CLI::App app{
+      "Data-parallel training of an MLP on generated data (host backend), under baguarun (env://); "
+      "the exit status is 1 if the loss did not go down.",
+      "bagua-train-demo"};
+  bagua::cli::configure(app);
+  demo::addDemoOptions(app, &a);
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
+  }
+  return demo::exitStatus("bagua-train-demo", run(a));
 }

@@ -1,5 +1,5 @@
 // The options the collective benchmarks share (bagua-allreduce-bench, bagua-nccl-comm-bench):
-// --sizes LIST, --iters N, --reps N, parsed once so the tools accept the same values. No CUDA, no
+// --sizes LIST, --iters N, --reps N, declared once so the tools accept the same values. No CUDA, no
 // process group: any tool may link it. Pure functions: any thread.
 #pragma once
 
@@ -9,6 +9,10 @@
 #include <vector>
 
 #include "bagua/base/status.h"
+
+namespace CLI {
+class App;
+}
 
 namespace bagua::demo {
 
@@ -24,9 +28,9 @@ struct BenchArgs {
   int reps = 3;               // --reps: repetitions of each measurement (1..100000)
 };
 
-// If argv[*i] is one of the options above and a value follows, reads the value into `a`, moves
-// *i to it and returns 1. Returns 0 (nothing read) for any other argument or a missing value, and
-// -1 after "<tool>: <what is wrong>" on stderr for a bad value.
-int parseBenchArg(const char* tool, int argc, char** argv, int* i, BenchArgs* a);
+// Adds --sizes, --iters and --reps to a tool's command line (tools/cli_support conventions),
+// writing into `a` (its values before the parse are the defaults): a bad value is a usage error
+// naming the option and the value.
+void addBenchOptions(CLI::App& app, BenchArgs* a);
 
 }  // namespace bagua::demo

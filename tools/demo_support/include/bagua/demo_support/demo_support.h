@@ -17,6 +17,10 @@
 #include "bagua/core/algorithm.h"
 #include "bagua/core/ddp.h"
 #include "bagua/core/parameter.h"
+
+namespace CLI {
+class App;
+}
 #include "bagua/core/process_group.h"
 
 namespace bagua::demo {
@@ -38,6 +42,12 @@ struct DemoOptions {
   std::string algorithm = "gradient_allreduce";
   algo::AlgorithmArgs algoArgs;  // --algo_arg key=value
 };
+
+// Adds the options above to a tool's command line (tools/cli_support conventions), writing into
+// `o`: --steps, --batch, --hidden, --lr, --momentum, --bucket_cap_mb, --hierarchical,
+// --no_grad_view, --algorithm NAME (one of algo::algorithmNames(), checked when parsed),
+// --algo_arg KEY=VALUE (repeatable). `o` must outlive the parse.
+void addDemoOptions(CLI::App& app, DemoOptions* o);
 
 // The algorithm's parameters: --algo_arg values, plus hierarchical=<--hierarchical> for the
 // algorithms that take it (the demos default to flat, unlike Bagua's ByteGrad and decentralized
