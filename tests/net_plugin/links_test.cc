@@ -11,10 +11,10 @@
 // down, so the upper bound on one flow is tight and the lower bounds are structural.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -92,30 +92,19 @@ std::vector<Row> bench(const ShapedLinks& links, const std::string& cases, const
   EXPECT_EQ(rc, 0) << cmd << "\n" << out;
   std::vector<Row> rows;
   std::ifstream f(json);
-  std::string line;
-  while (std::getline(f, line)) {
-    Row r;
-    char kase[64] = {};
-    unsigned long long size = 0;
-    if (std::sscanf(line.c_str(), " {\"case\": \"%63[^\"]\", \"size\": %llu, \"gbps\": %lf", kase,
-                    &size, &r.gbps) != 3) {
-      continue;
-    }
-    r.kase = kase;
-    r.size = size;
-    size_t lb = line.find("\"link_bytes\": {");
-    if (lb != std::string::npos) {
-      std::istringstream in(line.substr(lb + 15));
-      std::string item;
-      while (std::getline(in, item, ',')) {
-        char name[32] = {};
-        unsigned long long bytes = 0;
-        if (std::sscanf(item.c_str(), " \"%31[^\"]\": %llu", name, &bytes) == 2) {
-          r.linkBytes[name] = bytes;
-        }
+  const nlohmann::json doc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  EXPECT_TRUE(doc.is_object()) << json << " is not a JSON object";
+  if (doc.is_object() && doc.contains("results")) {
+    for (const nlohmann::json& result : doc["results"]) {
+      Row r;
+      r.kase = result.at("case").get<std::string>();
+      r.size = result.at("size").get<uint64_t>();
+      r.gbps = result.at("gbps").get<double>();
+      for (const auto& [name, bytes] : result.at("link_bytes").items()) {
+        r.linkBytes[name] = bytes.get<uint64_t>();
       }
+      rows.push_back(r);
     }
-    rows.push_back(r);
   }
   std::remove(json.c_str());
   return rows;
@@ -188,19 +177,13 @@ TEST(BenchRing, FourRanksCompleteEveryCase) {
                &out);
   ASSERT_EQ(rc, 0) << out;
   std::ifstream f(json);
+  const nlohmann::json doc = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(doc.is_object() && doc.contains("results")) << json << ": " << doc.dump();
   int rows = 0;
-  std::string line;
-  while (std::getline(f, line)) {
-    double gbps = 0;
-    double cpu = 0;
-    const char* p = std::strstr(line.c_str(), "\"GBps\": ");
-    const char* q = std::strstr(line.c_str(), "\"cpu_s_per_GB\": ");
-    if (p != nullptr && q != nullptr && std::sscanf(p + 8, "%lf", &gbps) == 1 &&
-        std::sscanf(q + 16, "%lf", &cpu) == 1) {
-      EXPECT_GT(gbps, 0.0) << line;
-      EXPECT_GT(cpu, 0.0) << line;
-      ++rows;
-    }
+  for (const nlohmann::json& result : doc["results"]) {
+    EXPECT_GT(result.at("GBps").get<double>(), 0.0) << result.dump();
+    EXPECT_GT(result.at("cpu_s_per_GB").get<double>(), 0.0) << result.dump();
+    ++rows;
   }
   std::remove(json.c_str());
   EXPECT_EQ(rows, 6) << "2 sizes x 3 cases";

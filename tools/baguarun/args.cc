@@ -4,13 +4,15 @@
 #include <string>
 
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "baguarun.h"
 
 namespace bagua::baguarun {
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: baguarun [--nproc_per_node N] [--nnodes M] [--node_rank R]\n"
+               "Usage: baguarun [OPTIONS] [--] program [args...]\n"
+               "       baguarun [--nproc_per_node N] [--nnodes M] [--node_rank R]\n"
                "                [--master_addr A] [--master_port P] [--grace_s S] [--] program "
                "[args...]\n"
                "       baguarun --host_list H1[:PORT],H2[:PORT],... [--ssh_port P] "
@@ -31,17 +33,28 @@ void usage(FILE* out) {
                "Elastic (torchrun underneath): --nnodes MIN:MAX, --rdzv_backend B (c10d),\n"
                "  --rdzv_endpoint HOST:PORT (--master_addr:--master_port), --rdzv_id ID,\n"
                "  --rdzv_conf K=V,..., --max_restarts R (3), --torchrun CMD\n"
-               "  (python3 -m bagua.distributed.run)\n");
+               "  (python3 -m bagua.distributed.run)\n"
+               "Bagua's flags: --no_python (a PROG.py runs directly, not as python3 -u PROG.py),\n"
+               "  --enable_bagua_net (NCCL_NET_PLUGIN: this installation's Bagua-Net plugin),\n"
+               "  --bagua_service_port P (BAGUA_SERVICE_PORT for the ranks)\n"
+               "Every flag also as --flag-name, with its value as --flag VALUE or --flag=VALUE.\n"
+               "  -h, --help        print this help and exit\n"
+               "  --version         print baguarun's version and exit\n");
 }
 
 namespace {
 
+// The one usage-error line (tools/cli_support): "baguarun: WHAT (see baguarun --help)".
+bool fail(const std::string& what) {
+  bagua::cli::usageError("baguarun", what);
+  return false;
+}
+
 bool parseIntArg(const std::string& name, const std::string& text, int lo, int hi, int* out) {
   bagua::Result<int64_t> v = bagua::parseInt(text);
   if (!v.isOk() || *v < lo || *v > hi) {
-    std::fprintf(stderr, "baguarun: %s must be an integer in [%d, %d], got '%s'\n", name.c_str(),
-                 lo, hi, text.c_str());
-    return false;
+    return fail(bagua::strPrintf("%s must be an integer in [%d, %d], got '%s'", name.c_str(), lo,
+                                 hi, text.c_str()));
   }
   *out = static_cast<int>(*v);
   return true;
@@ -49,7 +62,8 @@ bool parseIntArg(const std::string& name, const std::string& text, int lo, int h
 
 // The options that take no value.
 bool isSwitch(const std::string& key) {
-  return key == "--rank_prefix" || key == "--stdin_control";
+  return key == "--rank_prefix" || key == "--stdin_control" || key == "--no_python" ||
+         key == "--enable_bagua_net";
 }
 
 // "--nproc-per-node" -> "--nproc_per_node": torchrun's users type dashes, Bagua's underscores.
@@ -97,14 +111,16 @@ bool applyOption(const std::string& key, const std::string& value, Options* o, b
   if (key == "--max_restarts") {
     return parseIntArg(key, value, 0, 1 << 20, &o->maxRestarts);
   }
+  if (key == "--bagua_service_port") {
+    return parseIntArg(key, value, 0, 65535, &o->baguaServicePort);
+  }
   if (key == "--ssh_port") {
     return parseIntArg(key, value, 1, 65535, &o->sshPort);
   }
   if (key == "--grace_s") {
     bagua::Result<double> g = bagua::parseDouble(value);
     if (!g.isOk() || *g < 0) {
-      std::fprintf(stderr, "baguarun: --grace_s must be a non-negative number\n");
-      return false;
+      return fail("--grace_s must be a non-negative number, got '" + value + "'");
     }
     o->graceS = *g;
     return true;
@@ -144,15 +160,13 @@ bool applyOption(const std::string& key, const std::string& value, Options* o, b
 // The checks across options, once all are read; false after printing why.
 bool checkOptions(Options* o) {
   if (o->command.empty()) {
-    std::fprintf(stderr, "baguarun: no program given\n");
-    return false;
+    return fail("no program given");
   }
   if (o->elastic()) {
     if (!o->hostList.empty()) {
-      std::fprintf(stderr,
-                   "baguarun: --host_list starts a static job; an elastic one (--nnodes MIN:MAX, "
-                   "--rdzv_*) is started on each node by hand\n");
-      return false;
+      return fail(
+          "--host_list starts a static job; an elastic one (--nnodes MIN:MAX, --rdzv_*) is "
+          "started on each node by hand");
     }
     return true;  // ranks come from torchrun's rendezvous; --node_rank does not apply
   }
@@ -160,13 +174,11 @@ bool checkOptions(Options* o) {
     return true;  // node ranks and --nnodes come from the host list (ssh.cc checks them)
   }
   if (o->nodeRank >= o->nnodes) {
-    std::fprintf(stderr, "baguarun: --node_rank %d must be below --nnodes %d\n", o->nodeRank,
-                 o->nnodes);
-    return false;
+    return fail(
+        bagua::strPrintf("--node_rank %d must be below --nnodes %d", o->nodeRank, o->nnodes));
   }
   if (o->masterPort == 0 && o->nnodes > 1) {
-    std::fprintf(stderr, "baguarun: --master_port 0 (pick a free port) works on one node only\n");
-    return false;
+    return fail("--master_port 0 (pick a free port) works on one node only");
   }
   return true;
 }
@@ -183,6 +195,10 @@ int parseArgs(int argc, char** argv, Options* o) {
     }
     if (a == "-h" || a == "--help") {
       return -1;
+    }
+    if (a == "--version") {
+      std::printf("baguarun %s\n", bagua::cli::version());
+      return -2;
     }
     if (a.rfind("--", 0) != 0 && a.rfind("-x", 0) != 0) {
       break;  // the program
@@ -203,15 +219,18 @@ int parseArgs(int argc, char** argv, Options* o) {
     key = canonicalKey(key);
     if (isSwitch(key)) {
       if (hasValue) {
-        std::fprintf(stderr, "baguarun: %s takes no value\n", typed.c_str());
+        fail(typed + " takes no value");
         return 2;
       }
-      (key == "--rank_prefix" ? o->rankPrefix : o->stdinControl) = true;
+      (key == "--rank_prefix"     ? o->rankPrefix
+       : key == "--stdin_control" ? o->stdinControl
+       : key == "--no_python"     ? o->noPython
+                                  : o->enableBaguaNet) = true;
       continue;
     }
     if (!hasValue) {
       if (i + 1 >= argc) {
-        std::fprintf(stderr, "baguarun: %s needs a value\n", a.c_str());
+        fail(a + " needs a value");
         return 2;
       }
       value = argv[++i];
@@ -219,7 +238,7 @@ int parseArgs(int argc, char** argv, Options* o) {
     bool known = true;
     if (!applyOption(key, value, o, &known)) {
       if (!known) {
-        std::fprintf(stderr, "baguarun: unknown option %s\n", typed.c_str());
+        fail("unknown option " + typed);
       }
       return 2;
     }

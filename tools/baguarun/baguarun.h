@@ -45,6 +45,12 @@ struct Options {
   // What the SSH start asks of the baguarun it runs on each host.
   bool stdinControl = false;  // job key from stdin's first line; stop when stdin ends
   bool rankPrefix = false;    // "[rank R] " before every line of a worker's output
+  // Bagua's launcher flags: run a *.py program directly, not as `python3 -u PROG` (Bagua's
+  // --no_python); NCCL_NET_PLUGIN = our Bagua-Net plugin for the ranks; BAGUA_SERVICE_PORT for
+  // the ranks (-1: not given).
+  bool noPython = false;
+  bool enableBaguaNet = false;
+  int baguaServicePort = -1;
 
   bool elastic() const {
     return nnodesText.find(':') != std::string::npos || !rdzvBackend.empty() ||
@@ -52,8 +58,8 @@ struct Options {
   }
 };
 
-// Parses the command line into `o`: 0 on success, 2 on a usage error (after printing why), -1
-// for --help.
+// Parses the command line into `o`: 0 on success, 2 on a usage error (after printing why, one
+// line as tools/cli_support words it), -1 for --help, -2 after printing --version.
 int parseArgs(int argc, char** argv, Options* o);
 void usage(FILE* out);
 

@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -614,6 +615,61 @@ bool resolveHostList(Options* o) {
   return true;
 }
 
+// The Bagua-Net plugin of this build or installation, for --enable_bagua_net: the build tree's
+// (this executable in <build>/tools/baguarun, the plugin in <build>/net_plugin), else the
+// installed one (<prefix>/<libdir>, from Meson's options: BAGUARUN_INSTALLED_PLUGIN_DIR, relative
+// to this executable's folder unless absolute). "" with the reason in `why` when neither exists.
+std::string findBaguaNetPlugin(std::string* why) {
+  std::error_code ec;
+  const std::filesystem::path dir =
+      std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) {
+    *why = "cannot tell where baguarun is (/proc/self/exe)";
+    return "";
+  }
+  const std::filesystem::path buildTree =
+      (dir / "../../net_plugin/libnccl-net.so").lexically_normal();
+  const std::filesystem::path installedDir(BAGUARUN_INSTALLED_PLUGIN_DIR);
+  const std::filesystem::path installed =
+      ((installedDir.is_absolute() ? installedDir : dir / installedDir) / "libnccl-net.so")
+          .lexically_normal();
+  for (const std::filesystem::path& p : {buildTree, installed}) {
+    if (::access(p.c_str(), R_OK) == 0) {
+      return p.string();
+    }
+  }
+  *why = "neither the build tree's " + buildTree.string() + " nor the installed " +
+         installed.string() + " exists";
+  return "";
+}
+
+// Bagua's launcher flags for the ranks of this host: the environment they inherit and the
+// program's form. Returns false after saying why (the plugin not found).
+bool applyBaguaFlags(Options* o) {
+  if (o->enableBaguaNet) {
+    std::string why;
+    const std::string plugin = findBaguaNetPlugin(&why);
+    if (plugin.empty()) {
+      std::fprintf(stderr,
+                   "baguarun: --enable_bagua_net: no Bagua-Net plugin (libnccl-net.so) found: %s; "
+                   "build net_plugin/, or set NCCL_NET_PLUGIN yourself instead\n",
+                   why.c_str());
+      return false;
+    }
+    ::setenv("NCCL_NET_PLUGIN", plugin.c_str(), 1);
+  }
+  if (o->baguaServicePort >= 0) {
+    ::setenv("BAGUA_SERVICE_PORT", std::to_string(o->baguaServicePort).c_str(), 1);
+  }
+  // Bagua's launcher runs its program with the Python interpreter unless --no_python; ours runs
+  // any program directly, and a Python script (*.py) the way Bagua's did.
+  const std::string& prog = o->command[0];
+  if (!o->noPython && prog.size() > 3 && prog.compare(prog.size() - 3, 3, ".py") == 0) {
+    o->command.insert(o->command.begin(), {"python3", "-u"});
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace bagua::baguarun
 
@@ -624,12 +680,18 @@ int main(int argc, char** argv) {
   if (rc == 0 && !resolveHostList(&o)) {
     rc = 2;
   }
+  if (rc == -1) {
+    usage(stdout);
+    return 0;
+  }
   if (rc != 0) {
-    usage(rc < 0 ? stdout : stderr);
-    return rc < 0 ? 0 : rc;
+    return rc == -2 ? 0 : rc;  // -2: --version, printed
   }
   if (!o.hostList.empty()) {
-    return runOverSsh(o);
+    return runOverSsh(o);  // each host's baguarun applies Bagua's flags for its ranks
+  }
+  if (!applyBaguaFlags(&o)) {
+    return 1;
   }
   if (o.stdinControl && !readJobKeyFromStdin()) {
     return 1;

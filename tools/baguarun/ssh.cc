@@ -203,7 +203,18 @@ std::string remoteCommand(const Options& o, const std::vector<std::string>& env,
   cmd += bagua::strPrintf(" --nnodes %d --node_rank %d --nproc_per_node %d", nnodes, h.nodeRank,
                           o.nprocPerNode);
   cmd += " --master_addr " + shellQuote(masterAddr) +
-         bagua::strPrintf(" --master_port %d --grace_s %g --", o.masterPort, o.graceS);
+         bagua::strPrintf(" --master_port %d --grace_s %g", o.masterPort, o.graceS);
+  // Bagua's flags: each host's baguarun applies them for its own ranks (its own plugin).
+  if (o.noPython) {
+    cmd += " --no_python";
+  }
+  if (o.enableBaguaNet) {
+    cmd += " --enable_bagua_net";
+  }
+  if (o.baguaServicePort >= 0) {
+    cmd += bagua::strPrintf(" --bagua_service_port %d", o.baguaServicePort);
+  }
+  cmd += " --";
   for (const std::string& word : o.command) {
     cmd += " " + shellQuote(word);
   }

@@ -19,10 +19,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/core/process_group.h"
 #include "bagua/demo_support/bench_args.h"
 
@@ -210,18 +212,15 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const int common = demo::parseBenchArg("bagua-nccl-comm-bench", argc, argv, &i, &a);
-    if (common < 0) {
-      return 2;
-    }
-    if (common == 0) {
-      std::fprintf(stderr,
-                   "usage: baguarun --nproc_per_node 2 bagua-nccl-comm-bench [--sizes 1M,64M] "
-                   "[--iters N] [--reps R]\n");
-      return k == "--help" || k == "-h" ? 0 : 2;
-    }
+  CLI::App app{
+      "Our NCCL communicator against NCCL called directly, same processes, GPUs and "
+      "sizes, every result checked; one process per GPU, under baguarun: baguarun "
+      "--nproc_per_node 2 bagua-nccl-comm-bench [options]",
+      "bagua-nccl-comm-bench"};
+  bagua::cli::configure(app);
+  demo::addBenchOptions(app, &a);
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
   }
   return run(a);
 }

@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -37,12 +38,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bagua/base/params.h"
 #include "bagua/base/status.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/gpu_tool_support/gpu_tool.h"
 #include "bagua/net/socket_io.h"
 
@@ -329,52 +333,6 @@ std::vector<Sample> runRank(const Options& o, int rank, const ncclUniqueId& id,
   return samples;
 }
 
-bagua::Result<uint64_t> bytesArg(const char* key, const char* v) {
-  bagua::Result<uint64_t> r = bagua::parseBytes(v);
-  if (!r.isOk()) {
-    return BAGUA_ERROR(kInvalidArgument, "%s %s: %s", key, v, r.status().message().c_str());
-  }
-  return r;
-}
-
-void usage() {
-  std::printf(
-      "usage: bagua-nccl-bench [--ranks N] [--min BYTES] [--max BYTES] [--iters N]\n"
-      "                        [--warmup N] [--label NAME] [--json FILE]\n"
-      "                        [--share-gpu | --own-host] [--iter-bytes BYTES]\n"
-      "                        [--tcp-ceiling S[,S...]] [--tcp-min BYTES]\n"
-      "Float sum all-reduce over N GPUs (one process each), sizes doubling from --min to\n"
-      "--max (K/M/G suffixes), every result checked, with the CPU seconds of the ranks' other\n"
-      "threads (NCCL's proxies, the net plugin) per GB sent. The transport is whatever the\n"
-      "NCCL environment selects. --share-gpu puts every rank on GPU 0 (run under MPS), each\n"
-      "with its own NCCL_HOSTID, so NCCL takes the network path between them; --own-host\n"
-      "keeps one GPU per rank and gives each its own NCCL_HOSTID (one rank per node).\n"
-      "--iter-bytes B: max(5, min(--iters, B / size)) timed iterations per size.\n"
-      "--tcp-ceiling S: then the same processes move the same bytes over S plain TCP sockets\n"
-      "per rank pair (a ring, no NCCL) for sizes from --tcp-min (default 64M): the host's\n"
-      "ceiling for a TCP transport, with its CPU s/GB.\n");
-}
-
-// Parses "4,8" into stream counts (1..64 each).
-bool parseStreams(const char* text, std::vector<int>* out) {
-  std::string t(text);
-  size_t pos = 0;
-  while (pos <= t.size()) {
-    const size_t comma = t.find(',', pos);
-    bagua::Result<int64_t> v = bagua::parseInt(
-        t.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    if (!v.isOk() || *v < 1 || *v > 64) {
-      return false;
-    }
-    out->push_back(static_cast<int>(*v));
-    if (comma == std::string::npos) {
-      break;
-    }
-    pos = comma + 1;
-  }
-  return !out->empty();
-}
-
 // What a rank sends rank 0 through its result pipe: its samples, then its TCP-ceiling samples.
 bool writeResults(int fd, const std::vector<Sample>& samples, const std::vector<TcpSample>& tcp) {
   const auto n = static_cast<uint32_t>(samples.size());
@@ -404,77 +362,53 @@ bool readResults(int fd, std::vector<Sample>* samples, std::vector<TcpSample>* t
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bagua-nccl-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto intArg = [&](const char* v) {
-      bagua::Result<int64_t> r = bagua::parseInt(v);
-      if (!r.isOk() || *r <= 0 || *r > 1000000) {
-        std::fprintf(stderr, "bagua-nccl-bench: %s wants a positive integer, got '%s'\n", a.c_str(),
-                     v);
-        std::exit(2);
-      }
-      return static_cast<int>(*r);
-    };
-    if (a == "--ranks") {
-      o.ranks = intArg(next());
-    } else if (a == "--iters") {
-      o.iters = intArg(next());
-    } else if (a == "--warmup") {
-      o.warmup = intArg(next());
-    } else if (a == "--min" || a == "--max" || a == "--iter-bytes" || a == "--tcp-min") {
-      bagua::Result<uint64_t> b = bytesArg(a.c_str(), next());
-      if (!b.isOk()) {
-        std::fprintf(stderr, "bagua-nccl-bench: %s\n", b.status().message().c_str());
-        return 2;
-      }
-      (a == "--min"          ? o.minBytes
-       : a == "--max"        ? o.maxBytes
-       : a == "--iter-bytes" ? o.iterBytes
-                             : o.tcpMin) = *b;
-    } else if (a == "--label") {
-      o.label = next();
-    } else if (a == "--json") {
-      o.json = next();
-    } else if (a == "--share-gpu") {
-      o.shareGpu = true;
-    } else if (a == "--own-host") {
-      o.ownHost = true;
-    } else if (a == "--tcp-ceiling") {
-      const char* v = next();
-      if (!parseStreams(v, &o.tcpStreams)) {
-        std::fprintf(stderr,
-                     "bagua-nccl-bench: --tcp-ceiling wants stream counts in 1..64 (e.g. 4,8), "
-                     "got '%s'\n",
-                     v);
-        return 2;
-      }
-    } else if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "bagua-nccl-bench: unknown argument '%s'\n", a.c_str());
-      usage();
-      return 2;
-    }
+  using bagua::cli::flagNames;
+  CLI::App app{
+      "Float sum all-reduce over N GPUs (one process each), sizes doubling from --min to --max, "
+      "every result checked, with the CPU seconds of the ranks' other threads (NCCL's proxies, "
+      "the net plugin) per GB sent. The transport is whatever the NCCL environment selects.",
+      "bagua-nccl-bench"};
+  bagua::cli::configure(app);
+  const auto count = CLI::Range(1, 1000000);
+  app.add_option("--ranks", o.ranks, "ranks, one process and GPU each")
+      ->check(count)
+      ->capture_default_str();
+  bagua::cli::addBytes(app, "--min", &o.minBytes, 4, "the first size");
+  bagua::cli::addBytes(app, "--max", &o.maxBytes, 4, "the last size (at least --min)");
+  app.add_option("--iters", o.iters, "timed iterations per size")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "warm-up iterations per size")
+      ->check(count)
+      ->capture_default_str();
+  app.add_option("--label", o.label, "the run's name in the output")->capture_default_str();
+  app.add_option("--json", o.json, "also write the results to FILE as JSON")->type_name("FILE");
+  CLI::Option* share = app.add_flag(
+      flagNames("share_gpu"), o.shareGpu,
+      "every rank on GPU 0 (run under MPS), each with its own NCCL_HOSTID, so NCCL takes the "
+      "network path between them");
+  app.add_flag(flagNames("own_host"), o.ownHost,
+               "one GPU per rank, each with its own NCCL_HOSTID (one rank per node)")
+      ->excludes(share);
+  bagua::cli::addBytes(app, flagNames("iter_bytes"), &o.iterBytes, 0,
+                       "max(5, min(--iters, B / size)) timed iterations per size (0: --iters)");
+  app.add_option(flagNames("tcp_ceiling"), o.tcpStreams,
+                 "then the same processes move the same bytes over S plain TCP sockets per rank "
+                 "pair (a ring, no NCCL): the host's ceiling for a TCP transport")
+      ->type_name("S[,S...]")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Range(1, 64));
+  bagua::cli::addBytes(app, flagNames("tcp_min"), &o.tcpMin, 4,
+                       "the smallest size of the TCP ceiling");
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return *rc;
   }
-  if (o.minBytes < 4 || o.minBytes > o.maxBytes) {
-    std::fprintf(stderr, "bagua-nccl-bench: need 4 <= --min <= --max\n");
-    return 2;
-  }
-  if (o.shareGpu && o.ownHost) {
-    std::fprintf(stderr, "bagua-nccl-bench: --share-gpu and --own-host exclude each other\n");
-    return 2;
+  if (o.minBytes > o.maxBytes) {
+    return bagua::cli::usageError(app, "--min must not exceed --max");
   }
   if (!o.tcpStreams.empty() && o.ranks < 2) {
-    std::fprintf(stderr, "bagua-nccl-bench: --tcp-ceiling needs --ranks >= 2\n");
-    return 2;
+    return bagua::cli::usageError(app, "--tcp-ceiling needs --ranks >= 2");
   }
 
   // Rank 0 (this process) makes the id after forking the others, so no CUDA state is forked.
@@ -540,61 +474,54 @@ int main(int argc, char** argv) {
       o.label.c_str(), version, o.ranks);
   std::printf("%12s %6s %12s %10s %10s %10s %8s\n", "bytes", "iters", "time(us)", "algbw", "busbw",
               "CPU s/GB", "check");
-  FILE* js = o.json.empty() ? nullptr : std::fopen(o.json.c_str(), "w");
-  if (js != nullptr) {
-    std::fprintf(js, "{\"label\": \"%s\", \"nccl_version\": %d, \"ranks\": %d, \"rows\": [",
-                 o.label.c_str(), version, o.ranks);
-  }
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const Row& r = rows[k];
+  // ordered_json: the fields in the order bench/gpu/summarize.py's readers have always seen.
+  nlohmann::ordered_json js = {{"label", o.label}, {"nccl_version", version}, {"ranks", o.ranks}};
+  nlohmann::ordered_json jsRows = nlohmann::ordered_json::array();
+  for (const Row& r : rows) {
     double algbw = static_cast<double>(r.bytes) / 1e3 / r.usec;  // GB/s
     double busbw = algbw * factor;
     double cpuPerGb = r.cpu / sentGb(r.bytes, r.iters);
     std::printf("%12" PRIu64 " %6d %12.1f %10.2f %10.2f %10.3f %8s\n", r.bytes, r.iters, r.usec,
                 algbw, busbw, cpuPerGb, r.correct ? "ok" : "WRONG");
-    if (js != nullptr) {
-      std::fprintf(js,
-                   "%s{\"bytes\": %" PRIu64
-                   ", \"iters\": %d, \"usec\": %.2f, \"algbw\": %.3f, \"busbw\": %.3f, "
-                   "\"cpu_s\": %.4f, \"cpu_s_per_gb\": %.4f, \"correct\": %s}",
-                   k == 0 ? "" : ", ", r.bytes, r.iters, r.usec, algbw, busbw, r.cpu, cpuPerGb,
-                   r.correct ? "true" : "false");
-    }
+    jsRows.push_back({{"bytes", r.bytes},
+                      {"iters", r.iters},
+                      {"usec", r.usec},
+                      {"algbw", algbw},
+                      {"busbw", busbw},
+                      {"cpu_s", r.cpu},
+                      {"cpu_s_per_gb", cpuPerGb},
+                      {"correct", r.correct}});
     allOk = allOk && r.correct;
   }
-  if (js != nullptr) {
-    std::fprintf(js, "]");
-  }
+  js["rows"] = std::move(jsRows);
   if (!tcpAll.empty()) {
     std::printf(
         "# TCP ceiling: the same processes, plain TCP sockets in a ring (no NCCL); rate =\n"
         "# bytes each rank sent per second (what busbw counts), slowest rank\n");
     std::printf("%12s %8s %10s %10s\n", "bytes", "streams", "GB/s", "CPU s/GB");
-    if (js != nullptr) {
-      std::fprintf(js, ", \"tcp_ceiling\": [");
-    }
-    for (size_t k = 0; k < tcpAll.size(); ++k) {
-      const TcpSample& t = tcpAll[k];
+    nlohmann::ordered_json jsTcp = nlohmann::ordered_json::array();
+    for (const TcpSample& t : tcpAll) {
       const double perRank = static_cast<double>(t.bytes / static_cast<uint64_t>(o.ranks) * 2 *
                                                  static_cast<uint64_t>(o.ranks - 1)) *
                              t.iters;
       const double gbps = perRank / t.seconds / 1e9;
       const double cpuPerGb = t.cpu / (perRank * o.ranks / 1e9);
       std::printf("%12" PRIu64 " %8d %10.2f %10.3f\n", t.bytes, t.streams, gbps, cpuPerGb);
-      if (js != nullptr) {
-        std::fprintf(js,
-                     "%s{\"bytes\": %" PRIu64
-                     ", \"streams\": %d, \"iters\": %d, \"busbw\": %.3f, \"cpu_s_per_gb\": %.4f}",
-                     k == 0 ? "" : ", ", t.bytes, t.streams, t.iters, gbps, cpuPerGb);
-      }
+      jsTcp.push_back({{"bytes", t.bytes},
+                       {"streams", t.streams},
+                       {"iters", t.iters},
+                       {"busbw", gbps},
+                       {"cpu_s_per_gb", cpuPerGb}});
     }
-    if (js != nullptr) {
-      std::fprintf(js, "]");
-    }
+    js["tcp_ceiling"] = std::move(jsTcp);
   }
-  if (js != nullptr) {
-    std::fprintf(js, "}\n");
-    std::fclose(js);
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << js.dump() << "\n";
+    if (!f.flush()) {
+      std::fprintf(stderr, "bagua-nccl-bench: cannot write %s\n", o.json.c_str());
+      allOk = false;
+    }
   }
   return allOk ? 0 : 1;
 }

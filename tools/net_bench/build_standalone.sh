@@ -19,7 +19,7 @@ cat > "$B/bagua_config.h" <<CFG
 CFG
 CXX="${CXX:-g++}"
 FLAGS=(-std=c++20 -O2 -g -fPIC -pthread -I"$ROOT/base/include" -I"$ROOT/net_plugin/include"
-       -I"$ROOT/net_plugin/src" -I"$B")
+       -I"$ROOT/net_plugin/src" -I"$ROOT/tools/cli_support/include" -I"$B")
 objs=()
 # The engine: every net_plugin/src/*.cc but the plugin's internals and ABI adapters (the same
 # split as net_plugin/meson.build).
@@ -41,13 +41,15 @@ wait
 ln -sf libnccl-net.so "$B/net_plugin/libnccl-net-bagua.so"
 base_objs=("$B"/obj/base_*.o)
 engine_objs=("$B"/obj/net_plugin_*.o)
-"$CXX" "${FLAGS[@]}" "$ROOT"/tools/net_bench/{links,main,ring}.cc "${engine_objs[@]}" "${base_objs[@]}" -ldl \
+# The tools' command line (CLI11) and JSON (nlohmann): the system's headers (the bagua script's
+# APT_PACKAGES), tools/cli_support compiled in.
+"$CXX" "${FLAGS[@]}" "$ROOT"/tools/net_bench/{links,main,ring}.cc "$ROOT/tools/cli_support/cli.cc" "${engine_objs[@]}" "${base_objs[@]}" -ldl \
   -o "$B/tools/net_bench/bagua-net-bench"
 if [ -n "$NCCL_HOME_DIR" ] && [ -f "$ROOT/tools/nccl_bench/main.cc" ]; then
   CUDA="${CUDA_HOME:-/usr/local/cuda}"
   nccl_lib=$(ls "$NCCL_HOME_DIR"/lib/libnccl.so* | head -1)
   "$CXX" "${FLAGS[@]}" -I"$ROOT/tools/gpu_tool_support/include" -I"$CUDA/include" -isystem "$NCCL_HOME_DIR/include" \
-    "$ROOT/tools/nccl_bench/main.cc" "${engine_objs[@]}" "${base_objs[@]}" -L"$CUDA/lib64" -lcudart "$nccl_lib" \
+    "$ROOT/tools/nccl_bench/main.cc" "$ROOT/tools/cli_support/cli.cc" "${engine_objs[@]}" "${base_objs[@]}" -L"$CUDA/lib64" -lcudart "$nccl_lib" \
     -Wl,-rpath,"$NCCL_HOME_DIR/lib" -Wl,-rpath,"$CUDA/lib64" -o "$B/tools/nccl_bench/bagua-nccl-bench"
 fi
 ls -la "$B/net_plugin" "$B/tools/net_bench" "$B/tools/nccl_bench"

@@ -11,16 +11,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bagua/base/params.h"
+#include "bagua/cli_support/cli.h"
 #include "bagua/net/socket_io.h"
 #include "nccl_net_abi.h"
 
@@ -87,49 +91,6 @@ inline std::vector<std::string> splitList(const std::string& text) {
   return out;
 }
 
-// Walks a command line: `for (ArgReader args(argc, argv); args.next();)`, then flag() is the
-// argument at hand and value()/intValue()/doubleValue() take the one after it, dying with the
-// flag's name when it is missing or not a number (so `--window x` is an error, not 0).
-class ArgReader {
- public:
-  ArgReader(int argc, char** argv) : argc_(argc), argv_(argv) {}
-  bool next() { return ++i_ < argc_; }
-  const std::string& flag() {
-    flag_ = argv_[i_];
-    return flag_;
-  }
-  std::string value() {
-    if (i_ + 1 >= argc_) {
-      die("missing value after " + flag_);
-    }
-    return argv_[++i_];
-  }
-  int intValue() {
-    std::string v = value();
-    char* end = nullptr;
-    long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n < INT32_MIN || n > INT32_MAX) {
-      die(flag_ + " takes an integer, not '" + v + "'");
-    }
-    return static_cast<int>(n);
-  }
-  double doubleValue() {
-    std::string v = value();
-    char* end = nullptr;
-    double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') {
-      die(flag_ + " takes a number, not '" + v + "'");
-    }
-    return d;
-  }
-
- private:
-  int argc_;
-  char** argv_;
-  int i_ = 0;
-  std::string flag_;
-};
-
 inline std::vector<uint64_t> parseSizeList(const std::string& text) {
   std::vector<uint64_t> out;
   for (const std::string& item : splitList(text)) {
@@ -142,6 +103,44 @@ inline std::vector<uint64_t> parseSizeList(const std::string& text) {
   return out;
 }
 
+// A comma-separated list of byte sizes as an option (--sizes 64K,1M): a bad or missing item is a
+// usage error naming the option and the item. `out` keeps its value unless the option is given.
+inline CLI::Option* addSizeList(CLI::App& app, const std::string& names, std::vector<uint64_t>* out,
+                                const std::string& help) {
+  std::string shown;
+  for (uint64_t v : *out) {
+    shown += (shown.empty() ? "" : ",") + std::to_string(v);
+  }
+  return app
+      .add_option_function<std::string>(
+          names, [out](const std::string& v) { *out = parseSizeList(v); }, help)
+      ->type_name("LIST")
+      ->default_str(shown)
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const std::vector<std::string> items = splitList(v);
+            if (items.empty()) {
+              return "want a comma-separated list of sizes (e.g. 64K,1M), got '" + v + "'";
+            }
+            for (const std::string& item : items) {
+              if (!bagua::parseBytes(item).isOk()) {
+                return "bad size '" + item + "' in '" + v + "' (e.g. 64K,1M)";
+              }
+            }
+            return "";
+          },
+          "LIST"));
+}
+
+// Writes `j` to `path` (the --json of each mode); dies when it cannot.
+inline void writeJson(const std::string& path, const nlohmann::ordered_json& j) {
+  std::ofstream f(path);
+  f << j.dump(1) << "\n";
+  if (!f.flush()) {
+    die("cannot write " + path);
+  }
+}
+
 // One contestant of the ring and shaped-link modes: "socket" (plain TCP), "bagua:S" (the plugin
 // with S streams, dynamic schedule) or "rr:S" (round-robin), S in 1..64. Dies on anything else.
 struct Case {
@@ -151,6 +150,20 @@ struct Case {
   const char* schedule = "dynamic";
   std::string pluginPath;  // --ring: "bagua:8@PATH" loads another build ("" = --plugin's)
 };
+
+// Why `text` is not a case ("" when it is one): the check behind --cases' usage errors.
+inline std::string caseError(const std::string& text) {
+  if (text == "socket") {
+    return "";
+  }
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  const int streams = colon == std::string::npos ? 0 : std::atoi(text.c_str() + colon + 1);
+  if ((kind != "bagua" && kind != "rr") || streams < 1 || streams > 64) {
+    return "bad case '" + text + "' (accepted: socket, bagua:N, rr:N with N in 1..64)";
+  }
+  return "";
+}
 
 inline Case parseCase(const std::string& text) {
   Case c;

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "bagua/net/engine.h"
@@ -62,20 +63,7 @@ struct Trial {
   std::map<std::string, uint64_t> linkBytes;  // per interface of the receiver's namespace
 };
 
-void usage() {
-  std::printf(
-      "usage: bagua-net-bench --netns RECV_NS,SEND_NS [--plugin PATH] [--sizes 8M,64M]\n"
-      "                       [--cases socket,bagua:8] [--window 8] [--seconds 2]\n"
-      "                       [--trials 1] [--line-rate 4gbit] [--json FILE]\n"
-      "Goodput between two network namespaces (tools/net_bench/shaped_links.sh makes them):\n"
-      "the receiver runs in RECV_NS, the sender in SEND_NS, each a process of its own.\n"
-      "Cases: socket (one TCP socket, NCCL Socket without helper threads), bagua:N (the plugin,\n"
-      "N streams), rr:N (the plugin, equal-split round-robin). Each figure is the best of\n"
-      "--trials runs: a shaped link caps from above and a loaded machine only lowers a figure.\n"
-      "NCCL_SOCKET_IFNAME (default =bn0) picks the interfaces in both namespaces; the socket\n"
-      "case uses the first one. Other BAGUA_NET_* variables reach the plugin as they are.\n");
-}
-
+// "4gbit" -> 4e9 (gbit, mbit, kbit; any case); 0 when `text` is not such a rate.
 uint64_t parseRateBits(const std::string& text) {
   std::string t;
   for (char c : text) {
@@ -85,8 +73,8 @@ uint64_t parseRateBits(const std::string& text) {
   while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) {
     ++digits;
   }
-  if (digits == 0) {
-    die("bad --line-rate '" + text + "' (e.g. 4gbit, 500mbit)");
+  if (digits == 0 || digits > 15) {
+    return 0;
   }
   uint64_t n = std::stoull(t.substr(0, digits));
   std::string unit = t.substr(digits);
@@ -99,56 +87,75 @@ uint64_t parseRateBits(const std::string& text) {
   if (unit == "kbit") {
     return n * 1000ULL;
   }
-  die("bad --line-rate unit in '" + text + "' (accepted: gbit, mbit, kbit)");
+  return 0;
 }
 
-LinkOptions parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
-  LinkOptions o;
-  o.plugin = defaultPlugin.path;
-  std::string cases = "socket,bagua:8";
-  for (ArgReader args(argc, argv); args.next();) {
-    const std::string& a = args.flag();
-    if (a == "--netns") {
-      std::vector<std::string> ns = splitList(args.value());
-      if (ns.size() != 2) {
-        die("--netns takes RECV_NS,SEND_NS");
-      }
-      o.recvNs = ns[0];
-      o.sendNs = ns[1];
-    } else if (a == "--plugin") {
-      o.plugin = args.value();
-    } else if (a == "--sizes") {
-      o.sizes = parseSizeList(args.value());
-    } else if (a == "--cases") {
-      cases = args.value();
-    } else if (a == "--window") {
-      o.window = args.intValue();
-    } else if (a == "--seconds") {
-      o.seconds = args.doubleValue();
-    } else if (a == "--trials") {
-      o.trials = args.intValue();
-    } else if (a == "--line-rate") {
-      o.lineRateBits = parseRateBits(args.value());
-    } else if (a == "--json") {
-      o.json = args.value();
-    } else if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else {
-      usage();
-      die("unknown argument " + a + " (in --netns mode)");
-    }
+// The shaped-link mode's command line into `o`: nullopt to run, else linksMain's exit status.
+std::optional<int> parseArgs(int argc, char** argv, LinkOptions* o) {
+  using bagua::cli::flagNames;
+  CLI::App app{
+      "Goodput between two network namespaces (tools/net_bench/shaped_links.sh makes them): the "
+      "receiver runs in RECV_NS, the sender in SEND_NS, each a process of its own. Cases: socket "
+      "(one TCP socket, NCCL Socket without helper threads), bagua:N (the plugin, N streams), "
+      "rr:N (the plugin, equal-split round-robin). Each figure is the best of --trials runs: a "
+      "shaped link caps from above and a loaded machine only lowers a figure. "
+      "NCCL_SOCKET_IFNAME (default =bn0) picks the interfaces in both namespaces; the socket "
+      "case uses the first one. Other BAGUA_NET_* variables reach the plugin as they are.",
+      "bagua-net-bench"};
+  bagua::cli::configure(app);
+  std::vector<std::string> ns;
+  app.add_option("--netns", ns, "the receiver's and the sender's network namespace")
+      ->type_name("RECV_NS,SEND_NS")
+      ->delimiter(',')
+      ->expected(2)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->required();
+  app.add_option("--plugin", o->plugin, "the plugin to load (as in the loopback mode)")
+      ->type_name("PATH");
+  addSizeList(app, "--sizes", &o->sizes, "message sizes");
+  std::vector<std::string> cases = {"socket", "bagua:8"};
+  app.add_option("--cases", cases, "the contestants: socket, bagua:N, rr:N")
+      ->type_name("LIST")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator([](std::string& c) { return caseError(c); }, "CASE"))
+      ->capture_default_str();
+  app.add_option("--window", o->window, "messages in flight")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
+  app.add_option("--seconds", o->seconds, "seconds per trial")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--trials", o->trials, "trials per figure (the best is shown)")
+      ->check(CLI::Range(1, 20))
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+         flagNames("line_rate"), [o](const std::string& v) { o->lineRateBits = parseRateBits(v); },
+         "the links' rate, for the 'of line rate' column (e.g. 4gbit, 500mbit)")
+      ->type_name("RATE")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return parseRateBits(v) > 0
+                       ? std::string()
+                       : "want a rate such as 4gbit, 500mbit or 100kbit, got '" + v + "'";
+          },
+          "RATE"));
+  app.add_option("--json", o->json, "also write the results to FILE as JSON")->type_name("FILE");
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return rc;
   }
-  for (const std::string& c : splitList(cases)) {
-    o.cases.push_back(parseCase(c));
+  if (ns.size() != 2) {
+    return bagua::cli::usageError(app, "--netns takes RECV_NS,SEND_NS");
   }
-  if (o.cases.empty() || o.sizes.empty()) {
-    die("--cases and --sizes need at least one entry");
+  o->recvNs = ns[0];
+  o->sendNs = ns[1];
+  for (const std::string& c : cases) {
+    o->cases.push_back(parseCase(c));
   }
-  if (o.window < 1 || o.window > 32 || o.seconds <= 0 || o.trials < 1 || o.trials > 20) {
-    die("--window must be 1..32, --seconds > 0, --trials 1..20");
+  if (o->cases.empty()) {
+    return bagua::cli::usageError(app, "--cases needs at least one case");
   }
-  return o;
+  return std::nullopt;
 }
 
 // A namespace name (`ip netns` keeps them in /var/run/netns) or a path; exits when absent.
@@ -467,10 +474,10 @@ Trial runTrial(const LinkOptions& o, const Case& c, uint64_t size) {
 }  // namespace
 
 int linksMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
-  LinkOptions o = parseArgs(argc, argv, defaultPlugin);
-  if (o.recvNs.empty()) {
-    usage();
-    die("--netns RECV_NS,SEND_NS is required in this mode");
+  LinkOptions o;
+  o.plugin = defaultPlugin.path;
+  if (std::optional<int> rc = parseArgs(argc, argv, &o)) {
+    return *rc;
   }
   requirePlugin(o.plugin, defaultPlugin);
   ::close(openNetns(o.recvNs));
@@ -527,34 +534,29 @@ int linksMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
     }
   }
   if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (f == nullptr) {
-      die("cannot write " + o.json);
-    }
-    std::fprintf(f,
-                 "{\"mode\": \"netns\", \"recv_netns\": \"%s\", \"send_netns\": \"%s\", "
-                 "\"ifname\": \"%s\", \"line_rate_bps\": %llu, \"window\": %d, \"trials\": %d, "
-                 "\"results\": [",
-                 o.recvNs.c_str(), o.sendNs.c_str(), ifname.c_str(),
-                 static_cast<unsigned long long>(o.lineRateBits), o.window, o.trials);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      double gb = static_cast<double>(r.t.bytes) / 1e9;
-      std::fprintf(f,
-                   "%s\n  {\"case\": \"%s\", \"size\": %llu, \"gbps\": %.4f, \"seconds\": %.4f, "
-                   "\"send_cpu_s_per_GB\": %.4f, \"recv_cpu_s_per_GB\": %.4f, \"link_bytes\": {",
-                   i == 0 ? "" : ",", r.c.label.c_str(), static_cast<unsigned long long>(r.size),
-                   r.t.gbps, r.t.seconds, r.t.sendCpu / gb, r.t.recvCpu / gb);
-      bool first = true;
-      for (auto& [name, bytes] : r.t.linkBytes) {
-        std::fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", name.c_str(),
-                     static_cast<unsigned long long>(bytes));
-        first = false;
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (const Row& r : rows) {
+      const double gb = static_cast<double>(r.t.bytes) / 1e9;
+      nlohmann::ordered_json linkBytes = nlohmann::ordered_json::object();
+      for (const auto& [name, bytes] : r.t.linkBytes) {
+        linkBytes[name] = bytes;
       }
-      std::fprintf(f, "}}");
+      results.push_back({{"case", r.c.label},
+                         {"size", r.size},
+                         {"gbps", r.t.gbps},
+                         {"seconds", r.t.seconds},
+                         {"send_cpu_s_per_GB", r.t.sendCpu / gb},
+                         {"recv_cpu_s_per_GB", r.t.recvCpu / gb},
+                         {"link_bytes", std::move(linkBytes)}});
     }
-    std::fprintf(f, "\n]}\n");
-    std::fclose(f);
+    writeJson(o.json, {{"mode", "netns"},
+                       {"recv_netns", o.recvNs},
+                       {"send_netns", o.sendNs},
+                       {"ifname", ifname},
+                       {"line_rate_bps", o.lineRateBits},
+                       {"window", o.window},
+                       {"trials", o.trials},
+                       {"results", std::move(results)}});
   }
   return 0;
 }

@@ -323,66 +323,51 @@ DefaultPlugin findDefaultPlugin() {
               "--plugin PATH"};
 }
 
-void usage() {
-  std::printf(
-      "usage: bagua-net-bench [--plugin PATH] [--sizes 64K,1M,16M] [--streams 1,2,4,8]\n"
-      "                       [--window 8] [--conns 1] [--seconds 0.3]\n"
-      "                       [--latency-sizes 8,64K,1M] [--json FILE] [--demo]\n"
-      "                       [--slow-stream RATE]\n"
-      "Throughput (GB/s) and one-way latency (us) of the Bagua-Net plugin over loopback, with\n"
-      "baselines from the same run: one plain TCP socket ('tcp') and our engine with an\n"
-      "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net).\n"
-      "--plugin PATH: the plugin to load; without it, BAGUA_NET_PLUGIN_PATH if set, else the\n"
-      "build tree's (net_plugin/libnccl-net.so beside tools/), else the installed one\n"
-      "(<libdir>/libnccl-net.so of this executable's prefix).\n"
-      "--slow-stream RATE (bytes/s, K/M/G suffixes) paces data stream 0 of every plugin\n"
-      "connection to RATE (BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones.\n"
-      "--netns RECV_NS,SEND_NS switches to the shaped-link mode (--netns --help tells).\n"
-      "--ring N switches to N processes in a ring over loopback (--ring --help tells).\n");
-}
-
-Options parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
-  Options o;
-  o.plugin = defaultPlugin.path;
-  for (ArgReader args(argc, argv); args.next();) {
-    const std::string& a = args.flag();
-    if (a == "--plugin") {
-      o.plugin = args.value();
-    } else if (a == "--sizes") {
-      o.sizes = parseSizeList(args.value());
-    } else if (a == "--streams") {
-      o.streams = parseSizeList(args.value());
-    } else if (a == "--latency-sizes") {
-      o.latencySizes = parseSizeList(args.value());
-    } else if (a == "--window") {
-      o.window = args.intValue();
-    } else if (a == "--conns") {
-      o.conns = args.intValue();
-    } else if (a == "--seconds") {
-      o.seconds = args.doubleValue();
-    } else if (a == "--json") {
-      o.json = args.value();
-    } else if (a == "--demo") {
-      o.demo = true;
-    } else if (a == "--slow-stream") {
-      o.slowStream = args.value();
-    } else if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else {
-      usage();
-      die("unknown argument " + a);
-    }
+// The loopback mode's command line into `o`: nullopt to run, else main's exit status.
+std::optional<int> parseArgs(int argc, char** argv, Options* o) {
+  using bagua::cli::flagNames;
+  CLI::App app{
+      "Throughput (GB/s) and one-way latency (us) of the Bagua-Net plugin over loopback, with "
+      "baselines from the same run: one plain TCP socket ('tcp') and our engine with an "
+      "equal-split round-robin schedule ('rr', like NCCL Socket and the original Bagua-Net). "
+      "--netns RECV_NS,SEND_NS switches to the shaped-link mode, --ring N to N processes in a "
+      "ring over loopback (each mode's --help tells).",
+      "bagua-net-bench"};
+  bagua::cli::configure(app);
+  app.add_option("--plugin", o->plugin,
+                 "the plugin to load; default: BAGUA_NET_PLUGIN_PATH if set, else the build "
+                 "tree's (net_plugin/libnccl-net.so beside tools/), else the installed one "
+                 "(<libdir>/libnccl-net.so of this executable's prefix)")
+      ->type_name("PATH");
+  addSizeList(app, "--sizes", &o->sizes, "message sizes of the throughput runs");
+  addSizeList(app, "--streams", &o->streams, "the plugin's stream counts (1..64 each)");
+  addSizeList(app, flagNames("latency_sizes"), &o->latencySizes,
+              "message sizes of the latency runs");
+  app.add_option("--window", o->window, "messages in flight")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
+  app.add_option("--conns", o->conns, "connections")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--seconds", o->seconds, "seconds per measurement")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--json", o->json, "also write the results to FILE as JSON")->type_name("FILE");
+  app.add_flag("--demo", o->demo, "the quick version ./bagua demo runs");
+  app.add_option(flagNames("slow_stream"), o->slowStream,
+                 "pace data stream 0 of every plugin connection to RATE bytes/s (K/M/G suffixes; "
+                 "BAGUA_NET_SLOW_STREAM_RATE): one slow flow among fast ones")
+      ->type_name("RATE");
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return rc;
   }
-  if (o.window < 1 || o.window > 32 || o.conns < 1 || o.conns > 16 || o.seconds <= 0) {
-    die("--window must be 1..32, --conns 1..16, --seconds > 0");
-  }
-  for (uint64_t s : o.streams) {
+  for (uint64_t s : o->streams) {
     if (s < 1 || s > 64) {
-      die("--streams values must be 1..64");
+      return bagua::cli::usageError(app,
+                                    "--streams values must be 1..64, got " + std::to_string(s));
     }
   }
-  return o;
+  return std::nullopt;
 }
 
 struct Row {
@@ -403,7 +388,11 @@ int main(int argc, char** argv) {
       return bagua::netbench::ringMain(argc, argv, defaultPlugin);
     }
   }
-  Options o = parseArgs(argc, argv, defaultPlugin);
+  Options o;
+  o.plugin = defaultPlugin.path;
+  if (std::optional<int> rc = parseArgs(argc, argv, &o)) {
+    return *rc;
+  }
   if (o.demo) {
     o.sizes = {64 << 10, 1 << 20, 16 << 20};
     o.streams = {1, 2, 8};
@@ -491,27 +480,23 @@ int main(int argc, char** argv) {
   }
 
   if (!o.json.empty()) {
-    FILE* f = std::fopen(o.json.c_str(), "w");
-    if (f == nullptr) {
-      die("cannot write " + o.json);
+    nlohmann::ordered_json throughput = nlohmann::ordered_json::array();
+    for (const Row& r : rows) {
+      throughput.push_back({{"size", r.size},
+                            {"streams", r.streams},
+                            {"tcp_GBps", r.tcp},
+                            {"rr_GBps", r.rr},
+                            {"bagua_GBps", r.dyn}});
     }
-    std::fprintf(f, "{\"cores\": %u, \"conns\": %d, \"window\": %d, \"throughput\": [", cores,
-                 o.conns, o.window);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::fprintf(f,
-                   "%s\n  {\"size\": %llu, \"streams\": %d, \"tcp_GBps\": %.4f, \"rr_GBps\": %.4f, "
-                   "\"bagua_GBps\": %.4f}",
-                   i == 0 ? "" : ",", static_cast<unsigned long long>(rows[i].size),
-                   rows[i].streams, rows[i].tcp, rows[i].rr, rows[i].dyn);
+    nlohmann::ordered_json latency = nlohmann::ordered_json::array();
+    for (const Lat& l : lats) {
+      latency.push_back({{"size", l.size}, {"tcp_us", l.tcp}, {"bagua_us", l.bagua}});
     }
-    std::fprintf(f, "\n], \"latency\": [");
-    for (size_t i = 0; i < lats.size(); ++i) {
-      std::fprintf(f, "%s\n  {\"size\": %llu, \"tcp_us\": %.2f, \"bagua_us\": %.2f}",
-                   i == 0 ? "" : ",", static_cast<unsigned long long>(lats[i].size), lats[i].tcp,
-                   lats[i].bagua);
-    }
-    std::fprintf(f, "\n]}\n");
-    std::fclose(f);
+    writeJson(o.json, {{"cores", cores},
+                       {"conns", o.conns},
+                       {"window", o.window},
+                       {"throughput", std::move(throughput)},
+                       {"latency", std::move(latency)}});
   }
   return 0;
 }

@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "bagua/net/engine.h"
@@ -53,92 +55,99 @@ struct RankResult {
   uint64_t messages = 0;  // messages this rank sent
 };
 
-void usage() {
-  std::printf(
-      "usage: bagua-net-bench --ring N [--channels C] [--sizes 512K,2M] [--cases socket,bagua:8]\n"
-      "                       [--window 8] [--bytes 256M] [--plugin PATH] [--json FILE]\n"
-      "                       [--repeat R]\n"
-      "N processes (2..16) on loopback in a ring, each sending to the next and receiving from\n"
-      "the previous one over C connections (NCCL's channels), messages of each size with\n"
-      "--window in flight, --bytes per connection. Cases: socket (one TCP socket per\n"
-      "connection), bagua:S (the plugin, S streams), rr:S (equal split). Prints the ranks'\n"
-      "aggregate send rate, CPU seconds per GB sent (all threads, and the plugin's own\n"
-      "threads alone: all but the progress thread) and voluntary context switches per message\n"
-      "sent (the wake-ups it costs). A plugin case may name its own build: "
-      "bagua:8@/path/libnccl-net.so;\n"
-      "NAME@PATH loads another NCCL net plugin under that label (ncclNetPlugin_v11 or _v6:\n"
-      "fastsocket@/path/libnccl-net-fastsocket.so).\n"
-      "--repeat R runs every size R times, the cases interleaved within each repetition, and\n"
-      "prints each case's median with the range (the host's load drifts between runs).\n");
+// A --cases item of the ring mode: a case (socket, bagua:S, rr:S), a plugin case with its own
+// build (bagua:S@PATH, rr:S@PATH), or another NCCL net plugin under a label (NAME@PATH); the
+// error for anything else ("" when it is one of these).
+std::string ringCaseError(const std::string& c) {
+  const size_t at = c.find('@');
+  const std::string kind = c.substr(0, at);
+  if (at != std::string::npos && at + 1 < c.size() && kind.find(':') == std::string::npos &&
+      kind != "socket") {
+    return "";  // NAME@PATH
+  }
+  if (std::string why = caseError(kind); !why.empty()) {
+    return why;
+  }
+  if (at != std::string::npos && kind == "socket") {
+    return "'" + c + "': only plugin cases (bagua:S, rr:S) take @PATH";
+  }
+  return "";
 }
 
-RingOptions parseArgs(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
-  RingOptions o;
-  o.plugin = defaultPlugin.path;
-  for (ArgReader args(argc, argv); args.next();) {
-    const std::string& a = args.flag();
-    if (a == "--ring") {
-      o.ranks = args.intValue();
-    } else if (a == "--channels") {
-      o.channels = args.intValue();
-    } else if (a == "--sizes") {
-      o.sizes = parseSizeList(args.value());
-    } else if (a == "--cases") {
-      o.cases.clear();
-      for (const std::string& c : splitList(args.value())) {
-        const size_t at = c.find('@');
-        const std::string kind = c.substr(0, at);
-        if (at != std::string::npos && at + 1 < c.size() && kind.find(':') == std::string::npos &&
-            kind != "socket") {
-          // NAME@PATH: another NCCL net plugin (v11 or v6 table), e.g. Google's fastsocket.
-          Case k;
-          k.label = kind;
-          k.plugin = true;
-          k.pluginPath = c.substr(at + 1);
-          o.cases.push_back(k);
-          continue;
-        }
-        Case k = parseCase(kind);
-        if (at != std::string::npos && at + 1 < c.size()) {
-          if (!k.plugin) {
-            die("--cases " + c + ": only plugin cases (bagua:S, rr:S) take @PATH");
-          }
-          k.pluginPath = c.substr(at + 1);
-          k.label = c.substr(0, at) + "@" + k.pluginPath.substr(k.pluginPath.rfind('/') + 1);
-        }
-        o.cases.push_back(k);
-      }
-    } else if (a == "--repeat") {
-      o.repeat = args.intValue();
-    } else if (a == "--window") {
-      o.window = args.intValue();
-    } else if (a == "--bytes") {
-      std::vector<uint64_t> b = parseSizeList(args.value());
-      o.bytesPerConn = b.empty() ? 0 : b[0];
-    } else if (a == "--plugin") {
-      o.plugin = args.value();
-    } else if (a == "--json") {
-      o.json = args.value();
-    } else if (a == "--help" || a == "-h") {
-      usage();
-      std::exit(0);
-    } else {
-      usage();
-      die("unknown argument " + a + " (in --ring mode)");
-    }
+Case ringCase(const std::string& c) {
+  const size_t at = c.find('@');
+  const std::string kind = c.substr(0, at);
+  if (at != std::string::npos && at + 1 < c.size() && kind.find(':') == std::string::npos &&
+      kind != "socket") {
+    // NAME@PATH: another NCCL net plugin (v11 or v6 table), e.g. Google's fastsocket.
+    Case k;
+    k.label = kind;
+    k.plugin = true;
+    k.pluginPath = c.substr(at + 1);
+    return k;
   }
-  if (o.ranks < 2 || o.ranks > 16 || o.channels < 1 || o.channels > 16 || o.window < 1 ||
-      o.window > 32 || o.bytesPerConn == 0 || o.sizes.empty() || o.cases.empty() || o.repeat < 1 ||
-      o.repeat > 50) {
-    die("--ring 2..16, --channels 1..16, --window 1..32, --bytes > 0, --repeat 1..50, sizes and "
-        "cases given");
+  Case k = parseCase(kind);
+  if (at != std::string::npos && at + 1 < c.size()) {
+    k.pluginPath = c.substr(at + 1);
+    k.label = kind + "@" + k.pluginPath.substr(k.pluginPath.rfind('/') + 1);
   }
-  for (Case& k : o.cases) {
+  return k;
+}
+
+// The ring mode's command line into `o`: nullopt to run, else ringMain's exit status.
+std::optional<int> parseArgs(int argc, char** argv, RingOptions* o) {
+  CLI::App app{
+      "N processes (2..16) on loopback in a ring, each sending to the next and receiving from "
+      "the previous one over C connections (NCCL's channels), messages of each size with "
+      "--window in flight, --bytes per connection. Prints the ranks' aggregate send rate, CPU "
+      "seconds per GB sent (all threads, and the plugin's own threads alone: all but the "
+      "progress thread) and voluntary context switches per message sent.",
+      "bagua-net-bench"};
+  bagua::cli::configure(app);
+  app.add_option("--ring", o->ranks, "processes in the ring")->check(CLI::Range(2, 16))->required();
+  app.add_option("--channels", o->channels, "connections each way per rank")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  addSizeList(app, "--sizes", &o->sizes, "message sizes");
+  std::vector<std::string> cases = {"socket", "bagua:8", "bagua:2"};
+  app.add_option("--cases", cases,
+                 "socket (one TCP socket per connection), bagua:S (the plugin, S streams), rr:S "
+                 "(equal split); a plugin case may name its own build (bagua:8@/path/"
+                 "libnccl-net.so); NAME@PATH loads another NCCL net plugin under that label "
+                 "(ncclNetPlugin_v11 or _v6: fastsocket@/path/libnccl-net-fastsocket.so)")
+      ->type_name("LIST")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator([](std::string& c) { return ringCaseError(c); }, "CASE"))
+      ->capture_default_str();
+  app.add_option("--repeat", o->repeat,
+                 "runs of every size, the cases interleaved within each; prints each case's "
+                 "median with the range")
+      ->check(CLI::Range(1, 50))
+      ->capture_default_str();
+  app.add_option("--window", o->window, "messages in flight per connection")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
+  bagua::cli::addBytes(app, "--bytes", &o->bytesPerConn, 1, "bytes per connection");
+  app.add_option("--plugin", o->plugin, "the plugin to load (as in the loopback mode)")
+      ->type_name("PATH");
+  app.add_option("--json", o->json, "also write the results to FILE as JSON")->type_name("FILE");
+  if (std::optional<int> rc = bagua::cli::parse(app, argc, argv)) {
+    return rc;
+  }
+  o->cases.clear();
+  for (const std::string& c : cases) {
+    o->cases.push_back(ringCase(c));
+  }
+  if (o->cases.empty()) {
+    return bagua::cli::usageError(app, "--cases needs at least one case");
+  }
+  for (Case& k : o->cases) {
     if (k.plugin && k.pluginPath.empty()) {
-      k.pluginPath = o.plugin;
+      k.pluginPath = o->plugin;
     }
   }
-  return o;
+  return std::nullopt;
 }
 
 // ---- one rank ----------------------------------------------------------------------------------
@@ -451,7 +460,11 @@ Aggregate runCase(const RingOptions& o, const Case& kase, uint64_t size) {
 }  // namespace
 
 int ringMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
-  RingOptions o = parseArgs(argc, argv, defaultPlugin);
+  RingOptions o;
+  o.plugin = defaultPlugin.path;
+  if (std::optional<int> rc = parseArgs(argc, argv, &o)) {
+    return *rc;
+  }
   requirePlugin(o.plugin, defaultPlugin);
   for (const Case& k : o.cases) {
     if (k.plugin && access(k.pluginPath.c_str(), R_OK) != 0) {
@@ -471,18 +484,7 @@ int ringMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
   }
   std::printf("%8s %10s %10s %12s %14s %10s\n", "size", "case", "GB/s", "CPU s/GB", "plugin s/GB",
               "wakes/msg");
-  FILE* js = nullptr;
-  if (!o.json.empty()) {
-    js = std::fopen(o.json.c_str(), "w");
-    if (js == nullptr) {
-      die("cannot write " + o.json);
-    }
-    std::fprintf(js,
-                 "{\"mode\": \"ring\", \"ranks\": %d, \"channels\": %d, \"cores\": %u, "
-                 "\"results\": [",
-                 o.ranks, o.channels, cores);
-  }
-  bool first = true;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -514,29 +516,23 @@ int ringMain(int argc, char** argv, const DefaultPlugin& defaultPlugin) {
       }
       std::printf("\n");
       std::fflush(stdout);
-      if (js != nullptr) {
-        auto list = [](const std::vector<double>& v) {
-          std::string each;
-          for (double x : v) {
-            each += (each.empty() ? "" : ", ") + strPrintf("%.4f", x);
-          }
-          return each;
-        };
-        std::fprintf(js,
-                     "%s\n  {\"case\": \"%s\", \"size\": %llu, \"GBps\": %.4f, "
-                     "\"cpu_s_per_GB\": %.4f, \"plugin_cpu_s_per_GB\": %.4f, "
-                     "\"switches_per_message\": %.3f, \"GBps_runs\": [%s], "
-                     "\"cpu_s_per_GB_runs\": [%s], \"switches_per_message_runs\": [%s]}",
-                     first ? "" : ",", o.cases[k].label.c_str(),
-                     static_cast<unsigned long long>(size), a.gbps, a.cpuPerGb, a.pluginCpuPerGb,
-                     a.switchesPerMessage, list(gbps).c_str(), list(cpu).c_str(), list(sw).c_str());
-        first = false;
-      }
+      results.push_back({{"case", o.cases[k].label},
+                         {"size", size},
+                         {"GBps", a.gbps},
+                         {"cpu_s_per_GB", a.cpuPerGb},
+                         {"plugin_cpu_s_per_GB", a.pluginCpuPerGb},
+                         {"switches_per_message", a.switchesPerMessage},
+                         {"GBps_runs", gbps},
+                         {"cpu_s_per_GB_runs", cpu},
+                         {"switches_per_message_runs", sw}});
     }
   }
-  if (js != nullptr) {
-    std::fprintf(js, "\n]}\n");
-    std::fclose(js);
+  if (!o.json.empty()) {
+    writeJson(o.json, {{"mode", "ring"},
+                       {"ranks", o.ranks},
+                       {"channels", o.channels},
+                       {"cores", cores},
+                       {"results", std::move(results)}});
   }
   return 0;
 }
