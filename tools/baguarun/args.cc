@@ -66,6 +66,20 @@ bool isSwitch(const std::string& key) {
          key == "--enable_bagua_net";
 }
 
+// The options that take a value (canonical keys): applyOption's.
+bool takesValue(const std::string& key) {
+  for (const char* k :
+       {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port",
+        "--grace_s", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf",
+        "--max_restarts", "--torchrun", "--host_list", "--ssh_port", "--ssh_opts",
+        "--remote_baguarun", "--bagua_service_port", "-x"}) {
+    if (key == k) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // "--nproc-per-node" -> "--nproc_per_node": torchrun's users type dashes, Bagua's underscores.
 std::string canonicalKey(std::string key) {
   for (size_t i = 2; i < key.size(); ++i) {
@@ -227,6 +241,10 @@ int parseArgs(int argc, char** argv, Options* o) {
        : key == "--no_python"     ? o->noPython
                                   : o->enableBaguaNet) = true;
       continue;
+    }
+    if (!takesValue(key)) {
+      fail("unknown option " + typed);
+      return 2;
     }
     if (!hasValue) {
       if (i + 1 >= argc) {
