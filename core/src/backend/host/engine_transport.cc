@@ -59,7 +59,11 @@ class EngineTransport final : public TransportBase {
   }
 
   Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
-                  Deadline deadline) override;
+                  Deadline deadline) override {
+    BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
+    Batch batch(*this);
+    return runBatch(batch, deadline);
+  }
 
   // Worker thread, between exchanges: both ends cut by piece_, and the communicator applies a
   // change at the same point of the operation sequence on every rank.
@@ -93,47 +97,81 @@ class EngineTransport final : public TransportBase {
   Status authenticate(const EngineTransportOptions& options, Deadline deadline);
 
  private:
-  struct SendState {
-    const SendOp* op;
-    size_t posted = 0;  // bytes handed to the engine
-    size_t done = 0;    // bytes whose isend completed
-    size_t limit() const { return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len; }
-  };
-  struct RecvState {
-    explicit RecvState(RecvOp* o) : op(o) {}
-    RecvOp* op;
-    size_t posted = 0;
-    size_t prefix = 0;        // bytes received contiguously from offset 0
-    size_t reported = 0;      // bytes passed to onSegment
-    std::vector<bool> piece;  // completed pieces
-    size_t nDone = 0;         // completed pieces
-  };
-  struct InFlight {
-    net::Request* req;
-    size_t state;  // index into the exchange's SendState/RecvState array
-    size_t piece;  // piece index within the op
-    size_t bytes;
-  };
-  struct PeerQueues {
-    std::vector<size_t> sendOps;  // indices into ss, in posting order
-    std::vector<size_t> recvOps;
-    size_t sendHead = 0;  // first op with bytes left to post
-    size_t recvHead = 0;
-    std::vector<InFlight> sendFlight;
-    std::vector<InFlight> recvFlight;
+  // One exchange's remote ops (TransportBase::runBatch's batch): every op cut into pieces of
+  // piece_ bytes, up to kMaxInFlight pieces per peer and direction posted to the engine at once,
+  // in order.
+  class Batch {
+   public:
+    explicit Batch(EngineTransport& t);
+    // Posts what may be posted and collects what completed, peer by peer.
+    [[nodiscard]] Status step(bool* progress);
+    bool finished() const { return pending_ == 0; }
+    bool waitingOn(int p) const {
+      const PeerQueues& pq = q_[p];
+      return !pq.sendFlight.empty() || !pq.recvFlight.empty() || pq.sendHead < pq.sendOps.size() ||
+             pq.recvHead < pq.recvOps.size();
+    }
+    // Sleeps on the notifier the comms' helper threads bump on every completion.
+    [[nodiscard]] Status wait(Deadline until) {
+      t_.notifier_.waitChange(seen_, until);
+      return Status::ok();
+    }
+
+   private:
+    struct SendState {
+      const SendOp* op;
+      size_t posted = 0;  // bytes handed to the engine
+      size_t done = 0;    // bytes whose isend completed
+      size_t limit() const {
+        return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len;
+      }
+    };
+    struct RecvState {
+      explicit RecvState(RecvOp* o) : op(o) {}
+      RecvOp* op;
+      size_t posted = 0;
+      size_t prefix = 0;        // bytes received contiguously from offset 0
+      size_t reported = 0;      // bytes passed to onSegment
+      std::vector<bool> piece;  // completed pieces
+      size_t nDone = 0;         // completed pieces
+    };
+    struct InFlight {
+      net::Request* req;
+      size_t state;  // index into ss_ / rs_
+      size_t piece;  // piece index within the op
+      size_t bytes;
+    };
+    struct PeerQueues {
+      std::vector<size_t> sendOps;  // indices into ss_, in posting order
+      std::vector<size_t> recvOps;
+      size_t sendHead = 0;  // first op with bytes left to post
+      size_t recvHead = 0;
+      std::vector<InFlight> sendFlight;
+      std::vector<InFlight> recvFlight;
+    };
+
+    [[nodiscard]] Status postSends(int p);
+    [[nodiscard]] Status postRecvs(int p);
+    [[nodiscard]] Status collectSends(int p, bool* progress);
+    [[nodiscard]] Status collectRecvs(int p, bool* progress);
+
+    EngineTransport& t_;
+    std::vector<SendState> ss_;
+    std::vector<RecvState> rs_;
+    std::vector<PeerQueues> q_;
+    size_t pending_ = 0;  // ops not finished
+    uint64_t seen_ = 0;   // the notifier's epoch when the last step began
   };
 
   size_t pieces(size_t len) const { return (len + piece_ - 1) / piece_; }
-  Status peerError(const Status& s, const char* what, int peer) {
-    if (aborted()) {
-      return abortedStatus();
-    }
+  Status peerError(const Status& s, const char* what, int peer) const {
     if (s.code() == StatusCode::kAborted) {
-      return s;
+      return unlessAborted(s);
     }
-    return Status(s.code() == StatusCode::kSystemError ? StatusCode::kRemoteError : s.code(),
-                  strPrintf("rank %d: %s rank %d failed (did it exit or fail?): %s", rank_, what,
-                            peer, s.message().c_str()));
+    return unlessAborted(
+        Status(s.code() == StatusCode::kSystemError ? StatusCode::kRemoteError : s.code(),
+               strPrintf("rank %d: %s rank %d failed (did it exit or fail?): %s", rank_, what, peer,
+                         s.message().c_str())));
   }
 
   size_t piece_;     // worker thread only
@@ -367,151 +405,154 @@ Status EngineTransport::authenticate(const EngineTransportOptions& options, Dead
   return Status::ok();
 }
 
-Status EngineTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
-                                 Deadline deadline) {
-  BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
-  std::vector<SendState> ss;
-  std::vector<RecvState> rs;
-  ss.reserve(remoteSends_.size());
-  rs.reserve(remoteRecvs_.size());
-  std::vector<PeerQueues> q(size_);
-  for (const SendOp* s : remoteSends_) {
-    q[s->peer].sendOps.push_back(ss.size());
-    ss.push_back({s});
+EngineTransport::Batch::Batch(EngineTransport& t) : t_(t), q_(t.size_) {
+  ss_.reserve(t.remoteSends_.size());
+  rs_.reserve(t.remoteRecvs_.size());
+  for (const SendOp* s : t.remoteSends_) {
+    q_[s->peer].sendOps.push_back(ss_.size());
+    ss_.push_back({s});
   }
-  for (RecvOp* r : remoteRecvs_) {
-    q[r->peer].recvOps.push_back(rs.size());
-    rs.emplace_back(r);
-    rs.back().piece.assign(pieces(r->len), false);
+  for (RecvOp* r : t.remoteRecvs_) {
+    q_[r->peer].recvOps.push_back(rs_.size());
+    rs_.emplace_back(r);
+    rs_.back().piece.assign(t.pieces(r->len), false);
   }
+  pending_ = ss_.size() + rs_.size();
+}
 
-  size_t pending = ss.size() + rs.size();
-  while (pending > 0) {
-    const uint64_t seen = notifier_.epoch();
-    bool progress = false;
-    for (int p = 0; p < size_; ++p) {
-      PeerQueues& pq = q[p];
-      // Post the sends whose bytes are ready, in order.
-      while (pq.sendHead < pq.sendOps.size() &&
-             pq.sendFlight.size() < static_cast<size_t>(kMaxInFlight)) {
-        SendState& s = ss[pq.sendOps[pq.sendHead]];
-        const size_t len = std::min(piece_, s.op->len - s.posted);
-        if (s.posted + len > s.limit()) {
-          break;  // the next piece is still arriving (ring forwarding)
-        }
-        Result<net::Request*> r =
-            sends_[p]->isend(static_cast<const uint8_t*>(s.op->data) + s.posted, len);
-        if (!r.isOk()) {
-          if (r.status().code() == StatusCode::kUnavailable) {
-            break;
-          }
-          return peerError(r.status(), "send to", p);
-        }
-        pq.sendFlight.push_back({*r, pq.sendOps[pq.sendHead], s.posted / piece_, len});
-        s.posted += len;
-        if (s.posted == s.op->len) {
-          ++pq.sendHead;
-        }
+Status EngineTransport::Batch::step(bool* progress) {
+  // Before anything is tested: a completion after this is a change that wait() sees.
+  seen_ = t_.notifier_.epoch();
+  for (int p = 0; p < t_.size_; ++p) {
+    BAGUA_RETURN_IF_ERROR(postSends(p));
+    BAGUA_RETURN_IF_ERROR(postRecvs(p));
+    BAGUA_RETURN_IF_ERROR(collectSends(p, progress));
+    BAGUA_RETURN_IF_ERROR(collectRecvs(p, progress));
+  }
+  return Status::ok();
+}
+
+// Posts the sends whose bytes are ready, in order.
+Status EngineTransport::Batch::postSends(int p) {
+  PeerQueues& pq = q_[p];
+  const size_t piece = t_.piece_;
+  while (pq.sendHead < pq.sendOps.size() &&
+         pq.sendFlight.size() < static_cast<size_t>(kMaxInFlight)) {
+    SendState& s = ss_[pq.sendOps[pq.sendHead]];
+    const size_t len = std::min(piece, s.op->len - s.posted);
+    if (s.posted + len > s.limit()) {
+      break;  // the next piece is still arriving (ring forwarding)
+    }
+    Result<net::Request*> r =
+        t_.sends_[p]->isend(static_cast<const uint8_t*>(s.op->data) + s.posted, len);
+    if (!r.isOk()) {
+      if (r.status().code() == StatusCode::kUnavailable) {
+        break;
       }
-      while (pq.recvHead < pq.recvOps.size() &&
-             pq.recvFlight.size() < static_cast<size_t>(kMaxInFlight)) {
-        // A receive's pieces are posted only once the previous receive from this peer completed
-        // and was reported: ops may share a buffer (the ring reduces each step's chunk out of one
-        // scratch buffer), exactly as a byte stream would deliver them.
-        if (pq.recvHead > 0) {
-          const RecvState& prevOp = rs[pq.recvOps[pq.recvHead - 1]];
-          if (prevOp.nDone < prevOp.piece.size()) {
-            break;
-          }
-        }
-        RecvState& rcv = rs[pq.recvOps[pq.recvHead]];
-        const size_t len = std::min(piece_, rcv.op->len - rcv.posted);
-        Result<net::Request*> r =
-            recvs_[p]->irecv(static_cast<uint8_t*>(rcv.op->data) + rcv.posted, len);
-        if (!r.isOk()) {
-          if (r.status().code() == StatusCode::kUnavailable) {
-            break;
-          }
-          return peerError(r.status(), "receive from", p);
-        }
-        pq.recvFlight.push_back({*r, pq.recvOps[pq.recvHead], rcv.posted / piece_, len});
-        rcv.posted += len;
-        if (rcv.posted == rcv.op->len) {
-          ++pq.recvHead;
-        }
-      }
-      // Test what is in flight.
-      for (size_t i = 0; i < pq.sendFlight.size();) {
-        InFlight& f = pq.sendFlight[i];
-        bool done = false;
-        size_t got = 0;
-        Status st = f.req->test(&done, &got);
-        if (!st.isOk()) {
-          return peerError(st, "send to", p);
-        }
-        if (!done) {
-          ++i;
-          continue;
-        }
-        SendState& s = ss[f.state];
-        s.done += f.bytes;
-        sent_.fetch_add(f.bytes, std::memory_order_relaxed);
-        if (s.done == s.op->len) {
-          --pending;
-        }
-        pq.sendFlight.erase(pq.sendFlight.begin() + static_cast<std::ptrdiff_t>(i));
-        progress = true;
-      }
-      for (size_t i = 0; i < pq.recvFlight.size();) {
-        InFlight& f = pq.recvFlight[i];
-        bool done = false;
-        size_t got = 0;
-        Status st = f.req->test(&done, &got);
-        if (!st.isOk()) {
-          return peerError(st, "receive from", p);
-        }
-        if (!done) {
-          ++i;
-          continue;
-        }
-        RecvState& rcv = rs[f.state];
-        if (got != f.bytes) {
-          return BAGUA_ERROR(kRemoteError,
-                             "rank %d: rank %d sent a %zu-byte piece where %zu were expected (the "
-                             "ranks issued different operations?)",
-                             rank_, p, got, f.bytes);
-        }
-        rcv.piece[f.piece] = true;
-        ++rcv.nDone;
-        received_.fetch_add(f.bytes, std::memory_order_relaxed);
-        while (rcv.prefix < rcv.op->len && rcv.piece[rcv.prefix / piece_]) {
-          rcv.prefix = std::min(rcv.op->len, rcv.prefix + piece_);
-        }
-        reportSegments(*rcv.op, rcv.prefix, &rcv.reported);
-        if (rcv.nDone == rcv.piece.size()) {
-          --pending;
-        }
-        pq.recvFlight.erase(pq.recvFlight.begin() + static_cast<std::ptrdiff_t>(i));
-        progress = true;
+      return t_.peerError(r.status(), "send to", p);
+    }
+    pq.sendFlight.push_back({*r, pq.sendOps[pq.sendHead], s.posted / piece, len});
+    s.posted += len;
+    if (s.posted == s.op->len) {
+      ++pq.sendHead;
+    }
+  }
+  return Status::ok();
+}
+
+Status EngineTransport::Batch::postRecvs(int p) {
+  PeerQueues& pq = q_[p];
+  const size_t piece = t_.piece_;
+  while (pq.recvHead < pq.recvOps.size() &&
+         pq.recvFlight.size() < static_cast<size_t>(kMaxInFlight)) {
+    // A receive's pieces are posted only once the previous receive from this peer completed and
+    // was reported: ops may share a buffer (the ring reduces each step's chunk out of one scratch
+    // buffer), exactly as a byte stream would deliver them.
+    if (pq.recvHead > 0) {
+      const RecvState& prevOp = rs_[pq.recvOps[pq.recvHead - 1]];
+      if (prevOp.nDone < prevOp.piece.size()) {
+        break;
       }
     }
-    if (pending == 0) {
-      break;
+    RecvState& rcv = rs_[pq.recvOps[pq.recvHead]];
+    const size_t len = std::min(piece, rcv.op->len - rcv.posted);
+    Result<net::Request*> r =
+        t_.recvs_[p]->irecv(static_cast<uint8_t*>(rcv.op->data) + rcv.posted, len);
+    if (!r.isOk()) {
+      if (r.status().code() == StatusCode::kUnavailable) {
+        break;
+      }
+      return t_.peerError(r.status(), "receive from", p);
     }
-    if (aborted()) {
-      return abortedStatus();
+    pq.recvFlight.push_back({*r, pq.recvOps[pq.recvHead], rcv.posted / piece, len});
+    rcv.posted += len;
+    if (rcv.posted == rcv.op->len) {
+      ++pq.recvHead;
     }
-    if (progress) {
+  }
+  return Status::ok();
+}
+
+Status EngineTransport::Batch::collectSends(int p, bool* progress) {
+  std::vector<InFlight>& flight = q_[p].sendFlight;
+  for (size_t i = 0; i < flight.size();) {
+    InFlight& f = flight[i];
+    bool done = false;
+    size_t got = 0;
+    Status st = f.req->test(&done, &got);
+    if (!st.isOk()) {
+      return t_.peerError(st, "send to", p);
+    }
+    if (!done) {
+      ++i;
       continue;
     }
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      return transferDeadline([&](int p) {
-        return !q[p].sendFlight.empty() || !q[p].recvFlight.empty() ||
-               q[p].sendHead < q[p].sendOps.size() || q[p].recvHead < q[p].recvOps.size();
-      });
+    SendState& s = ss_[f.state];
+    s.done += f.bytes;
+    t_.sent_.fetch_add(f.bytes, std::memory_order_relaxed);
+    if (s.done == s.op->len) {
+      --pending_;
     }
-    notifier_.waitChange(seen, std::min(deadline, now + std::chrono::milliseconds(50)));
+    flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(i));
+    *progress = true;
+  }
+  return Status::ok();
+}
+
+Status EngineTransport::Batch::collectRecvs(int p, bool* progress) {
+  std::vector<InFlight>& flight = q_[p].recvFlight;
+  const size_t piece = t_.piece_;
+  for (size_t i = 0; i < flight.size();) {
+    InFlight& f = flight[i];
+    bool done = false;
+    size_t got = 0;
+    Status st = f.req->test(&done, &got);
+    if (!st.isOk()) {
+      return t_.peerError(st, "receive from", p);
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    if (got != f.bytes) {
+      return BAGUA_ERROR(kRemoteError,
+                         "rank %d: rank %d sent a %zu-byte piece where %zu were expected (the "
+                         "ranks issued different operations?)",
+                         t_.rank_, p, got, f.bytes);
+    }
+    RecvState& rcv = rs_[f.state];
+    rcv.piece[f.piece] = true;
+    ++rcv.nDone;
+    t_.received_.fetch_add(f.bytes, std::memory_order_relaxed);
+    while (rcv.prefix < rcv.op->len && rcv.piece[rcv.prefix / piece]) {
+      rcv.prefix = std::min(rcv.op->len, rcv.prefix + piece);
+    }
+    reportSegments(*rcv.op, rcv.prefix, &rcv.reported);
+    if (rcv.nDone == rcv.piece.size()) {
+      --pending_;
+    }
+    flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(i));
+    *progress = true;
   }
   return Status::ok();
 }

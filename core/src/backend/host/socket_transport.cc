@@ -134,19 +134,63 @@ class SocketTransport final : public TransportBase {
   }
 
   Status exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
-                  Deadline deadline) override;
+                  Deadline deadline) override {
+    BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
+    Batch batch(*this);
+    return runBatch(batch, deadline);
+  }
 
  private:
-  struct SendState {
-    const SendOp* op;
-    size_t done = 0;
-    size_t limit() const { return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len; }
-    bool sendable() const { return done < limit(); }
-  };
-  struct RecvState {
-    RecvOp* op;
-    size_t done = 0;
-    size_t reported = 0;
+  // One exchange's remote ops (TransportBase::runBatch's batch): the bytes moved so far and the
+  // head of each peer's queue in each direction (its first unfinished op; ops to one peer in one
+  // direction move in order).
+  class Batch {
+   public:
+    explicit Batch(SocketTransport& t);
+    [[nodiscard]] Status step(bool* progress);
+    bool finished() const { return pending_ == 0; }
+    bool waitingOn(int p) const { return sendHead_[p] != kNone || recvHead_[p] != kNone; }
+    [[nodiscard]] Status wait(Deadline until);
+
+   private:
+    struct SendState {
+      const SendOp* op;
+      size_t done = 0;
+      size_t limit() const {
+        return op->ready != nullptr ? std::min(*op->ready, op->len) : op->len;
+      }
+      bool sendable() const { return done < limit(); }
+    };
+    struct RecvState {
+      RecvOp* op;
+      size_t done = 0;
+      size_t reported = 0;
+    };
+    static constexpr size_t kNone = SIZE_MAX;
+
+    bool sendable(int p) const { return sendHead_[p] != kNone && ss_[sendHead_[p]].sendable(); }
+    void refreshHeads();
+    // Move what the head op with `p` can take now; *finishedOp when it completed.
+    [[nodiscard]] Status sendTo(int p, bool* progress, bool* finishedOp);
+    [[nodiscard]] Status recvFrom(int p, bool* progress, bool* finishedOp);
+    // Shared memory: fails when a local peer that closed its connection still owes us an op.
+    [[nodiscard]] Status checkClosedLocals() const;
+    // Shared memory: true when a local peer's ring can move bytes for us now.
+    bool ringReady() const;
+    // Poll the sockets we wait on (and every local peer's wake-up connection) until `until`.
+    [[nodiscard]] Status pollSockets(Deadline until);
+    // Shared memory: drops the wake-up bytes that arrived, noting local peers whose connection
+    // closed.
+    [[nodiscard]] Status drainWakeups();
+
+    SocketTransport& t_;
+    std::vector<SendState> ss_;
+    std::vector<RecvState> rs_;
+    std::vector<size_t> sendHead_;
+    std::vector<size_t> recvHead_;
+    size_t pending_ = 0;  // ops not finished
+    std::vector<pollfd> pfds_;
+    std::vector<int> pfdPeer_;
   };
 
   bool local(int peer) const { return shm_ != nullptr && shm_->isLocal(peer); }
@@ -190,185 +234,185 @@ class SocketTransport final : public TransportBase {
   std::vector<bool> closed_;
 };
 
-Status SocketTransport::exchange(std::span<const SendOp> sends, std::span<RecvOp> recvs,
-                                 Deadline deadline) {
-  BAGUA_RETURN_IF_ERROR(startExchange(sends, recvs));
-  std::vector<SendState> ss;
-  std::vector<RecvState> rs;
-  ss.reserve(remoteSends_.size());
-  rs.reserve(remoteRecvs_.size());
-  for (const SendOp* s : remoteSends_) {
-    ss.push_back({s});
-  }
-  for (RecvOp* r : remoteRecvs_) {
-    rs.push_back({r});
-  }
+bool wouldBlock(int err) {
+  return err == EAGAIN || err == EWOULDBLOCK || err == EINTR;
+}
 
-  // Head of each peer's queue: first not-finished op in that direction.
-  std::vector<size_t> sendHead(size_, SIZE_MAX), recvHead(size_, SIZE_MAX);
-  auto refreshHeads = [&] {
-    std::fill(sendHead.begin(), sendHead.end(), SIZE_MAX);
-    std::fill(recvHead.begin(), recvHead.end(), SIZE_MAX);
-    for (size_t i = 0; i < ss.size(); ++i) {
-      int p = ss[i].op->peer;
-      if (ss[i].done < ss[i].op->len && sendHead[p] == SIZE_MAX) {
-        sendHead[p] = i;
-      }
-    }
-    for (size_t i = 0; i < rs.size(); ++i) {
-      int p = rs[i].op->peer;
-      if (rs[i].done < rs[i].op->len && recvHead[p] == SIZE_MAX) {
-        recvHead[p] = i;
-      }
-    }
-  };
+SocketTransport::Batch::Batch(SocketTransport& t)
+    : t_(t), sendHead_(t.size_, kNone), recvHead_(t.size_, kNone) {
+  ss_.reserve(t.remoteSends_.size());
+  rs_.reserve(t.remoteRecvs_.size());
+  for (const SendOp* s : t.remoteSends_) {
+    ss_.push_back({s});
+  }
+  for (RecvOp* r : t.remoteRecvs_) {
+    rs_.push_back({r});
+  }
+  pending_ = ss_.size() + rs_.size();
   refreshHeads();
-  size_t pendingOps = ss.size() + rs.size();
-  std::vector<pollfd> pfds;
-  std::vector<int> pfdPeer;
-  while (pendingOps > 0) {
-    bool progress = false;
-    bool headsChanged = false;
-    for (int p = 0; p < size_; ++p) {
-      if (sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable()) {
-        SendState& s = ss[sendHead[p]];
-        const auto* base = static_cast<const uint8_t*>(s.op->data);
-        const ssize_t n = trySend(p, base + s.done, s.limit() - s.done);
-        if (n > 0) {
-          s.done += static_cast<size_t>(n);
-          sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-          progress = true;
-          if (s.done == s.op->len) {
-            --pendingOps;
-            headsChanged = true;
-          }
-        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          int err = errno;
-          if (aborted()) {
-            return abortedStatus();
-          }
-          return BAGUA_ERRNO(err, strPrintf("rank %d: send of %zu bytes to rank %d failed (peer "
-                                            "exited or failed?)",
-                                            rank_, s.op->len, p));
-        }
+}
+
+void SocketTransport::Batch::refreshHeads() {
+  std::fill(sendHead_.begin(), sendHead_.end(), kNone);
+  std::fill(recvHead_.begin(), recvHead_.end(), kNone);
+  for (size_t i = 0; i < ss_.size(); ++i) {
+    const int p = ss_[i].op->peer;
+    if (ss_[i].done < ss_[i].op->len && sendHead_[p] == kNone) {
+      sendHead_[p] = i;
+    }
+  }
+  for (size_t i = 0; i < rs_.size(); ++i) {
+    const int p = rs_[i].op->peer;
+    if (rs_[i].done < rs_[i].op->len && recvHead_[p] == kNone) {
+      recvHead_[p] = i;
+    }
+  }
+}
+
+Status SocketTransport::Batch::step(bool* progress) {
+  bool headsChanged = false;
+  for (int p = 0; p < t_.size_; ++p) {
+    if (sendable(p)) {
+      BAGUA_RETURN_IF_ERROR(sendTo(p, progress, &headsChanged));
+    }
+    if (recvHead_[p] != kNone) {
+      BAGUA_RETURN_IF_ERROR(recvFrom(p, progress, &headsChanged));
+    }
+  }
+  if (headsChanged) {
+    refreshHeads();
+  }
+  return Status::ok();
+}
+
+Status SocketTransport::Batch::sendTo(int p, bool* progress, bool* finishedOp) {
+  SendState& s = ss_[sendHead_[p]];
+  const auto* base = static_cast<const uint8_t*>(s.op->data);
+  const ssize_t n = t_.trySend(p, base + s.done, s.limit() - s.done);
+  if (n > 0) {
+    s.done += static_cast<size_t>(n);
+    t_.sent_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    *progress = true;
+    if (s.done == s.op->len) {
+      --pending_;
+      *finishedOp = true;
+    }
+  } else if (n < 0 && !wouldBlock(errno)) {
+    const int err = errno;
+    return t_.unlessAborted(BAGUA_ERRNO(
+        err, strPrintf("rank %d: send of %zu bytes to rank %d failed (peer exited or failed?)",
+                       t_.rank_, s.op->len, p)));
+  }
+  return Status::ok();
+}
+
+Status SocketTransport::Batch::recvFrom(int p, bool* progress, bool* finishedOp) {
+  RecvState& r = rs_[recvHead_[p]];
+  auto* base = static_cast<uint8_t*>(r.op->data);
+  const ssize_t n = t_.tryRecv(p, base + r.done, r.op->len - r.done);
+  if (n > 0) {
+    r.done += static_cast<size_t>(n);
+    t_.received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    *progress = true;
+    reportSegments(*r.op, r.done, &r.reported);
+    if (r.done == r.op->len) {
+      --pending_;
+      *finishedOp = true;
+    }
+  } else if (n == 0) {
+    return t_.unlessAborted(BAGUA_ERROR(kRemoteError,
+                                        "rank %d: rank %d closed its connection while %zu of %zu "
+                                        "bytes were still expected from it (did it exit or fail?)",
+                                        t_.rank_, p, r.op->len - r.done, r.op->len));
+  } else if (!wouldBlock(errno)) {
+    const int err = errno;
+    return t_.unlessAborted(
+        BAGUA_ERRNO(err, strPrintf("rank %d: receive from rank %d failed", t_.rank_, p)));
+  }
+  return Status::ok();
+}
+
+Status SocketTransport::Batch::wait(Deadline until) {
+  pfds_.clear();
+  pfdPeer_.clear();
+  if (t_.shm_ == nullptr) {
+    return pollSockets(until);
+  }
+  BAGUA_RETURN_IF_ERROR(checkClosedLocals());
+  // Announce the sleep, then look once more: a peer that changed a ring before seeing the flag
+  // is caught here, one that changes it after sees the flag and sends a wake-up byte.
+  t_.shm_->setSleeping(true);
+  Status polled = ringReady() ? Status::ok() : pollSockets(until);
+  t_.shm_->setSleeping(false);
+  BAGUA_RETURN_IF_ERROR(polled);
+  return drainWakeups();
+}
+
+Status SocketTransport::Batch::checkClosedLocals() const {
+  // A local peer that exited can no longer fill or drain its rings.
+  for (int p = 0; p < t_.size_; ++p) {
+    if (t_.local(p) && t_.closed_[p] &&
+        (sendHead_[p] != kNone || (recvHead_[p] != kNone && !t_.shm_->canRecv(p)))) {
+      return t_.unlessAborted(BAGUA_ERROR(kRemoteError,
+                                          "rank %d: rank %d (same host) closed its connection "
+                                          "while a transfer with it was unfinished (did it exit "
+                                          "or fail?)",
+                                          t_.rank_, p));
+    }
+  }
+  return Status::ok();
+}
+
+bool SocketTransport::Batch::ringReady() const {
+  for (int p = 0; p < t_.size_; ++p) {
+    if (t_.local(p) &&
+        ((sendable(p) && t_.shm_->canSend(p)) || (recvHead_[p] != kNone && t_.shm_->canRecv(p)))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Status SocketTransport::Batch::pollSockets(Deadline until) {
+  for (int p = 0; p < t_.size_; ++p) {
+    short ev = 0;
+    if (t_.local(p)) {
+      // Wake-up bytes, and the peer's death (the connection closes). Every local peer, not only
+      // those we wait on: the sleeping flag is per rank, so any peer may be the one that clears
+      // it and sends the byte.
+      ev = !t_.closed_[p] ? POLLIN : 0;
+    } else {
+      if (sendable(p)) {
+        ev |= POLLOUT;
       }
-      if (recvHead[p] != SIZE_MAX) {
-        RecvState& r = rs[recvHead[p]];
-        auto* base = static_cast<uint8_t*>(r.op->data);
-        const ssize_t n = tryRecv(p, base + r.done, r.op->len - r.done);
-        if (n > 0) {
-          r.done += static_cast<size_t>(n);
-          received_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-          progress = true;
-          reportSegments(*r.op, r.done, &r.reported);
-          if (r.done == r.op->len) {
-            --pendingOps;
-            headsChanged = true;
-          }
-        } else if (n == 0) {
-          if (aborted()) {
-            return abortedStatus();
-          }
-          return BAGUA_ERROR(kRemoteError,
-                             "rank %d: rank %d closed its connection while %zu of %zu bytes "
-                             "were still expected from it (did it exit or fail?)",
-                             rank_, p, r.op->len - r.done, r.op->len);
-        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          int err = errno;
-          if (aborted()) {
-            return abortedStatus();
-          }
-          return BAGUA_ERRNO(err, strPrintf("rank %d: receive from rank %d failed", rank_, p));
-        }
+      if (recvHead_[p] != kNone) {
+        ev |= POLLIN;
       }
     }
-    if (headsChanged) {
-      refreshHeads();
+    if (ev != 0) {
+      pfds_.push_back({t_.fds_[p].get(), ev, 0});
+      pfdPeer_.push_back(p);
     }
-    if (pendingOps == 0) {
-      break;
-    }
-    if (aborted()) {
-      return abortedStatus();
-    }
-    if (progress) {
+  }
+  if (::poll(pfds_.data(), pfds_.size(), msLeft(until)) < 0 && errno != EINTR) {
+    return BAGUA_ERRNO(errno, "poll");
+  }
+  return Status::ok();
+}
+
+Status SocketTransport::Batch::drainWakeups() {
+  for (size_t i = 0; i < pfds_.size(); ++i) {
+    const int p = pfdPeer_[i];
+    if (!t_.local(p) || (pfds_[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
       continue;
     }
-    int left = msLeft(deadline);
-    if (left == 0) {
-      return transferDeadline(
-          [&](int p) { return sendHead[p] != SIZE_MAX || recvHead[p] != SIZE_MAX; });
-    }
-    pfds.clear();
-    pfdPeer.clear();
-    bool shmReady = false;
-    if (shm_ != nullptr) {
-      // A local peer that exited can no longer fill or drain its rings.
-      for (int p = 0; p < size_; ++p) {
-        if (local(p) && closed_[p] &&
-            ((sendHead[p] != SIZE_MAX) || (recvHead[p] != SIZE_MAX && !shm_->canRecv(p)))) {
-          if (aborted()) {
-            return abortedStatus();
-          }
-          return BAGUA_ERROR(kRemoteError,
-                             "rank %d: rank %d (same host) closed its connection while a "
-                             "transfer with it was unfinished (did it exit or fail?)",
-                             rank_, p);
-        }
+    uint8_t drain[256];
+    const ssize_t n = ::recv(t_.fds_[p].get(), drain, sizeof(drain), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && !wouldBlock(errno))) {
+      if (t_.aborted()) {
+        return t_.abortedStatus();
       }
-      // Announce the sleep, then look once more: a peer that changed a ring before seeing the
-      // flag is caught here, one that changes it after sees the flag and sends a wake-up byte.
-      shm_->setSleeping(true);
-      for (int p = 0; p < size_ && !shmReady; ++p) {
-        if (local(p) &&
-            ((sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable() && shm_->canSend(p)) ||
-             (recvHead[p] != SIZE_MAX && shm_->canRecv(p)))) {
-          shmReady = true;
-        }
-      }
-    }
-    if (!shmReady) {
-      for (int p = 0; p < size_; ++p) {
-        short ev = 0;
-        if (local(p)) {
-          // Wake-up bytes, and the peer's death (the connection closes). Every local peer, not
-          // only those we wait on: the sleeping flag is per rank, so any peer may be the one
-          // that clears it and sends the byte.
-          ev = !closed_[p] ? POLLIN : 0;
-        } else {
-          if (sendHead[p] != SIZE_MAX && ss[sendHead[p]].sendable()) {
-            ev |= POLLOUT;
-          }
-          if (recvHead[p] != SIZE_MAX) {
-            ev |= POLLIN;
-          }
-        }
-        if (ev != 0) {
-          pfds.push_back({fds_[p].get(), ev, 0});
-          pfdPeer.push_back(p);
-        }
-      }
-      int rc = ::poll(pfds.data(), pfds.size(), std::min(left, 50));
-      if (rc < 0 && errno != EINTR) {
-        return BAGUA_ERRNO(errno, "poll");
-      }
-    }
-    if (shm_ != nullptr) {
-      shm_->setSleeping(false);
-      for (size_t i = 0; i < pfds.size(); ++i) {
-        const int p = pfdPeer[i];
-        if (!local(p) || (pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
-          continue;
-        }
-        uint8_t drain[256];
-        ssize_t n = ::recv(fds_[p].get(), drain, sizeof(drain), MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          if (aborted()) {
-            return abortedStatus();
-          }
-          closed_[p] = true;  // checked above once its rings can make no more progress
-        }
-      }
+      t_.closed_[p] = true;  // checked by the next wait once its rings can make no more progress
     }
   }
   return Status::ok();

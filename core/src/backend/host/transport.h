@@ -12,6 +12,7 @@
 // abort() and the counters may be called from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -85,8 +86,9 @@ class Transport {
 };
 
 // What the transports share: identity, traffic counters, the abort state and the exchange
-// prologue. abort() of a derived transport starts with markAborted(why), then wakes its own I/O;
-// exchange() starts with startExchange() and then moves remoteSends_ / remoteRecvs_.
+// skeleton. abort() of a derived transport starts with markAborted(why), then wakes its own I/O;
+// exchange() starts with startExchange() and then runs a batch of its own over remoteSends_ /
+// remoteRecvs_ through runBatch(), which owns the progress / abort / deadline loop.
 class TransportBase : public Transport {
  public:
   int rank() const final { return rank_; }
@@ -118,6 +120,44 @@ class TransportBase : public Transport {
   // remoteRecvs_ the ops to other ranks that have bytes to move, in the caller's order. A
   // receive of 0 bytes from another rank is complete at once (no segment to report).
   [[nodiscard]] Status startExchange(std::span<const SendOp> sends, std::span<RecvOp> recvs);
+
+  // The loop every exchange runs once startExchange() succeeded, for a transport's batch (the
+  // state of one exchange's remote ops), which provides:
+  //   Status step(bool* progress)  moves what can move now without blocking; sets *progress when
+  //                                 anything moved; an error ends the exchange (pass it through
+  //                                 unlessAborted() so that an abort reads as one)
+  //   bool finished() const        every op is complete
+  //   bool waitingOn(int peer) const  an op with `peer` is unfinished (for the deadline's error)
+  //   Status wait(Deadline until)  sleeps until something may move, at most until `until`
+  // Steps until finished; after a step without progress, fails on abort or past the deadline,
+  // else waits at most kWaitSlice, so abort() and the deadline are seen within that.
+  template <typename Batch>
+  [[nodiscard]] Status runBatch(Batch& batch, Deadline deadline) {
+    while (!batch.finished()) {
+      bool progress = false;
+      BAGUA_RETURN_IF_ERROR(batch.step(&progress));
+      if (batch.finished()) {
+        break;
+      }
+      if (aborted()) {
+        return abortedStatus();
+      }
+      if (progress) {
+        continue;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return transferDeadline([&](int p) { return batch.waitingOn(p); });
+      }
+      BAGUA_RETURN_IF_ERROR(batch.wait(std::min(deadline, now + kWaitSlice)));
+    }
+    return Status::ok();
+  }
+  static constexpr std::chrono::milliseconds kWaitSlice{50};
+
+  // A transfer's failure as the caller should see it: Aborted when abort() caused it (a closed
+  // socket, a failed request), else `s`.
+  Status unlessAborted(Status s) const { return aborted() ? abortedStatus() : std::move(s); }
 
   // The error of an exchange whose deadline passed, naming the peers for which
   // `waitingOn(peer)` is true.
