@@ -7,6 +7,12 @@
 
 namespace bagua::core::storewire {
 
+Result<Nonce> freshNonce() {
+  Nonce n;
+  BAGUA_RETURN_IF_ERROR(randomBytes(n.data(), n.size()));
+  return n;
+}
+
 namespace {
 
 uint32_t getU32(const uint8_t* p) {

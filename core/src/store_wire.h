@@ -60,6 +60,9 @@ enum Code : uint8_t { kOk = 0, kDeadline = 1, kBad = 2 };
 
 using Nonce = std::array<uint8_t, kNonceBytes>;
 
+// A nonce from the system's random source (a challenge's, a hello's).
+Result<Nonce> freshNonce();
+
 // A whole frame: u32 length + body.
 Bytes frame(const Bytes& body);
 // op/code byte + u32 count + length-prefixed arguments.

@@ -245,7 +245,19 @@ class DistributedDataParallel {
                           std::vector<Optimizer*> optimizers, std::shared_ptr<Algorithm> algorithm,
                           ProcessGroup& group, const DdpOptions& options);
   Status initAlgorithm();
+  // The buckets of `assignment` (ddp_buckets.cc): laid out, their storage allocated with the
+  // gradients moved in, then made the current ones with fresh per-iteration state.
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
+  // The new buckets (tensor maps rebuilt; storage not allocated yet), checked.
+  Result<std::vector<Bucket>> layOutBuckets(const std::vector<std::vector<int>>& assignment);
+  // Copies the current gradients into the new buckets' storage (gradient_as_bucket_view: and
+  // points the gradients at it), and runs the algorithm's per-bucket set-up.
+  Status moveGradsInto(std::vector<Bucket>& buckets);
+  // gradient_as_bucket_view: parameters in no new bucket whose gradients are views into the old
+  // ones get memory of their own.
+  Status keepGradsLeavingBuckets();
+  // After buckets_ changed: the per-iteration and per-bucket state sized for them.
+  void resetBucketState();
   // Waits (bounded) until every launched bucket has finished, also those ordered on the device.
   Status drainBuckets();
   // Under mu_ (held by `lock`): waits, bounded, until `counted` (completed_ or enqueued_)
