@@ -28,9 +28,10 @@
 #include <bagua/algorithms/qadam.h>
 #include <bagua/base/status.h>
 #include <bagua/core/ddp.h>
-#include <bagua/core/example_mlp.h>
 #include <bagua/core/parameter.h>
 #include <bagua/core/process_group.h>
+
+#include "example_mlp.h"
 
 namespace {
 
@@ -67,10 +68,10 @@ void makeBatch(std::mt19937_64& rng, int batch, int features, std::vector<float>
 Status train(const Options& o) {
   BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<core::ProcessGroup> pg, core::ProcessGroup::initFromEnv());
   const int rank = pg->rank();
-  core::example::MlpConfig mc;
+  example::MlpConfig mc;
   mc.sizes = {16, 32, 4};
   mc.seed = 7 + static_cast<uint64_t>(rank);  // different on every rank: the broadcast fixes it
-  core::example::Mlp model(mc);
+  example::Mlp model(mc);
   // qadam steps the model with its own optimizer (Adam during warm-up); the others with SGD.
   std::unique_ptr<core::Optimizer> optimizer;
   algo::QAdamOptimizer* qadam = nullptr;

@@ -12,8 +12,8 @@
 #include "bagua/algorithms/auto_select.h"
 #include "bagua/algorithms/params.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "ddp_steps.h"
+#include "example_mlp.h"
 #include "multi_rank.h"
 
 namespace bagua::algo {
@@ -379,10 +379,10 @@ std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
         if (!pg.isOk()) {
           return pg.status().toString();
         }
-        core::example::MlpConfig cfg;
+        example::MlpConfig cfg;
         cfg.sizes = {kIn, 64, 64, kClasses};
         cfg.seed = 5 + static_cast<uint64_t>(r);  // different on purpose: the wrap broadcasts
-        core::example::Mlp model(cfg);
+        example::Mlp model(cfg);
         core::Sgd opt(model.parameters(), 0.05f, 0.5f);
         auto algo = createAlgorithm("auto", args);
         if (!algo.isOk()) {

@@ -11,8 +11,8 @@
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/algorithms/qadam.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "ddp_steps.h"
+#include "example_mlp.h"
 #include "multi_rank.h"
 
 namespace bagua::algo {
@@ -44,8 +44,8 @@ void makeBatch(uint32_t seed, int count, std::vector<float>* x, std::vector<int3
   }
 }
 
-core::example::MlpConfig config(int rank) {
-  core::example::MlpConfig c;
+example::MlpConfig config(int rank) {
+  example::MlpConfig c;
   c.sizes = {kIn, 32, 32, kClasses};
   c.seed = 77 + static_cast<uint64_t>(rank);
   return c;
@@ -69,7 +69,7 @@ Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
         if (!pg.isOk()) {
           return pg.status().toString();
         }
-        core::example::Mlp model(config(r));
+        example::Mlp model(config(r));
         std::unique_ptr<core::Optimizer> opt;
         QAdamOptimizer* qadam = nullptr;
         if (name == "qadam") {

@@ -20,10 +20,10 @@
 
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "bagua/loader/batch_sampler.h"
 #include "bagua/loader/data_loader.h"
 #include "bagua/loader/sampler.h"
+#include "example_mlp.h"
 #include "multi_rank.h"
 
 namespace bagua::core {

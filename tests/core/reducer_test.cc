@@ -17,7 +17,7 @@
 
 #include "bagua/core/bucket_assignment.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
+#include "example_mlp.h"
 #include "multi_rank.h"
 
 namespace bagua::core {

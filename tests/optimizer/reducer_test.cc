@@ -16,18 +16,18 @@
 #include <vector>
 
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "bagua/optimizer/elementwise.h"
 #include "bagua/optimizer/grad_scaler.h"
 #include "bagua/optimizer/params.h"
 #include "ddp_steps.h"
+#include "example_mlp.h"
 #include "multi_rank.h"
 
 namespace bagua::optim {
 namespace {
 
 using namespace std::chrono_literals;
-using core::example::Mlp;
+using example::Mlp;
 
 constexpr int kWorld = 3;
 constexpr int kBatch = 6;
@@ -65,7 +65,7 @@ std::string train(const TrainSpec& run, std::vector<RankOut>* out) {
         if (!pg.isOk()) {
           return pg.status().toString();
         }
-        core::example::MlpConfig mc;
+        example::MlpConfig mc;
         mc.sizes = {kIn, 24, 20, kClasses};
         mc.seed = 7 + static_cast<uint64_t>(r);  // differs per rank: DDP broadcasts rank 0's
         Mlp m(mc);

@@ -14,9 +14,8 @@ Result<std::unique_ptr<core::ProcessGroup>> hostGroup(std::shared_ptr<core::Stor
   return core::ProcessGroup::create(std::move(store), po);
 }
 
-Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt,
-                      core::example::Mlp& model, const std::vector<float>& x,
-                      const std::vector<int32_t>& y) {
+Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt, example::Mlp& model,
+                      const std::vector<float>& x, const std::vector<int32_t>& y) {
   opt.zeroGrad();
   BAGUA_RETURN_IF_ERROR(ddp.prepareForward());
   const float loss = model.forward(x.data(), y.data(), static_cast<int>(y.size()));

@@ -12,9 +12,9 @@
 
 #include "bagua/base/status.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "bagua/core/process_group.h"
 #include "bagua/core/store.h"
+#include "example_mlp.h"
 
 namespace bagua::testing {
 
@@ -28,8 +28,7 @@ Result<std::unique_ptr<core::ProcessGroup>> hostGroup(
 // training loop runs it: the optimizer's zeroGrad, prepareForward, forward, backward marking each
 // gradient ready as it is produced, finishBackward, step. Returns the batch's loss (before the
 // step); the first error, as the reducer returned it.
-Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt,
-                      core::example::Mlp& model, const std::vector<float>& x,
-                      const std::vector<int32_t>& y);
+Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt, example::Mlp& model,
+                      const std::vector<float>& x, const std::vector<int32_t>& y);
 
 }  // namespace bagua::testing

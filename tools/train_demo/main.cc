@@ -1,5 +1,5 @@
 // bagua-train-demo: the main job. Data-parallel training of a real MLP (hand-written forward and
-// backward, bagua::core::example::Mlp) on generated data, through the reducer and the host
+// backward, bagua::example::Mlp) on generated data, through the reducer and the host
 // backend. Launch it with baguarun (env:// initialisation):
 //
 //   baguarun --nproc_per_node 4 --master_port 0 bagua-train-demo [options]
@@ -24,9 +24,9 @@
 #include "bagua/base/params.h"
 #include "bagua/cli_support/cli.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "bagua/core/process_group.h"
 #include "bagua/demo_support/demo_support.h"
+#include "example_mlp.h"
 
 namespace {
 

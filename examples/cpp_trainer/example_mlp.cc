@@ -1,10 +1,13 @@
-#include "bagua/core/example_mlp.h"
+#include "example_mlp.h"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-namespace bagua::core::example {
+namespace bagua::example {
+
+using core::DataType;
+using core::Parameter;
 
 Mlp::Mlp(const MlpConfig& config) : config_(config) {
   std::mt19937_64 rng(config.seed);
@@ -231,4 +234,4 @@ void Mlp::zeroGrad() {
   }
 }
 
-}  // namespace bagua::core::example
+}  // namespace bagua::example

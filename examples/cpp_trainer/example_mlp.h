@@ -1,8 +1,9 @@
-// A small multi-layer perceptron with hand-written forward and backward, used by the demo job
-// and the reducer tests as a real model: Linear+ReLU layers, a linear output, softmax
-// cross-entropy averaged over the batch. Optional "aux" head (an extra linear output added to
-// the logits only when asked) gives a parameter that can go unused in an iteration. A
-// running-mean buffer of the inputs ("input_norm.running_mean") is a buffer to broadcast.
+// A small multi-layer perceptron with hand-written forward and backward, a real model: this
+// example's, and also the demo job's (bagua-train-demo) and the tests', which the tree builds from
+// here as a private library (example_mlp_dep; not part of the SDK). Linear+ReLU layers, a linear
+// output, softmax cross-entropy averaged over the batch. Optional "aux" head (an extra linear
+// output added to the logits only when asked) gives a parameter that can go unused in an iteration.
+// A running-mean buffer of the inputs ("input_norm.running_mean") is a buffer to broadcast.
 //
 // Parameters are named "fc{i}.weight" / "fc{i}.bias" (weights row-major [out][in]), then
 // "aux.weight" / "aux.bias".
@@ -14,9 +15,9 @@
 #include <functional>
 #include <vector>
 
-#include "bagua/core/parameter.h"
+#include <bagua/core/parameter.h>
 
-namespace bagua::core::example {
+namespace bagua::example {
 
 struct MlpConfig {
   std::vector<int> sizes{16, 64, 64, 4};  // input, hidden..., classes
@@ -30,8 +31,8 @@ class Mlp {
   Mlp(const Mlp&) = delete;
   Mlp& operator=(const Mlp&) = delete;
 
-  std::vector<Parameter>& parameters() { return params_; }
-  std::vector<Parameter>& buffers() { return buffers_; }
+  std::vector<core::Parameter>& parameters() { return params_; }
+  std::vector<core::Parameter>& buffers() { return buffers_; }
 
   // Mean cross-entropy over the batch; x is [batch][in], labels in [0, classes).
   float forward(const float* x, const int32_t* labels, int batch, bool useAux = false);
@@ -57,8 +58,8 @@ class Mlp {
   std::vector<Layer> layers_;
   Layer aux_;
   std::vector<std::vector<float>> storage_;  // weights and initial gradient storage
-  std::vector<Parameter> params_;
-  std::vector<Parameter> buffers_;
+  std::vector<core::Parameter> params_;
+  std::vector<core::Parameter> buffers_;
   std::vector<float> runningMean_;
 
   // Saved activations of the last forward.
@@ -70,4 +71,4 @@ class Mlp {
   int correct_ = 0;
 };
 
-}  // namespace bagua::core::example
+}  // namespace bagua::example
