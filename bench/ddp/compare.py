@@ -127,7 +127,7 @@ def parse():
                          "node with P2P and SHM on, so only traffic between nodes takes the "
                          "network path (default 0: no grouping)")
     ap.add_argument("--bagua-transport", default="",
-                    choices=["", "auto", "engine", "socket"],
+                    choices=["", "auto", "engine"],
                     help="CPU: bagua's host transport (default: auto; engine with --link)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
     ap.add_argument("--build", default=os.environ.get("BAGUA_BUILD", os.path.join(ROOT, "build")))

@@ -137,7 +137,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
     // it through runBucket after all (its device work is on another stream).
     Bucket& bucket = buckets_[bi];
     bool deviceOrdered = false;
-    if (s.isOk() && options_.launchWithoutWaiting && bucket.device.type != DeviceType::kCpu) {
+    if (s.isOk() && bucket.device.type != DeviceType::kCpu) {
       s = stager_->orderCommAfterCopies(bucket, group_.global());
       deviceOrdered = s.isOk();
     }
@@ -146,8 +146,7 @@ void DistributedDataParallel::commLoop(std::stop_token stop) {
       ready = Clock::now();
     }
     if (s.isOk()) {
-      Result<WorkPtr> w = options_.launchWithoutWaiting ? impl_->launchBucket(bucket, group_)
-                                                        : Result<WorkPtr>(WorkPtr());
+      Result<WorkPtr> w = impl_->launchBucket(bucket, group_);
       if (!w.isOk()) {
         s = w.status();
       } else if (*w) {

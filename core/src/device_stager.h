@@ -118,7 +118,7 @@ class DeviceStager {
   // trainer's stream, so there is nothing left to order).
   Status releaseToTrainer();
 
-  // Device order instead of host waits (DdpOptions::launchWithoutWaiting): `comm`'s next
+  // Device order instead of host waits (buckets launched as one collective): `comm`'s next
   // collectives start after the bucket's copies (bucket thread), and the trainer's stream runs
   // its later work after every collective `comm` has issued (trainer thread, finishBackward).
   Status orderCommAfterCopies(const Bucket& bucket, Communicator& comm) {

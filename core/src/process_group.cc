@@ -117,9 +117,7 @@ Result<std::unique_ptr<Communicator>> createCommunicator(Backend backend, Store&
                                                                  : host::TransportKind::kAuto;
   } else {
     BAGUA_ASSIGN_OR_RETURN(std::string kind, coreParams().hostTransport.get());
-    ht.kind = kind == "engine"   ? host::TransportKind::kEngine
-              : kind == "socket" ? host::TransportKind::kSocket
-                                 : host::TransportKind::kAuto;
+    ht.kind = kind == "engine" ? host::TransportKind::kEngine : host::TransportKind::kAuto;
   }
   BAGUA_ASSIGN_OR_RETURN(auto transport, host::connectHostTransport(store, rank, size, ht));
   BAGUA_ASSIGN_OR_RETURN(

@@ -11,6 +11,7 @@
 #include "bagua/base/logging.h"
 #include "bagua/net/live_abi.h"
 #include "bagua/net/params.h"
+#include "bench_abi.h"
 #include "nccl_net_abi.h"
 #include "plugin_api.h"
 
@@ -332,6 +333,20 @@ ncclResult_t aGetLive(int* activeStreams, uint64_t* minChunkBytes, uint64_t* max
   });
 }
 
+// The benchmark's entry (bench_abi.h).
+static_assert(BAGUA_NET_BENCH_INVALID_USAGE == ncclInvalidUsage);
+static_assert(std::is_same_v<decltype(&baguaNetBenchSchedule_v1), baguaNetBenchSchedule_v1_t>);
+
+ncclResult_t aBenchSchedule(int roundRobin) {
+  return firewall(BAGUA_NET_BENCH_SCHEDULE_SYMBOL, [&]() -> Status {
+    if (roundRobin != 0 && roundRobin != 1) {
+      return BAGUA_ERROR(kInvalidArgument, "%s(%d): 0 (dynamic) or 1 (round-robin)",
+                         BAGUA_NET_BENCH_SCHEDULE_SYMBOL, roundRobin);
+    }
+    return setBenchSchedule(roundRobin == 1 ? Schedule::kRoundRobin : Schedule::kDynamic);
+  });
+}
+
 }  // namespace
 }  // namespace bagua::net::plugin
 
@@ -399,6 +414,9 @@ __attribute__((visibility("default"))) int baguaNetGetLive_v1(int* activeStreams
                                                               uint64_t* minChunkBytes,
                                                               uint64_t* maxChunkBytes) {
   return aGetLive(activeStreams, minChunkBytes, maxChunkBytes);
+}
+__attribute__((visibility("default"))) int baguaNetBenchSchedule_v1(int roundRobin) {
+  return aBenchSchedule(roundRobin);
 }
 
 }  // extern "C"

@@ -36,8 +36,6 @@ Result<EngineOptions> EngineOptions::fromParams() {
   BAGUA_ASSIGN_OR_RETURN(o.timeoutMs, p.timeoutMs.get());
   BAGUA_ASSIGN_OR_RETURN(o.spinUs, p.spinUs.get());
   BAGUA_ASSIGN_OR_RETURN(o.helloTimeoutMs, p.helloTimeoutMs.get());
-  BAGUA_ASSIGN_OR_RETURN(std::string schedule, p.schedule.get());
-  o.schedule = schedule == "roundrobin" ? Schedule::kRoundRobin : Schedule::kDynamic;
   BAGUA_ASSIGN_OR_RETURN(o.slowStreamBytesPerSec, p.slowStreamRate.get());
   BAGUA_ASSIGN_OR_RETURN(int64_t mbps, p.sendRateMbps.get());
   o.sendRateMbps = static_cast<uint64_t>(mbps);

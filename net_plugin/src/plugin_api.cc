@@ -66,6 +66,8 @@ struct Global {
   // while comms use them; cleared at the last finalize.
   std::deque<Device> devices;
   EngineOptions options;  // set at first init
+  // The schedule the next discover() gives options (setBenchSchedule); guarded by mu.
+  Schedule benchSchedule = Schedule::kDynamic;
   std::atomic<ncclDebugLogger_t> logger{nullptr};
 };
 
@@ -158,6 +160,10 @@ Status discover(Global& g) {
   NetParams& p = netParams();
   BAGUA_RETURN_IF_ERROR(p.loadAll());
   BAGUA_ASSIGN_OR_RETURN(g.options, EngineOptions::fromParams());
+  g.options.schedule = g.benchSchedule;
+  if (g.options.schedule == Schedule::kRoundRobin) {
+    BAGUA_LOG_INFO(kLogInit, "chunk schedule: round-robin (the benchmark's entry, bench_abi.h)");
+  }
   BAGUA_ASSIGN_OR_RETURN(std::string ifname, p.ifname.get());
   BAGUA_ASSIGN_OR_RETURN(std::string familyText, p.family.get());
   BAGUA_ASSIGN_OR_RETURN(int family, parseAddressFamily(familyText));
@@ -520,6 +526,17 @@ Status getLive(LiveSettings* live) {
     return BAGUA_ERROR(kInvalidArgument, "getLive(NULL)");
   }
   *live = processLiveSettings();
+  return Status::ok();
+}
+
+Status setBenchSchedule(Schedule schedule) {
+  Global& g = global();
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (g.refs > 0) {
+    return BAGUA_ERROR(kFailedPrecondition,
+                       "the benchmark schedule is set before init (the module is initialised)");
+  }
+  g.benchSchedule = schedule;
   return Status::ok();
 }
 

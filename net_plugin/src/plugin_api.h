@@ -68,6 +68,10 @@ Status getLive(LiveSettings* live);
 
 // Status -> ncclResult_t: peer gone -> ncclRemoteError, OS/network -> ncclSystemError, caller
 // mistakes -> ncclInvalidUsage, NCCL misusing the plugin / bugs -> ncclInternalError.
+// The benchmark's entry (bench_abi.h): the schedule of the engine the next init() sets up while
+// none is (FailedPrecondition while initialised). Not a user setting.
+Status setBenchSchedule(Schedule schedule);
+
 ncclResult_t toNcclResult(const Status& status);
 
 }  // namespace bagua::net::plugin

@@ -308,6 +308,50 @@ bool autotuneThisWrap(int request, const std::string& algorithm) {
   return on && (algorithm == "gradient_allreduce" || algorithm == "bytegrad");
 }
 
+// An algorithm whose buckets all go through runBucket: launchBucket declined, so the reducer
+// runs each bucket's collective to completion, waited for on the host, before the next
+// (EngineOptions(launch_without_waiting=False): the comparison point bench/ddp's
+// gradient_allreduce_sync measures what launching without waiting gains against).
+class RunEveryBucket final : public core::Algorithm {
+ public:
+  explicit RunEveryBucket(std::shared_ptr<core::Algorithm> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  Result<std::unique_ptr<core::AlgorithmImpl>> reify(core::ProcessGroup& group) override {
+    BAGUA_ASSIGN_OR_RETURN(std::unique_ptr<core::AlgorithmImpl> impl, inner_->reify(group));
+    return std::unique_ptr<core::AlgorithmImpl>(new Impl(std::move(impl)));
+  }
+
+ private:
+  using Ddp = core::DistributedDataParallel;
+  class Impl final : public core::AlgorithmImpl {
+   public:
+    explicit Impl(std::unique_ptr<core::AlgorithmImpl> inner) : in_(std::move(inner)) {}
+    bool needReset(Ddp& d) override { return in_->needReset(d); }
+    std::vector<core::TensorRef> initTensors(Ddp& d) override { return in_->initTensors(d); }
+    std::vector<std::vector<int>> tensorsToBuckets(const std::vector<core::TensorRef>& t,
+                                                   const core::BucketOptions& o) override {
+      return in_->tensorsToBuckets(t, o);
+    }
+    Status initOperations(core::Bucket& b) override { return in_->initOperations(b); }
+    Status runBucket(core::Bucket& b, core::ProcessGroup& g) override {
+      return in_->runBucket(b, g);
+    }
+    bool reducedBucketIsFinal() const override { return in_->reducedBucketIsFinal(); }
+    Status onForwardPre(Ddp& d) override { return in_->onForwardPre(d); }
+    Status onBackwardReady(Ddp& d, int t) override { return in_->onBackwardReady(d, t); }
+    Status onPostBackward(Ddp& d) override { return in_->onPostBackward(d); }
+    Status onPostOptimizerStep(Ddp& d) override { return in_->onPostOptimizerStep(d); }
+    Result<std::vector<uint8_t>> saveState(Ddp& d) override { return in_->saveState(d); }
+    Status restoreState(Ddp& d, std::span<const uint8_t> s) override {
+      return in_->restoreState(d, s);
+    }
+
+   private:
+    std::unique_ptr<core::AlgorithmImpl> in_;
+  };
+  std::shared_ptr<core::Algorithm> inner_;
+};
+
 class PyReducer {
  public:
   PyReducer(pyb::object group, const std::vector<ParamSpec>& params,
@@ -344,7 +388,6 @@ class PyReducer {
     o.rebuildBuckets = rebuildBuckets;
     o.paramsToIgnore = ignore;
     o.cudaStream = reinterpret_cast<CUstream_st*>(cudaStream);
-    o.launchWithoutWaiting = launchWithoutWaiting;
     std::vector<core::Optimizer*> opts;
     if (qadam != nullptr) {
       stateOnly_ = std::make_unique<StateOnlyOptimizer>(qadam->get());
@@ -357,6 +400,9 @@ class PyReducer {
       // autotune service does; the with_bagua bucket size is the starting point.
       tunable = std::make_shared<autotune::Tunable>(algo);
       algo = tunable;
+    }
+    if (!launchWithoutWaiting) {
+      algo = std::make_shared<RunEveryBucket>(algo);
     }
     Result<std::unique_ptr<core::DistributedDataParallel>> r =
         BAGUA_ERROR(kInternal, "not created");

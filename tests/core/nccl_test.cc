@@ -684,8 +684,9 @@ TEST(Nccl, ReducerInDeviceOrderInPlaceWithGradientsElsewhere) {
 // A host callback holds the trainer's stream (as a long backward kernel would) while the
 // gradients are marked: in device order, markGradReady and finishBackward must return while it
 // still holds (nothing waits for the stream on the host), and once released, the gradients read
-// on the trainer's stream are the reduced ones. The old order (launchWithoutWaiting = false)
-// cannot return before the release: that is checked too, so the test tells the two apart.
+// on the trainer's stream are the reduced ones. Host order (an algorithm without launchBucket,
+// each bucket waited for on the host and run through runBucket) cannot return before the
+// release: that is checked too, so the test tells the two apart.
 void holdCallback(void* arg) {
   auto* held = static_cast<std::atomic<bool>*>(arg);
   while (held->load(std::memory_order_acquire)) {
@@ -693,7 +694,22 @@ void holdCallback(void* arg) {
   }
 }
 
-void finishWhileStreamHeld(bool launchWithoutWaiting) {
+// Gradient all-reduce through runBucket only: the reducer waits for each bucket's copies on the
+// host before running it.
+class HostOrderedAllReduce final : public Algorithm {
+ public:
+  std::string name() const override { return "host_ordered_allreduce"; }
+  Result<std::unique_ptr<AlgorithmImpl>> reify(ProcessGroup& /*group*/) override {
+    struct Impl final : AlgorithmImpl {
+      Status runBucket(Bucket& b, ProcessGroup& g) override {
+        return allReduceBucket(b, g, /*hierarchical=*/false, /*average=*/true);
+      }
+    };
+    return std::unique_ptr<AlgorithmImpl>(new Impl);
+  }
+};
+
+void finishWhileStreamHeld(bool launched) {
   const int world = std::min(gpuCount(), 8);
   if (world == 0) {
     GTEST_SKIP() << "no CUDA device visible: device buckets run on the GPU machine only";
@@ -739,8 +755,11 @@ void finishWhileStreamHeld(bool launchWithoutWaiting) {
         d.firstBucketBytes = 1024;
         d.rebuildBuckets = false;
         d.cudaStream = trainer;
-        d.launchWithoutWaiting = launchWithoutWaiting;
-        auto ddp = withBagua(params, buffers, {}, std::make_shared<GradientAllReduce>(), **pg, d);
+        std::shared_ptr<Algorithm> algo = std::make_shared<HostOrderedAllReduce>();
+        if (launched) {
+          algo = std::make_shared<GradientAllReduce>();
+        }
+        auto ddp = withBagua(params, buffers, {}, algo, **pg, d);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -783,11 +802,11 @@ void finishWhileStreamHeld(bool launchWithoutWaiting) {
           return s.toString();
         }
         std::string out;
-        if (launchWithoutWaiting && (!stillHeld || secs > 1.0)) {
+        if (launched && (!stillHeld || secs > 1.0)) {
           out = strPrintf("device order: finishBackward returned after %.2f s, stream %s", secs,
                           stillHeld ? "still held" : "released");
         }
-        if (!launchWithoutWaiting && stillHeld) {
+        if (!launched && stillHeld) {
           out = "host order: finishBackward returned while the trainer's stream was held";
         }
         std::vector<float> got(2 * n);

@@ -451,20 +451,6 @@ TEST_P(DdpEquivalence, SmallBucketsAreRebuiltInReadyOrder) {
   }
 }
 
-// The same small buckets with every bucket's collective finished before the next starts
-// (DdpOptions::launchWithoutWaiting = false, each bucket through runBucket): the same reference.
-TEST_P(DdpEquivalence, SmallBucketsRunOneAtATimeMatchTheReferenceToo) {
-  RunSpec spec;
-  spec.ddp.gradientAsBucketView = GetParam();
-  spec.ddp.firstBucketBytes = 512;
-  spec.ddp.bucketCapMb = 4096.0 / (1024 * 1024);
-  spec.ddp.launchWithoutWaiting = false;
-  std::vector<RankResult> got;
-  ASSERT_EQ(ddpRun(spec, &got), "");
-  expectMatchesReference(got, referenceRun(spec));
-  EXPECT_EQ(got[0].layout.size(), 3u);
-}
-
 INSTANTIATE_TEST_SUITE_P(GradientAsBucketView, DdpEquivalence, ::testing::Bool());
 
 // ---- Buckets in place at the gradients' homes (Parameter::gradHome) ----------------------------
@@ -676,24 +662,6 @@ TEST(Ddp, LaunchableBucketsStartWithoutWaitingForEarlierOnes) {
   const DdpStats st = (*ddp)->stats();
   EXPECT_EQ(st.buckets, 4);
   EXPECT_EQ(st.iterations, 1);
-}
-
-TEST(Ddp, LaunchWithoutWaitingOffRunsEveryBucketThroughRunBucket) {
-  auto pg = oneRankGroup();
-  ASSERT_NE(pg, nullptr);
-  HeldModel m(2);
-  auto algo = std::make_shared<HeldAlgorithm>();
-  DdpOptions o;
-  o.rebuildBuckets = false;
-  o.launchWithoutWaiting = false;
-  auto ddp = withBagua(m.params, m.buffers, {}, algo, *pg, o);
-  ASSERT_TRUE(ddp.isOk()) << ddp.status().toString();
-  ASSERT_TRUE((*ddp)->prepareForward().isOk());
-  ASSERT_TRUE((*ddp)->markGradReady(1).isOk());
-  ASSERT_TRUE((*ddp)->markGradReady(0).isOk());
-  Status s = (*ddp)->finishBackward();
-  EXPECT_NE(s.toString().find("runBucket called"), std::string::npos) << s.toString();
-  EXPECT_TRUE(algo->started().empty());
 }
 
 TEST(Ddp, ALaunchedBucketThatNeverFinishesFailsFinishBackwardInTime) {

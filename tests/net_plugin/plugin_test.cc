@@ -32,6 +32,7 @@
 #include "bagua/base/params.h"
 #include "bagua/net/live_abi.h"
 #include "bagua_config.h"  // BAGUA_VERSION: the init line names the build
+#include "bench_abi.h"
 #include "nccl_net_abi.h"
 #include "net_test_util.h"
 
@@ -450,6 +451,7 @@ TEST(PluginSo, ExportsOnlyNcclNetAndTunerPluginSymbols) {
   }
   want.push_back("baguaNetGetLive_v1");  // the live-settings entry (bagua/net/live_abi.h)
   want.push_back("baguaNetSetLive_v1");
+  want.push_back("baguaNetBenchSchedule_v1");  // the benchmark's schedule entry (bench_abi.h)
   std::sort(want.begin(), want.end());
   EXPECT_EQ(exported, want);
 }
@@ -533,6 +535,77 @@ TEST(PluginSo, LiveSettingsEntry) {
   EXPECT_EQ(out,
             "set 0 | get 0 5 8192 524288 | refused 5 5 5 5 5 5 | kept 0 5 8192 524288 | "
             "cleared 0 0 0 0 0");
+}
+
+// Runs `trace` in a child process and returns what it wrote. A refused call logs a warning before
+// init, and the first line the log formats on a thread pins the module to that thread (the
+// thread's name is cached thread_local), which would keep PluginReload from seeing it unload.
+std::string inChild(const std::function<std::string()>& trace) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    return "pipe failed";
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    return "fork failed";
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    std::string t = trace();
+    ssize_t w = write(fds[1], t.data(), t.size());
+    _exit(w == static_cast<ssize_t>(t.size()) ? 0 : 3);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) {
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    out += " (child status " + std::to_string(status) + ")";
+  }
+  return out;
+}
+
+// The benchmark's schedule entry (bench_abi.h): a bad value refused; round-robin accepted before
+// init, logged by the init it applies to, refused while initialised; a round-robin module moves
+// every byte; accepted again after the last finalize.
+TEST(PluginSo, BenchScheduleEntry) {
+  const std::string path = pluginPath();
+  if (path.empty()) {
+    GTEST_SKIP() << "BAGUA_NET_PLUGIN_PATH not set";
+  }
+  const std::string out = inChild([&]() -> std::string {
+    setenv("NCCL_SOCKET_IFNAME", "=lo", 1);
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return std::string("dlopen: ") + dlerror();
+    }
+    auto set =
+        reinterpret_cast<baguaNetBenchSchedule_v1_t>(dlsym(lib, BAGUA_NET_BENCH_SCHEDULE_SYMBOL));
+    std::unique_ptr<Api> api = makeApi(lib, 11);
+    if (set == nullptr || api == nullptr) {
+      return "entry or table missing";
+    }
+    std::string t = "bad " + std::to_string(set(2));
+    t += " | rr " + std::to_string(set(1));
+    t += " | init " + std::to_string(api->init());
+    t += std::string(" | ") + (logContains("chunk schedule: round-robin") ? "logged" : "silent");
+    t += " | initialised " + std::to_string(set(0));
+    Conn c = connectPair(*api);
+    if (c.send != nullptr && c.recv != nullptr) {
+      transfer(*api, c, {10, 500000, 3 << 20}, 2);
+      closePair(*api, c);
+    }
+    t += ::testing::Test::HasFailure() ? " | transfer failed" : " | moved";
+    t += " | finalize " + std::to_string(api->finalize());
+    t += " | after " + std::to_string(set(0));
+    return t;
+  });
+  EXPECT_EQ(out, "bad 5 | rr 0 | init 0 | logged | initialised 5 | moved | finalize 0 | after 0");
 }
 
 class Plugin : public ::testing::TestWithParam<int> {

@@ -61,7 +61,7 @@ def test_check_passes_and_lists_good_settings():
      "an integer in [1, 64]"),
     ("BAGUA_NET_MAX_CHUNKSIZE", "1Q", "'1Q' has an unknown size suffix 'q' (use K, M, G or T)",
      "a byte size in [4 KiB, 1 GiB], optionally with a K/M/G/T suffix"),
-    ("BAGUA_NET_SCHEDULE", "fastest", "unknown name", "one of dynamic ("),
+    ("BAGUA_NET_DEVICES", "fastest", "unknown name", "one of per-interface ("),
     ("BAGUA_NET_TUNER_LL_MAX", "-1", None,
      "a byte size in [0, 1 GiB], optionally with a K/M/G/T suffix"),
     ("NCCL_SOCKET_FAMILY", "AF_UNIX", None, "empty, AF_INET or AF_INET6"),

@@ -26,6 +26,7 @@
 #include "bagua/base/params.h"
 #include "bagua/cli_support/cli.h"
 #include "bagua/net/socket_io.h"
+#include "bench_abi.h"
 #include "nccl_net_abi.h"
 
 namespace bagua::netbench {
@@ -306,16 +307,25 @@ inline ncclNet_v11_t* adapt(ncclNet_v6_t* t) {
 }  // namespace v6
 
 // The plugin, loaded like NCCL loads it: ncclNetPlugin_v11, else ncclNetPlugin_v6 (adapted). The
-// stream count and schedule go through our plugin's own environment variables (read at init), as
-// a user would set them; a foreign plugin ignores them.
+// stream count goes through our plugin's own environment variable (read at init), as a user
+// would set it, a foreign plugin ignores it; the schedule through the benchmark's entry
+// (bench_abi.h), which a plugin without it cannot run other than dynamically.
 class Plugin {
  public:
   Plugin(const std::string& path, int streams, const char* schedule) {
     setenv("BAGUA_NET_NSTREAMS", std::to_string(streams).c_str(), 1);
-    setenv("BAGUA_NET_SCHEDULE", schedule, 1);
     lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib_ == nullptr) {
       die(std::string("dlopen failed: ") + dlerror());
+    }
+    const bool roundRobin = std::string(schedule) == "roundrobin";
+    auto setSchedule =
+        reinterpret_cast<baguaNetBenchSchedule_v1_t>(dlsym(lib_, BAGUA_NET_BENCH_SCHEDULE_SYMBOL));
+    if (setSchedule != nullptr) {
+      check(static_cast<ncclResult_t>(setSchedule(roundRobin ? 1 : 0)), "the schedule entry");
+    } else if (roundRobin) {
+      die(path + " has no " BAGUA_NET_BENCH_SCHEDULE_SYMBOL ": it cannot run the round-robin " +
+          "cases (rr)");
     }
     net_ = static_cast<ncclNet_v11_t*>(dlsym(lib_, "ncclNetPlugin_v11"));
     if (net_ == nullptr) {

@@ -21,7 +21,7 @@
 // per bucket) when the process group's backend is NCCL and bagua was built with NCCL; gradients
 // are copied in and out with cudaMemcpyAsync on the trainer's stream (DdpOptions::cudaStream),
 // so in order after the kernels that wrote them, never through host memory. A bucket launched
-// as one collective (launchBucket, launchWithoutWaiting) is ordered on the device: its collective
+// as one collective (launchBucket) is ordered on the device: its collective
 // is enqueued at once, behind the bucket's "copied" event (recorded after its last copy) on the
 // communicator's stream, and when every bucket of the iteration went that way, finishBackward()
 // does not wait for them on the host either: the trainer's stream waits for the last collective
@@ -112,11 +112,6 @@ struct DdpOptions {
   // Device tensors: the cudaStream_t the trainer produces gradients on and reads them from
   // (nullptr: the legacy default stream). Gradient copies in and out are enqueued on it.
   CUstream_st* cudaStream = nullptr;
-  // Start a bucket whose algorithm can launch it as one collective (AlgorithmImpl::launchBucket)
-  // without waiting for the previous bucket's to finish, and (device buckets) order it on the
-  // device instead of the host (see above). false: every bucket through runBucket, one after the
-  // other, with host waits (the older, sequential reducer; kept for comparison).
-  bool launchWithoutWaiting = true;
   // Optimizers that implement BucketStepper step each bucket as soon as it is reduced, inside the
   // backward pass, when the algorithm leaves final gradients per bucket (see the file comment);
   // the optimizer may still decline per backward (its own switch, a GradScaler, ...). false: every

@@ -133,11 +133,9 @@ struct CoreParams : ParamCatalogue {
       {{"auto",
         "shared memory when every rank of the group is on this host and BAGUA_HOST_SHM "
         "is on, else the Bagua-Net engine"},
-       {"engine", "the Bagua-Net multi-stream TCP engine for every peer"},
-       {"socket",
-        "our own single-socket TCP mesh (with shm rings between local ranks when "
-        "BAGUA_HOST_SHM is on); for comparison"}},
-      "host backend: transport under the collectives"};
+       {"engine", "the Bagua-Net multi-stream TCP engine for every peer"}},
+      "host backend: transport under the collectives; engine forces the engine between ranks of "
+      "one host too"};
   EnumParam ncclStreamPriority{
       *this,
       "BAGUA_NCCL_STREAM_PRIORITY",

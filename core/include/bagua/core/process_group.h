@@ -30,11 +30,14 @@ class TcpStoreServer;
 
 enum class Backend { kHost, kNccl };
 
-// What the host backend's collectives run over (BAGUA_HOST_TRANSPORT).
+// What the host backend's collectives run over (BAGUA_HOST_TRANSPORT: auto or engine).
 enum class HostTransport {
   kAuto,    // shared memory when every rank of the group is on this host, else kEngine
   kEngine,  // the Bagua-Net multi-stream TCP engine (net_plugin)
-  kSocket,  // our own TCP mesh, with shm rings between local ranks when shared memory is on
+  // The socket mesh that kAuto uses for shared memory, forced: with shared memory off, our own
+  // single-socket TCP mesh between every pair. A comparison point for tests and benchmarks
+  // (bagua-allreduce-bench --transports socket); no parameter selects it.
+  kSocket,
 };
 
 struct ProcessGroupOptions {

@@ -118,8 +118,10 @@ struct EngineOptions {
   // lost wake-up can cost. Not a tuning knob (wake-ups are not lost); tests raise it so that a
   // lost one would show as a stall.
   int64_t parkRecheckMs = 20;
-  int64_t helloTimeoutMs = 10000;          // accepted sockets must say hello within this
-  Schedule schedule = Schedule::kDynamic;  // BAGUA_NET_SCHEDULE
+  int64_t helloTimeoutMs = 10000;  // accepted sockets must say hello within this
+  // Dynamic; round-robin is the comparison baseline of the benchmarks and tests (set in code:
+  // bagua-net-bench reaches the plugin's through src/bench_abi.h), not a parameter.
+  Schedule schedule = Schedule::kDynamic;
   // Fault injection for benchmarks and tests (BAGUA_NET_SLOW_STREAM_RATE): when non-zero, data
   // stream 0 of every send comm is paced to this many bytes/s by the kernel (SO_MAX_PACING_RATE),
   // i.e. one slow flow among fast ones, as on a congested path or a bad ECMP hash.

@@ -126,14 +126,6 @@ struct NetParams : ParamCatalogue {
                      "/sys/class/net/<if>/speed, else (lo, virtual NICs) 400000. NCCL "
                      "sizes its channel count from it: on loopback 400 Gbps gives 4 "
                      "channels and +60% all-reduce bandwidth over 100 Gbps (2 channels)."};
-  EnumParam schedule{*this,
-                     "BAGUA_NET_SCHEDULE",
-                     "dynamic",
-                     {{"dynamic", "the next chunk goes to whichever stream has room"},
-                      {"roundrobin",
-                       "chunk k to stream k mod N with an equal split (what NCCL Socket "
-                       "and the original Bagua-Net do); for comparison"}},
-                     "How chunks are spread over the data streams."};
   EnumParam devices{*this,
                     "BAGUA_NET_DEVICES",
                     "per-interface",
