@@ -1,5 +1,5 @@
-// The TCP store's wire protocol and per-connection logic, with no sockets: tcp_store.cc moves
-// the bytes, the fuzz target (tests/core/fuzz) feeds arbitrary ones.
+// The TCP store's wire protocol and per-connection logic, with no sockets: tcp_store_server.cc and
+// tcp_store_client.cc move the bytes, the fuzz target (tests/core/fuzz) feeds arbitrary ones.
 //
 // Every frame is a u32 little-endian body length, then the body. A connection opens with a
 // challenge-response under the job key's store key Ks = derive("store") (job_key.h):

@@ -355,7 +355,7 @@ INSTANTIATE_TEST_SUITE_P(HostBackendEngine, Collectives,
                          ::testing::Combine(::testing::Values(2, 3, 4, 8), kAllCollectives,
                                             ::testing::Values(Via::kEngine)),
                          caseName);
-// Our own TCP mesh (BAGUA_HOST_TRANSPORT=socket; it also carries the shm path's wake-ups).
+// Our own TCP mesh (HostTransport::kSocket; it also carries the shm path's wake-ups).
 INSTANTIATE_TEST_SUITE_P(HostBackendSocketTcp, Collectives,
                          ::testing::Combine(::testing::Values(3), kAllCollectives,
                                             ::testing::Values(Via::kSocketTcp)),
