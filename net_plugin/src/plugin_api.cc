@@ -533,7 +533,7 @@ Status setBenchSchedule(Schedule schedule) {
   Global& g = global();
   std::lock_guard<std::mutex> lock(g.mu);
   if (g.refs > 0) {
-    return BAGUA_ERROR(kFailedPrecondition,
+    return BAGUA_ERROR(kInvalidArgument,
                        "the benchmark schedule is set before init (the module is initialised)");
   }
   g.benchSchedule = schedule;

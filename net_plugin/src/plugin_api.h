@@ -69,7 +69,7 @@ Status getLive(LiveSettings* live);
 // Status -> ncclResult_t: peer gone -> ncclRemoteError, OS/network -> ncclSystemError, caller
 // mistakes -> ncclInvalidUsage, NCCL misusing the plugin / bugs -> ncclInternalError.
 // The benchmark's entry (bench_abi.h): the schedule of the engine the next init() sets up while
-// none is (FailedPrecondition while initialised). Not a user setting.
+// none is (InvalidArgument, the caller's misuse, while initialised). Not a user setting.
 Status setBenchSchedule(Schedule schedule);
 
 ncclResult_t toNcclResult(const Status& status);
