@@ -41,8 +41,11 @@ std::array<uint32_t, 256> makeCrcTable() {
 
 template <typename T>
 void put(Bytes& out, T v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
+  // resize + memcpy rather than insert(end, p, p + sizeof(T)): g++ 12 at -O3 (the release
+  // buildtype, with werror) reports a false -Warray-bounds on the inlined range insert.
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
 }
 
 void putString(Bytes& out, const std::string& s) {
