@@ -82,7 +82,7 @@ def main():
     args = ap.parse_args()
     launcher = os.path.join(args.build, "tools/baguarun/baguarun")
     demo = os.path.join(args.build, "tools/train_demo/bagua-train-demo")
-    bench = os.path.join(args.build, "tools/allreduce_bench/bagua-allreduce-bench")
+    bench = os.path.join(args.build, "bench/allreduce/bagua-allreduce-bench")
     base = [launcher, "--nproc_per_node", "4", "--master_port", "0"]
     results = {}  # (figure, keyed) -> [value per round]
 

@@ -34,11 +34,11 @@ for cfg in "baguarun" "torchrun"; do
   else
     RUN=("$PY" -m torch.distributed.run --nproc_per_node 2 --master_port "$PORT")
   fi
-  timeout 35 "${RUN[@]}" "$ROOT/python/bench/ddp_bench.py" \
+  timeout 35 "${RUN[@]}" "$ROOT/bench/ddp/mlp_step.py" \
     --device cuda --layers 8 --width 4096 --batch 64 --steps 30 --warmup 5 --rounds 3 \
     --json "$OUT/python-ddp-$cfg.json" > "$OUT/python-ddp-$cfg.log" 2>&1
   rc=$?
-  grep -E "^(ddp_bench|  )" "$OUT/python-ddp-$cfg.log" || { echo "ddp_bench ($cfg) rc=$rc"; tail -5 "$OUT/python-ddp-$cfg.log"; }
+  grep -E "^(mlp_step|  )" "$OUT/python-ddp-$cfg.log" || { echo "mlp_step ($cfg) rc=$rc"; tail -5 "$OUT/python-ddp-$cfg.log"; }
   cat "$OUT/python-ddp-$cfg.log" >> "$LOG"
 done
 # The whole pytest suite also runs in run.sh's test phase (meson suite 'python', GPUs visible);

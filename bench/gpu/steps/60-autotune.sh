@@ -10,7 +10,7 @@
 #     streams x chunk size), every result checked.
 # Env from bench/gpu/run.sh: ROOT, BUILD, OUT, PLUGIN_DIR.
 set -uo pipefail
-BENCH="$BUILD/tools/autotune_bench/bagua-autotune-bench"
+BENCH="$BUILD/bench/autotune/bagua-autotune-bench"
 [ -x "$BENCH" ] || { echo "bagua-autotune-bench not built"; exit 1; }
 timeout 110 "$BENCH" --numel=2048 --bwd_us=200 --iters=40 --rounds=4 --samples=14 \
   --window_s=1.0 --warmup_s=1 > "$OUT/autotune.log" 2>&1
@@ -18,7 +18,7 @@ cpu_rc=$?
 echo "cpu rc=$cpu_rc"
 grep -E '^(model|grid \(|autotune:|  default|  grid best|  autotuned|ratios)' "$OUT/autotune.log"
 
-LIVE="$BUILD/tools/autotune_bench/bagua-autotune-net-live-bench"
+LIVE="$BUILD/bench/autotune/bagua-autotune-net-live-bench"
 if [ ! -x "$LIVE" ]; then
   echo "bagua-autotune-net-live-bench not built (no CUDA/NCCL?)"
   exit 0

@@ -1,8 +1,8 @@
 """Step time of bagua's DistributedDataParallel against torch.nn.parallel.DistributedDataParallel
 on the same model, in the same processes, in the same run.
 
-    python3 python/bench/ddp_bench.py --nproc 2 --device cpu     # spawns the ranks itself
-    baguarun --nproc_per_node 2 -- python3 python/bench/ddp_bench.py --device cuda
+    python3 bench/ddp/mlp_step.py --nproc 2 --device cpu     # spawns the ranks itself
+    baguarun --nproc_per_node 2 -- python3 bench/ddp/mlp_step.py --device cuda
 
 Each rank builds the same MLP twice (seed 0): one wrapped by torch DDP (gloo on CPU, NCCL on
 CUDA, MASTER_PORT), one by bagua (with_bagua + GradientAllReduceAlgorithm, or the algorithm
@@ -137,7 +137,7 @@ def main():
                "bagua_ms": med["bagua"] * 1e3, "ratio_torch_over_bagua": med["torch"] / med["bagua"],
                "max_weight_diff": diff}
     if rank == 0:
-        print("ddp_bench {} x{} {} params={} algorithm={}".format(
+        print("mlp_step {} x{} {} params={} algorithm={}".format(
             args.device, world, "x".join([str(args.width)] * 2), params, args.algorithm))
         print("  torch DDP   median step {:.3f} ms".format(med["torch"] * 1e3))
         print("  bagua       median step {:.3f} ms".format(med["bagua"] * 1e3))
