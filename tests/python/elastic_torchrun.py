@@ -149,7 +149,6 @@ def test_node_lost_and_rejoined_on_torchrun():
         after = wait_for(lambda: progress(3, 1), 240, "3 nodes training on", agent_logs)
         first_step = after["steps"][min(after["steps"])]
         recovered = min(r["time"] for r in first_step.values()) - killed_at
-        relaunched = after["process_start"] - killed_at
         assert after["start"] > first["start"]
         set_pace(pace, 1.0)
         agents.append(agent(3))  # the node comes back: the world grows
@@ -171,9 +170,9 @@ def test_node_lost_and_rejoined_on_torchrun():
         check_exactly_once(steps)
         elastic = eval_losses(attempts)
         assert len(elastic) == EPOCHS and all(b < a for a, b in zip(elastic, elastic[1:])), elastic
-        print("world sequence {}, survivors training again {:.1f} s after the kill (new workers "
-              "started after {:.1f} s), epoch-end losses {}".format(
-                  worlds, recovered, relaunched, [round(x, 4) for x in elastic]))
+        # (No timing printed: bench/elastic_recovery.py measures the recovery time.)
+        print("world sequence {}, epoch-end losses {}".format(
+            worlds, [round(x, 4) for x in elastic]))
 
         # The uninterrupted run of the same job at world 4 (loopback, baguarun).
         exe = os.environ.get("BAGUA_TEST_BAGUARUN", "")
