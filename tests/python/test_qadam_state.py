@@ -11,6 +11,8 @@ from bagua.torch_api._ext import ext
 from bagua.torch_api.algorithms import q_adam
 from bagua.torch_api.communication import dtype_code
 
+import worker_base
+
 SHAPES = [(3, 5), (7,), (64, 33)]
 BETAS = (0.9, 0.999)
 
@@ -129,24 +131,9 @@ def test_cuda_state_equals_cpu_and_round_trip():
 # ---- Bagua's QAdamOptimizer contract -------------------------------------------------------------
 
 
-class BaguaNet(torch.nn.Module):
-    """Bagua's tests/torch_api/test_qadam.py model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(2, 10, bias=False)
-        self.fc2 = torch.nn.Linear(10, 50, bias=True)
-        self.fc3 = torch.nn.Linear(50, 4, bias=False)
-
-    def forward(self, x):
-        x = torch.relu(self.fc1(x))
-        x = torch.relu(self.fc2(x))
-        return torch.softmax(self.fc3(x), dim=1)
-
-
 def _train(opt_cls, flags, steps, seed=13, groups=False, sched=None):
     torch.manual_seed(seed)
-    model = BaguaNet()
+    model = worker_base.Net()  # Bagua's tests/torch_api/test_qadam.py model
     params = model.parameters()
     if groups:
         params = [{"params": [model.fc1.weight]},
