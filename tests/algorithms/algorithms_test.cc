@@ -176,43 +176,68 @@ void adamStep(std::vector<float>& x, const std::vector<float>& g, std::vector<fl
   }
 }
 
+// Each rank's final toy weights and QAdam step count (trainQAdamToy).
+struct QAdamToyRun {
+  std::vector<std::vector<float>> weights;
+  std::vector<int64_t> stepCounts;
+};
+
+// QAdam on the toy: `world` ranks (nodes of `localWorld`, sub-groups when `hierarchical`) train
+// `steps` iterations with QAdamOptimizer(o) and the qadam algorithm built with `args`, the
+// gradient of element i at a step being grad(rank, step, i).
+std::string trainQAdamToy(int world, int localWorld, bool hierarchical, const QAdamOptions& o,
+                          const AlgorithmArgs& args, int steps,
+                          const std::function<float(int rank, int step, size_t i)>& grad,
+                          QAdamToyRun* out) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  out->weights.assign(world, {});
+  out->stepCounts.assign(world, 0);
+  auto res = testing::runRanks(
+      world,
+      [&](int r) -> std::string {
+        auto pg = makeGroup(store, r, world, localWorld, hierarchical);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        Toy toy(r);
+        auto opt = QAdamOptimizer::create(toy.params, o);
+        if (!opt.isOk()) {
+          return opt.status().toString();
+        }
+        auto algo = createAlgorithm("qadam", args, opt->get());
+        if (!algo.isOk()) {
+          return algo.status().toString();
+        }
+        std::vector<Parameter> buffers;
+        auto ddp = core::withBagua(toy.params, buffers, {opt->get()}, *algo, **pg);
+        if (!ddp.isOk()) {
+          return ddp.status().toString();
+        }
+        for (int step = 0; step < steps; ++step) {
+          Status s = toyStep(**ddp, toy, [&](size_t i) { return grad(r, step, i); });
+          if (!s.isOk()) {
+            return strPrintf("step %d: %s", step, s.toString().c_str());
+          }
+        }
+        out->weights[r] = toy.flat();
+        out->stepCounts[r] = (*opt)->stepCount();
+        return "";
+      },
+      60s);
+  return testing::joinFailures(res);
+}
+
 TEST(QAdam, EqualsAdamDuringWarmup) {
+  QAdamOptions o;
+  o.warmupSteps = 2000;
+  o.weightDecay = 0.1f;
   for (int world : {1, 2}) {
-    auto store = std::make_shared<core::InMemoryStore>();
-    std::vector<std::vector<float>> got(world);
-    auto res = testing::runRanks(
-        world,
-        [&](int r) -> std::string {
-          auto pg = makeGroup(store, r, world, -1, false);
-          if (!pg.isOk()) {
-            return pg.status().toString();
-          }
-          Toy toy(r);
-          QAdamOptions o;
-          o.warmupSteps = 2000;
-          o.weightDecay = 0.1f;
-          auto opt = QAdamOptimizer::create(toy.params, o);
-          if (!opt.isOk()) {
-            return opt.status().toString();
-          }
-          auto algo = createAlgorithm("qadam", {{"hierarchical", "false"}}, opt->get());
-          std::vector<Parameter> buffers;
-          auto ddp = core::withBagua(toy.params, buffers, {opt->get()}, *algo, **pg);
-          if (!ddp.isOk()) {
-            return ddp.status().toString();
-          }
-          for (int step = 0; step < 30; ++step) {
-            // Identical on every rank, so the average is exact and Adam's input known.
-            Status s = toyStep(**ddp, toy, [&](size_t i) { return toyGrad(0, step, i); });
-            if (!s.isOk()) {
-              return s.toString();
-            }
-          }
-          got[r] = toy.flat();
-          return "";
-        },
-        60s);
-    ASSERT_EQ(testing::joinFailures(res), "");
+    // Identical on every rank, so the average is exact and Adam's input known.
+    QAdamToyRun run;
+    ASSERT_EQ(trainQAdamToy(
+                  world, -1, false, o, {{"hierarchical", "false"}}, 30,
+                  [](int, int step, size_t i) { return toyGrad(0, step, i); }, &run),
+              "");
     std::vector<float> x(toyNumel()), m(toyNumel(), 0.0f), v(toyNumel(), 0.0f), g(toyNumel());
     for (size_t i = 0; i < x.size(); ++i) {
       x[i] = initWeight(0, i);
@@ -224,56 +249,29 @@ TEST(QAdam, EqualsAdamDuringWarmup) {
       adamStep(x, g, m, v, t, 1e-3f, 0.1f);
     }
     for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(got[r], x) << "world " << world << " rank " << r;
+      EXPECT_EQ(run.weights[r], x) << "world " << world << " rank " << r;
     }
   }
 }
 
 TEST(QAdam, CompressedStageKeepsRanksIdenticalAndFinite) {
   constexpr int kWorld = 4;
-  auto store = std::make_shared<core::InMemoryStore>();
-  std::vector<std::vector<float>> got(kWorld);
-  std::vector<int64_t> steps(kWorld);
-  auto res = testing::runRanks(
-      kWorld,
-      [&](int r) -> std::string {
-        auto pg = makeGroup(store, r, kWorld, 2, true);
-        if (!pg.isOk()) {
-          return pg.status().toString();
-        }
-        Toy toy(r);
-        QAdamOptions o;
-        o.warmupSteps = 3;
-        o.lr = 0.01f;
-        auto opt = QAdamOptimizer::create(toy.params, o);
-        if (!opt.isOk()) {
-          return opt.status().toString();
-        }
-        auto algo = createAlgorithm("qadam", {}, opt->get());  // hierarchical by default
-        std::vector<Parameter> buffers;
-        auto ddp = core::withBagua(toy.params, buffers, {opt->get()}, *algo, **pg);
-        if (!ddp.isOk()) {
-          return ddp.status().toString();
-        }
-        for (int step = 0; step < 10; ++step) {
-          // Element 5 never gets a gradient in warm-up: v stays 0 there (Bagua #654's NaN).
-          Status s = toyStep(**ddp, toy, [&](size_t i) {
-            return i == 5 && step < 3 ? 0.0f : toyGrad(r, step, i);
-          });
-          if (!s.isOk()) {
-            return strPrintf("step %d: %s", step, s.toString().c_str());
-          }
-        }
-        got[r] = toy.flat();
-        steps[r] = (*opt)->stepCount();
-        return "";
-      },
-      60s);
-  ASSERT_EQ(testing::joinFailures(res), "");
+  QAdamOptions o;
+  o.warmupSteps = 3;
+  o.lr = 0.01f;
+  // Two nodes of 2, the algorithm hierarchical by default. Element 5 never gets a gradient in
+  // warm-up: v stays 0 there (Bagua #654's NaN).
+  QAdamToyRun run;
+  ASSERT_EQ(
+      trainQAdamToy(
+          kWorld, 2, true, o, {}, 10,
+          [](int r, int step, size_t i) { return i == 5 && step < 3 ? 0.0f : toyGrad(r, step, i); },
+          &run),
+      "");
   for (int r = 0; r < kWorld; ++r) {
-    EXPECT_EQ(steps[r], 10);
-    EXPECT_EQ(got[r], got[0]) << "rank " << r;
-    for (float f : got[r]) {
+    EXPECT_EQ(run.stepCounts[r], 10);
+    EXPECT_EQ(run.weights[r], run.weights[0]) << "rank " << r;
+    for (float f : run.weights[r]) {
       ASSERT_TRUE(std::isfinite(f));
     }
   }

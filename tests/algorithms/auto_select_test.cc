@@ -370,15 +370,10 @@ struct RankOutcome {
 // Trains `steps` steps with createAlgorithm("auto", args) on 2 ranks.
 std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
   constexpr int kWorld = 2;
-  auto store = std::make_shared<core::InMemoryStore>();
   std::vector<RankOutcome> out(kWorld);
-  auto res = testing::runRanks(
+  const std::string failures = testing::runHostRanks(
       kWorld,
-      [&](int r) -> std::string {
-        auto pg = testing::hostGroup(store, r, kWorld);
-        if (!pg.isOk()) {
-          return pg.status().toString();
-        }
+      [&](int r, core::ProcessGroup& group) -> std::string {
         example::MlpConfig cfg;
         cfg.sizes = {kIn, 64, 64, kClasses};
         cfg.seed = 5 + static_cast<uint64_t>(r);  // different on purpose: the wrap broadcasts
@@ -388,7 +383,7 @@ std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
         if (!algo.isOk()) {
           return algo.status().toString();
         }
-        auto ddp = core::withBagua(model.parameters(), model.buffers(), {&opt}, *algo, **pg);
+        auto ddp = core::withBagua(model.parameters(), model.buffers(), {&opt}, *algo, group);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -410,7 +405,7 @@ std::vector<RankOutcome> trainAuto(const AlgorithmArgs& args, int steps) {
         return "";
       },
       120s);
-  EXPECT_EQ(testing::joinFailures(res), "");
+  EXPECT_EQ(failures, "");
   return out;
 }
 

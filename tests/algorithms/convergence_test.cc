@@ -57,18 +57,13 @@ struct Outcome {
 };
 
 Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
-  auto store = std::make_shared<core::InMemoryStore>();
   Outcome out;
   std::vector<float> ex;
   std::vector<int32_t> ey;
   makeBatch(999999, 256, &ex, &ey);
-  auto res = testing::runRanks(
+  const std::string failures = testing::runHostRanks(
       kWorld,
-      [&](int r) -> std::string {
-        auto pg = testing::hostGroup(store, r, kWorld);
-        if (!pg.isOk()) {
-          return pg.status().toString();
-        }
+      [&](int r, core::ProcessGroup& group) -> std::string {
         example::Mlp model(config(r));
         std::unique_ptr<core::Optimizer> opt;
         QAdamOptimizer* qadam = nullptr;
@@ -89,7 +84,7 @@ Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
         if (!algo.isOk()) {
           return algo.status().toString();
         }
-        auto ddp = core::withBagua(model.parameters(), model.buffers(), {opt.get()}, *algo, **pg);
+        auto ddp = core::withBagua(model.parameters(), model.buffers(), {opt.get()}, *algo, group);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -117,7 +112,7 @@ Outcome trainWith(const std::string& name, const AlgorithmArgs& args) {
         return "";
       },
       120s);
-  EXPECT_EQ(testing::joinFailures(res), "") << name;
+  EXPECT_EQ(failures, "") << name;
   return out;
 }
 

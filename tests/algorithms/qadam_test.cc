@@ -98,17 +98,12 @@ struct RunResult {
 // Trains kSteps iterations on kWorld ranks (threads, host backend over loopback), the qadam
 // algorithm non-hierarchical, holdZeroVariance as given. Returns "" or the failures.
 std::string train(bool hold, RunResult* out) {
-  auto store = std::make_shared<core::InMemoryStore>();
   out->weights.assign(kWorld, {});
   out->v.assign(kWorld, {});
   out->trace.clear();
-  auto res = testing::runRanks(
+  const std::string failures = testing::runHostRanks(
       kWorld,
-      [&](int r) -> std::string {
-        auto pg = testing::hostGroup(store, r, kWorld);
-        if (!pg.isOk()) {
-          return pg.status().toString();
-        }
+      [&](int r, core::ProcessGroup& group) -> std::string {
         std::vector<std::vector<float>> data(2), grad(2);
         std::vector<Parameter> params(2);
         size_t base = 0;
@@ -137,7 +132,7 @@ std::string train(bool hold, RunResult* out) {
           return algo.status().toString();
         }
         std::vector<Parameter> buffers;
-        auto ddp = core::withBagua(params, buffers, {opt->get()}, *algo, **pg);
+        auto ddp = core::withBagua(params, buffers, {opt->get()}, *algo, group);
         if (!ddp.isOk()) {
           return ddp.status().toString();
         }
@@ -182,7 +177,7 @@ std::string train(bool hold, RunResult* out) {
         return "";
       },
       60s);
-  return testing::joinFailures(res);
+  return failures;
 }
 
 TEST(QAdamZeroVariance, DefaultEpsTrainsWithHoldAndBlowsUpWithout) {

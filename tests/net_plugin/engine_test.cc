@@ -30,15 +30,7 @@
 namespace bagua::net {
 namespace {
 
-using testing::connectPair;
-using testing::exchangeOne;
-using testing::fillPattern;
-using testing::firstMismatch;
-using testing::Pair;
-using testing::pollFor;
-using testing::testOptions;
-using testing::transfer;
-using testing::waitRequest;
+using namespace testing;  // engine_pair.h, net_test_util.h: bagua::net::testing
 
 // ---- loopback transfers ------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 #include "ddp_steps.h"
 
+#include "multi_rank.h"
+
 namespace bagua::testing {
 
 Result<std::unique_ptr<core::ProcessGroup>> hostGroup(std::shared_ptr<core::Store> store, int rank,
@@ -12,6 +14,23 @@ Result<std::unique_ptr<core::ProcessGroup>> hostGroup(std::shared_ptr<core::Stor
   po.rendezvousTimeout = std::chrono::milliseconds(20000);
   po.collectiveTimeout = collectiveTimeout;
   return core::ProcessGroup::create(std::move(store), po);
+}
+
+std::string runHostRanks(
+    int world, const std::function<std::string(int rank, core::ProcessGroup& group)>& body,
+    std::chrono::milliseconds timeout) {
+  auto store = std::make_shared<core::InMemoryStore>();
+  auto res = runRanks(
+      world,
+      [&](int r) -> std::string {
+        auto pg = hostGroup(store, r, world);
+        if (!pg.isOk()) {
+          return pg.status().toString();
+        }
+        return body(r, **pg);
+      },
+      timeout);
+  return joinFailures(res);
 }
 
 Result<float> mlpStep(core::DistributedDataParallel& ddp, core::Optimizer& opt, example::Mlp& model,

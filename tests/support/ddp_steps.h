@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "bagua/base/status.h"
@@ -23,6 +25,13 @@ namespace bagua::testing {
 Result<std::unique_ptr<core::ProcessGroup>> hostGroup(
     std::shared_ptr<core::Store> store, int rank, int world,
     std::chrono::milliseconds collectiveTimeout = std::chrono::milliseconds(20000));
+
+// Runs body(rank, group) on `world` ranks (threads, testing::runRanks) over one in-memory store,
+// each rank's hostGroup made first (an error there is that rank's failure); the joined failures
+// ("" when every rank passed). A rank still running after `timeout` is reported as hung.
+std::string runHostRanks(
+    int world, const std::function<std::string(int rank, core::ProcessGroup& group)>& body,
+    std::chrono::milliseconds timeout);
 
 // One training step of `model` through `ddp` on the batch (x: batch x inputs, y: labels), as a
 // training loop runs it: the optimizer's zeroGrad, prepareForward, forward, backward marking each
