@@ -119,7 +119,8 @@ def train(a, rank):
         steps = ddp._engine.steps()
         last_stepped.append(len(steps._stepped) if steps._stepped else 0)
         buckets = len(ddp.bucket_layout())
-        kept = opt.__dict__.get("_bagua_bucket_plans", {})
+        kept = {b: plan for b, plan in opt.__dict__.get("_bagua_fuse_plans", {}).items()
+                if b is not None}  # the buckets' plans (None: a whole step's)
         for plan in kept.values():
             if not any(plan is q for q in seen):
                 seen.append(plan)  # held, so that no later plan can reuse its id

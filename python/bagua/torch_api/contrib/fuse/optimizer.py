@@ -212,13 +212,14 @@ class _Plan:
 
 
 def _retire_plan(optimizer, buckets=True):
-    """Retires the whole-step plan and (``buckets``) the plans of the buckets stepped inside
-    the backward pass."""
-    plan = optimizer.__dict__.pop("_bagua_fuse_plan", None)
-    if plan is not None:
-        plan.retire(optimizer.state)
-    if buckets:
-        for plan in optimizer.__dict__.pop("_bagua_bucket_plans", {}).values():
+    """Retires the whole-step plan (key None of ``_bagua_fuse_plans``) and (``buckets``) the
+    plans of the buckets stepped inside the backward pass (keyed by bucket index)."""
+    plans = optimizer.__dict__.get("_bagua_fuse_plans")
+    if not plans:
+        return
+    for key in list(plans) if buckets else [None]:
+        plan = plans.pop(key, None)
+        if plan is not None:
             plan.retire(optimizer.state)
 
 
@@ -255,41 +256,29 @@ def _planned_fuse_step(optimizer, closure):
     """A whole fused step (every group), reusing the kept plan while the layout holds: the same
     result as _fuse_and_step's (element-wise optimizers: bitwise), without re-deriving the
     fusion and moving the state in and out every step."""
-    plan = optimizer.__dict__.get("_bagua_fuse_plan")
-    if plan is not None and plan.key != _layout_key(optimizer):
-        _retire_plan(optimizer)
-        plan = None
     raw = optimizer.__dict__.get("_bagua_unguarded_step", optimizer.step)
-    step = (lambda: raw(closure)) if closure else raw
-    if plan is not None:
-        return _with_groups(plan.fusion, step), plan.fusion.fused_groups
-    fusion = _fuse(optimizer)
-    keep = bool(fusion.runs) and fusion.aliased
-    try:
-        loss = _with_groups(fusion, step)
-    finally:
-        with torch.no_grad():
-            _unfuse_state(optimizer.state, fusion, keep=keep)
-    if keep:
-        _guard(optimizer)
-        optimizer._bagua_fuse_plan = _Plan(_layout_key(optimizer), fusion)
-    return loss, fusion.fused_groups
+    return _planned_step(optimizer, (lambda: raw(closure)) if closure else raw)
 
 
 def _planned_bucket_step(optimizer, step, subsets, bucket):
-    """_fuse_and_step over one bucket's parameters (``subsets``, per group) inside the backward
-    pass (data_parallel/step_in_backward.py), keeping that bucket's fusion from one step to the
-    next while its layout holds, as _planned_fuse_step does for a whole step: no fusion derived,
-    no state moved and no scalar state compared (a device synchronisation for a torch fused
+    """One bucket's parameters (``subsets``, per group) stepped inside the backward pass
+    (data_parallel/step_in_backward.py) through that bucket's kept plan: no fusion derived, no
+    state moved and no scalar state compared (a device synchronisation for a torch fused
     optimizer's ``step`` tensors) while the backward pass runs. The buckets hold disjoint
     parameters, so their plans coexist; every guarded method retires them all."""
     if getattr(step, "_bagua_guard", False):
         step = optimizer.__dict__.get("_bagua_unguarded_step", step)
-    plans = optimizer.__dict__.setdefault("_bagua_bucket_plans", {})
-    key = _layout_key(optimizer, subsets)
-    plan = plans.get(bucket)
-    if plan is not None and plan.key != key:
-        plans.pop(bucket).retire(optimizer.state)
+    return _planned_step(optimizer, step, subsets, bucket)
+
+
+def _planned_step(optimizer, step, subsets=None, key=None):
+    """_fuse_and_step(optimizer, step, subsets), keeping the fusion in
+    ``optimizer._bagua_fuse_plans[key]`` (None: the whole step; a bucket's index) while its
+    layout holds. Returns (the step's result, the indices of the groups with a fused run)."""
+    plans = optimizer.__dict__.setdefault("_bagua_fuse_plans", {})
+    plan = plans.get(key)
+    if plan is not None and plan.key != _layout_key(optimizer, subsets):
+        plans.pop(key).retire(optimizer.state)
         plan = None
     if plan is not None:
         return _with_groups(plan.fusion, step), plan.fusion.fused_groups
@@ -303,7 +292,7 @@ def _planned_bucket_step(optimizer, step, subsets, bucket):
     if keep:
         _guard(optimizer)
         # The state's keys as they are after this step (a first step creates them).
-        plans[bucket] = _Plan(_layout_key(optimizer, subsets), fusion)
+        plans[key] = _Plan(_layout_key(optimizer, subsets), fusion)
     return loss, fusion.fused_groups
 
 
