@@ -8,7 +8,8 @@ and shows whether a preset can reach a margin inside a step cap at all.
 
 One line per evaluation; at the end, per setting, the first step at which the loss came within
 each margin of --margins of the floor (``-`` if never). The batch is the global one (a rank's
-batch times the ranks of the cell it stands for); the data and held-out set are tta.py's.
+batch times the ranks of the cell it stands for); the batches, the held-out set and the
+evaluation are tta.py's (its LMTask as rank 0 sees it, in blocks of --eval-every steps).
 """
 
 import argparse
@@ -16,9 +17,9 @@ import itertools
 import time
 
 import torch
-import torch.nn.functional as F
 
 import models
+import tta
 
 
 def main():
@@ -36,14 +37,12 @@ def main():
     args = ap.parse_args()
 
     dev = torch.device(args.device)
-    _, _, _, _, seq, batch = models.LM_PRESETS[args.preset]
-    batch = args.batch or batch
-    chain = models.lm_chain(args.preset)
-    floor = chain.loss_floor(seq)
-    held = chain.sample(args.eval_batches * batch, seq + 1, seed=999).to(dev)
+    task = tta.LMTask(argparse.Namespace(preset=args.preset, batch=args.batch, lm_margin=0.0,
+                                         eval_batches=args.eval_batches), 0, dev)
+    floor = task.floor
     margins = [float(m) for m in args.margins.split(",")]
     print("preset {} batch {} x {} tokens; chain floor {:.4f} nats".format(
-        args.preset, batch, seq, floor), flush=True)
+        args.preset, task.batch, task.seq, floor), flush=True)
 
     summary = []
     for lr, warm in itertools.product([float(x) for x in args.lrs.split(",")],
@@ -53,28 +52,26 @@ def main():
         opt = torch.optim.Adam(model.parameters(), lr=lr)
         first = {m: None for m in margins}
         t0 = time.time()
-        for step in range(1, args.steps + 1):
-            if warm:
-                for g in opt.param_groups:
-                    g["lr"] = lr * min(1.0, step / warm)
-            toks = chain.sample(batch, seq + 1, seed=1000 * 1000003 + step).to(dev)
-            loss = F.cross_entropy(model(toks[:, :-1]).flatten(0, 1), toks[:, 1:].flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step % args.eval_every == 0 or step == args.steps:
-                model.eval()
-                with torch.no_grad():
-                    ev = sum(float(F.cross_entropy(model(x[:, :-1]).flatten(0, 1),
-                                                   x[:, 1:].flatten()))
-                             for x in held.split(batch)) / args.eval_batches
-                model.train()
-                for m in margins:
-                    if first[m] is None and ev <= floor + m:
-                        first[m] = step
-                print("lr {:g} warm-up {} step {:4d}: train {:.3f} eval {:.3f} (+{:.3f}) "
-                      "[{:.1f} s]".format(lr, warm, step, float(loss), ev, ev - floor,
-                                          time.time() - t0), flush=True)
+        step = 0
+        while step < args.steps:
+            for batch in task.block(step, min(args.eval_every, args.steps - step)):
+                step += 1
+                if warm:
+                    tta._warm_lr(opt, lr * min(1.0, step / warm))
+                loss = tta._loss(argparse.Namespace(model="transformer"), model, batch)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            model.eval()
+            with torch.no_grad():
+                ev = task.evaluate(model)
+            model.train()
+            for m in margins:
+                if first[m] is None and ev <= floor + m:
+                    first[m] = step
+            print("lr {:g} warm-up {} step {:4d}: train {:.3f} eval {:.3f} (+{:.3f}) "
+                  "[{:.1f} s]".format(lr, warm, step, float(loss), ev, ev - floor,
+                                      time.time() - t0), flush=True)
         summary.append((lr, warm, first))
     print("\nfirst step within a margin of the floor ({:.4f} nats):".format(floor))
     print("lr       warm-up  " + "  ".join("+{:<5g}".format(m) for m in margins))
