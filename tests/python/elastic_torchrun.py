@@ -142,13 +142,10 @@ def test_node_lost_and_rejoined_on_torchrun():
 
         agents = [agent(i) for i in range(4)]
         first = wait_for(lambda: progress(4, 3), 150, "4 nodes training", agent_logs)
-        killed_at = time.time()
         nodes.kill_node(3)
         # A bound against a hang only (recovery takes about 23 s on a quiet 2-core machine;
         # bench/elastic_recovery.py measures it): what is asserted is that the survivors train on.
         after = wait_for(lambda: progress(3, 1), 240, "3 nodes training on", agent_logs)
-        first_step = after["steps"][min(after["steps"])]
-        recovered = min(r["time"] for r in first_step.values()) - killed_at
         assert after["start"] > first["start"]
         set_pace(pace, 1.0)
         agents.append(agent(3))  # the node comes back: the world grows
