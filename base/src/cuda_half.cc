@@ -29,7 +29,8 @@ Status loadCudaHalf(const CudaHalfSpec& spec, bool (*registered)(const void* hal
                     const void* half) {
   if (spec.soname == nullptr) {
     return BAGUA_ERROR(kFailedPrecondition,
-                       "%s was not built (it needs %s at configure time); %s, or configure with %s",
+                       "%s was not built (bagua was configured without %s); %s, or configure "
+                       "with %s",
                        spec.what, spec.links, spec.instead, spec.configure);
   }
   static std::mutex mu;

@@ -12,7 +12,8 @@
 #     epoch; then every CUDA path refused with the error that names what is missing (the loader
 #     falling back to mlock), and no CUDA or NCCL library loaded;
 #  4. where the build has CUDA halves, the program in the build tree (each half beside its
-#     library) asking for each library's CUDA path loads that library's half.
+#     library) asking for each library's CUDA path loads that library's half; with a GPU
+#     (nvidia-smi lists one), MinMaxUInt8 on device memory equals the host kernel's bytes.
 # usage: cpu_only_link_test.sh PROGRAM CORE_WORDS ALGO_WORDS OPTIM_WORDS 'HALVES'
 #   PROGRAM     the build tree's cpu_only_program, linked with the shared libraries
 #   *_WORDS     what the CUDA path's error of core, algorithms and optimizer must contain (step 3)
@@ -71,5 +72,10 @@ if [ -n "$halves" ]; then
   for h in $halves; do
     grep -q "libbagua_${h}_cuda loaded" "$T/out" || fail "build-tree: no load line for $h"
   done
+  # With a GPU, the kernels run through the shared libraries (cpu_only_program.cc).
+  if [[ " $halves " == *" algorithms "*" optimizer "* ]] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    [ "$(grep -c 'MinMaxUInt8 on cuda:0 equals the host bytes' "$T/out")" = 2 ] \
+      || fail "build-tree: a GPU is visible but not both ranks ran MinMaxUInt8 on it"
+  fi
 fi
 echo "PASS"

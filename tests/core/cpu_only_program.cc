@@ -12,7 +12,8 @@
 //   cpu_only_program loads HALF...             (the CUDA halves beside their libraries) asking for
 //                                              the CUDA path of each library named (core,
 //                                              algorithms, optimizer, loader) must load its
-//                                              libbagua_<lib>_cuda
+//                                              libbagua_<lib>_cuda; with a GPU, MinMaxUInt8 on
+//                                              device memory must equal the host bytes
 //
 // Exit 0 when every check held, 1 with a message on stderr otherwise, 2 for bad usage.
 #include <link.h>
@@ -233,6 +234,56 @@ std::string loadOnHost(int rank) {
   return "";
 }
 
+// With the algorithms' and optimizer's CUDA halves loaded: MinMaxUInt8 on device memory (made
+// and copied through the optimizer's cuda.h) must write the host kernel's bytes, bit for bit.
+// Without a GPU the allocation fails with the runtime's reason, which is returned as "skipped".
+std::string deviceRoundTrip(int rank, bool* skipped) {
+  const size_t numel = 1000, chunks = 3;
+  std::vector<float> host(numel);
+  for (size_t i = 0; i < numel; ++i) {
+    host[i] = static_cast<float>((i * 37 + static_cast<size_t>(rank) * 11) % 101) / 7.0f - 5.0f;
+  }
+  std::vector<uint8_t> want(bagua::algo::minMaxCompressedBytes(numel, chunks));
+  if (Status s = bagua::algo::minMaxCompress(host.data(), numel, chunks, want.data(), want.size());
+      !s.isOk()) {
+    return "host compress: " + s.message();
+  }
+  const size_t wsBytes = bagua::algo::minMaxCudaWorkspaceBytes(numel, chunks);
+  void* src = nullptr;
+  void* dst = nullptr;
+  void* ws = nullptr;
+  Status s = bagua::optim::cudaAllocZeroed(0, numel * sizeof(float), &src);
+  if (!s.isOk()) {
+    *skipped = true;
+    return s.message();
+  }
+  s = bagua::optim::cudaAllocZeroed(0, want.size(), &dst);
+  if (s.isOk()) {
+    s = bagua::optim::cudaAllocZeroed(0, wsBytes, &ws);
+  }
+  std::vector<uint8_t> got(want.size());
+  if (s.isOk()) {
+    s = bagua::optim::cudaCopy(0, src, host.data(), numel * sizeof(float), 1);
+  }
+  if (s.isOk()) {
+    s = bagua::algo::minMaxCompressCuda(static_cast<const float*>(src), numel, chunks,
+                                        static_cast<uint8_t*>(dst), got.size(), ws, wsBytes);
+  }
+  if (s.isOk()) {  // a synchronous copy on the legacy stream: after the kernel
+    s = bagua::optim::cudaCopy(0, got.data(), dst, got.size(), 2);
+  }
+  for (void* p : {src, dst, ws}) {
+    bagua::optim::cudaRelease(0, p);
+  }
+  if (!s.isOk()) {
+    return "device compress: " + s.message();
+  }
+  if (got != want) {
+    return "MinMaxUInt8 on cuda:0 wrote other bytes than the host kernel";
+  }
+  return "";
+}
+
 // One rank: joins the 2-rank group, runs the CPU paths, and asks for the CUDA ones (the NCCL
 // backend on rank 0 only: it needs a store of its own).
 int runRank(int rank, int port, const Mode& mode) {
@@ -341,6 +392,17 @@ int runRank(int rank, int port, const Mode& mode) {
       return failed(who, "pinned batch memory from " + pinned + ", not mlock");
     }
     cuda += "; pinned memory from mlock";
+  }
+  if (!mode.refused && mode.wants("algorithms") && mode.wants("optimizer")) {
+    bool skipped = false;
+    const std::string e = deviceRoundTrip(rank, &skipped);
+    if (skipped) {
+      cuda += "; no device round trip (" + e + ")";
+    } else if (!e.empty()) {
+      return failed(who, e);
+    } else {
+      cuda += "; MinMaxUInt8 on cuda:0 equals the host bytes";
+    }
   }
   if (!mode.refused) {
     for (const std::string& lib : mode.halves) {
