@@ -33,7 +33,6 @@
 #include "bagua/algorithms/compression.h"
 #include "bagua/algorithms/cuda_compression.h"
 #include "bagua/core/ddp.h"
-#include "bagua/core/example_mlp.h"
 #include "bagua/core/process_group.h"
 #include "bagua/core/store.h"
 #include "bagua/loader/batch_sampler.h"
@@ -43,6 +42,7 @@
 #include "bagua/loader/sampler.h"
 #include "bagua/optimizer/cuda.h"
 #include "bagua/optimizer/elementwise.h"
+#include "example_mlp.h"
 
 namespace {
 
@@ -101,10 +101,10 @@ std::string refusal(const Status& s, const std::string& words) {
 // algorithms + optimizer on the host: 5 steps of a small MLP under ByteGrad with a fused SGD.
 // ByteGrad all-reduces the same compressed average on both ranks, so their weights stay equal.
 std::string trainOnHost(ProcessGroup& pg, int rank) {
-  example::MlpConfig mc;
+  bagua::example::MlpConfig mc;
   mc.sizes = {8, 16, 4};
   mc.seed = 11 + static_cast<uint64_t>(rank);  // different: withBagua broadcasts rank 0's
-  example::Mlp model(mc);
+  bagua::example::Mlp model(mc);
   bagua::optim::SgdRule::Hyper h;
   h.lr = 0.05;
   h.momentum = 0.9;
