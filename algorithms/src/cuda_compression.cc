@@ -1,12 +1,11 @@
-// Host side of the CUDA kernels: argument checks and Status mapping (the kernels themselves are
-// in cuda/minmax_kernels.cu, compiled by nvcc).
+// Host side of the CUDA kernels: argument checks, then the kernels (cuda/minmax_kernels.cu) through
+// the algorithms' CUDA half (cuda_kernels.h), loaded on the first call.
 #include "bagua/algorithms/cuda_compression.h"
 
 #include <cstdint>
 
 #include "bagua/algorithms/compression.h"
-#include "bagua/base/cuda_check.h"
-#include "cuda/minmax_kernels.h"
+#include "cuda_kernels.h"
 
 namespace bagua::algo {
 
@@ -23,7 +22,7 @@ Status checkAligned(const void* p, const char* name, const char* what) {
 }  // namespace
 
 bool cudaCompressionAvailable() {
-  return true;
+  return detail::cudaKernels().isOk();
 }
 
 // Per chunk, one 16-byte accumulator (max, min, non-finite flag, a counter; see
@@ -51,9 +50,10 @@ Status minMaxCompressCuda(const float* src, size_t numel, size_t chunks, uint8_t
     return BAGUA_ERROR(kInvalidArgument, "minMaxCompressCuda: workspace of %zu bytes, need %zu",
                        workspaceBytes, minMaxCudaWorkspaceBytes(numel, chunks));
   }
-  const int err = cudakernels::compress(src, numel, chunks, dst, static_cast<float*>(workspace),
-                                        targetChunk, stream);
-  return cudaStatus(static_cast<cudaError_t>(err), "minMaxCompressCuda", __FILE__, __LINE__);
+  BAGUA_ASSIGN_OR_RETURN(detail::CudaKernels * k, detail::cudaKernels());
+  const int err =
+      k->compress(src, numel, chunks, dst, static_cast<float*>(workspace), targetChunk, stream);
+  return k->status(err, "minMaxCompressCuda", __FILE__, __LINE__);
 }
 
 Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel, size_t chunks,
@@ -62,8 +62,9 @@ Status minMaxDecompressCuda(const uint8_t* src, size_t srcBytes, size_t numel, s
       minMaxCheckArgs(numel, chunks, srcBytes, targetChunk, "minMaxDecompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(src, "compressed buffer", "minMaxDecompressCuda"));
   BAGUA_RETURN_IF_ERROR(checkAligned(dst, "destination", "minMaxDecompressCuda"));
-  const int err = cudakernels::decompress(src, numel, chunks, dst, targetChunk, stream);
-  return cudaStatus(static_cast<cudaError_t>(err), "minMaxDecompressCuda", __FILE__, __LINE__);
+  BAGUA_ASSIGN_OR_RETURN(detail::CudaKernels * k, detail::cudaKernels());
+  const int err = k->decompress(src, numel, chunks, dst, targetChunk, stream);
+  return k->status(err, "minMaxDecompressCuda", __FILE__, __LINE__);
 }
 
 }  // namespace bagua::algo

@@ -4,11 +4,8 @@
 
 #include "bagua/algorithms/algorithms.h"
 #include "bagua/base/logging.h"
+#include "cuda_kernels.h"
 #include "vec_ops.h"
-
-#if BAGUA_ALGO_WITH_NCCL
-#include <nccl.h>
-#endif
 
 namespace bagua::algo {
 
@@ -89,15 +86,9 @@ class GradientAllReduceImpl final : public core::AlgorithmImpl {
 }  // namespace
 
 int GradientAllReduce::ncclVersion() {
-#if BAGUA_ALGO_WITH_NCCL
-  int v = 0;
-  if (ncclGetVersion(&v) != ncclSuccess) {
-    return 0;
-  }
-  return v;
-#else
-  return 0;
-#endif
+  // From the CUDA half (it links NCCL); 0 where it is absent, as for an unknown version.
+  Result<detail::CudaKernels*> k = detail::cudaKernels();
+  return k.isOk() ? (*k)->ncclVersion() : 0;
 }
 
 Result<std::unique_ptr<core::AlgorithmImpl>> GradientAllReduce::reify(core::ProcessGroup& group) {

@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#if BAGUA_ALGO_WITH_CUDA
-#include "bagua/base/cuda_check.h"
-#include "cuda/vector_kernels.h"
-#endif
+#include "cuda_kernels.h"
 
 namespace bagua::algo::detail::psgd {
 
@@ -18,30 +15,28 @@ using algo::psgd::kRowsPerTile;
 
 namespace {
 
-#if BAGUA_ALGO_WITH_CUDA
-Status onDevice(int err, const char* what) {
+// The kernels' entry points return cudaError_t values as int (cuda_kernels.h).
+Status onDevice(CudaKernels& k, int err, const char* what) {
   if (err == 0) {
     return Status::ok();
   }
-  return cudaStatus(static_cast<cudaError_t>(err), strPrintf("powersgd: %s", what), __FILE__,
-                    __LINE__);
+  return k.status(err, strPrintf("powersgd: %s", what), __FILE__, __LINE__);
 }
-#define BAGUA_PSGD_DEVICE(x, what, call)                                                       \
-  do {                                                                                         \
-    BAGUA_RETURN_IF_ERROR(onDevice(cudakernels::setDevice((x).deviceIndex), "cudaSetDevice")); \
-    return onDevice((call), (what));                                                           \
+// Runs `call` (an expression over `k`, the CUDA half) on x's device.
+#define BAGUA_PSGD_DEVICE(x, what, call)                                               \
+  do {                                                                                 \
+    BAGUA_ASSIGN_OR_RETURN(CudaKernels* kp, cudaKernels());                            \
+    CudaKernels& k = *kp;                                                              \
+    BAGUA_RETURN_IF_ERROR(onDevice(k, k.setDevice((x).deviceIndex), "cudaSetDevice")); \
+    return onDevice(k, (call), (what));                                                \
   } while (0)
-#else
-#define BAGUA_PSGD_DEVICE(x, what, call) \
-  return BAGUA_ERROR(kFailedPrecondition, "powersgd: %s on a device: built without CUDA", what)
-#endif
 
 template <class T>
 const T* dev(const Buffer& b) {
   return reinterpret_cast<const T*>(const_cast<Buffer&>(b).u8());
 }
 
-[[maybe_unused]] int count(const std::vector<Tile>& tiles) {
+int count(const std::vector<Tile>& tiles) {
   return static_cast<int>(tiles.size());
 }
 
@@ -138,8 +133,8 @@ Status project(const Exec& x, const Layout& l, float* flat, float* err, const fl
     return Status::ok();
   }
   BAGUA_PSGD_DEVICE(x, "P = M Q",
-                    cudakernels::psgdProject(flat, err, q, p, dev<Matrix>(l.dMatrices),
-                                             dev<Tile>(l.dRowTiles), count(l.rowTiles)));
+                    k.psgdProject(flat, err, q, p, dev<Matrix>(l.dMatrices), dev<Tile>(l.dRowTiles),
+                                  count(l.rowTiles)));
 }
 
 Status orthogonalize(const Exec& x, const Layout& l, float* buf, Factor which, float eps,
@@ -188,10 +183,10 @@ Status orthogonalize(const Exec& x, const Layout& l, float* buf, Factor which, f
     }
     return Status::ok();
   }
-  BAGUA_PSGD_DEVICE(x, "orthogonalisation",
-                    cudakernels::psgdOrthogonalize(
-                        buf, dev<Matrix>(l.dMatrices), static_cast<int>(l.matrices.size()),
-                        which == Factor::kP ? 0 : 1, eps, redraw, seed, generation));
+  BAGUA_PSGD_DEVICE(
+      x, "orthogonalisation",
+      k.psgdOrthogonalize(buf, dev<Matrix>(l.dMatrices), static_cast<int>(l.matrices.size()),
+                          which == Factor::kP ? 0 : 1, eps, redraw, seed, generation));
 }
 
 Status backProject(const Exec& x, const Layout& l, const float* flat, const float* p,
@@ -218,9 +213,9 @@ Status backProject(const Exec& x, const Layout& l, const float* flat, const floa
     }
     return Status::ok();
   }
-  BAGUA_PSGD_DEVICE(x, "Q = M^T P",
-                    cudakernels::psgdBackProject(
-                        flat, p, partials, q, dev<Matrix>(l.dMatrices), dev<Tile>(l.dQTiles),
+  BAGUA_PSGD_DEVICE(
+      x, "Q = M^T P",
+      k.psgdBackProject(flat, p, partials, q, dev<Matrix>(l.dMatrices), dev<Tile>(l.dQTiles),
                         count(l.qTiles), dev<Tile>(l.dQReduceTiles), count(l.qReduceTiles)));
 }
 
@@ -250,8 +245,8 @@ Status reconstruct(const Exec& x, const Layout& l, float* flat, float* err, cons
     return Status::ok();
   }
   BAGUA_PSGD_DEVICE(x, "P Q^T",
-                    cudakernels::psgdReconstruct(flat, err, p, q, dev<Matrix>(l.dMatrices),
-                                                 dev<Tile>(l.dElemTiles), count(l.elemTiles)));
+                    k.psgdReconstruct(flat, err, p, q, dev<Matrix>(l.dMatrices),
+                                      dev<Tile>(l.dElemTiles), count(l.elemTiles)));
 }
 
 Status fillRandom(const Exec& x, const Layout& l, float* q, uint64_t seed, uint64_t generation) {
@@ -265,10 +260,9 @@ Status fillRandom(const Exec& x, const Layout& l, float* q, uint64_t seed, uint6
     }
     return Status::ok();
   }
-  BAGUA_PSGD_DEVICE(
-      x, "random Q",
-      cudakernels::psgdFillRandom(q, dev<Matrix>(l.dMatrices), dev<Tile>(l.dQElemTiles),
-                                  count(l.qElemTiles), seed, generation));
+  BAGUA_PSGD_DEVICE(x, "random Q",
+                    k.psgdFillRandom(q, dev<Matrix>(l.dMatrices), dev<Tile>(l.dQElemTiles),
+                                     count(l.qElemTiles), seed, generation));
 }
 
 Status segments(const Exec& x, const Layout& l, float* flat, float* pack, bool toPack,
@@ -285,10 +279,9 @@ Status segments(const Exec& x, const Layout& l, float* flat, float* pack, bool t
     }
     return Status::ok();
   }
-  BAGUA_PSGD_DEVICE(
-      x, "uncompressed segments",
-      cudakernels::psgdSegments(flat, pack, dev<Segment>(l.dSegments), dev<Tile>(l.dSegTiles),
-                                count(l.segTiles), toPack, divisor));
+  BAGUA_PSGD_DEVICE(x, "uncompressed segments",
+                    k.psgdSegments(flat, pack, dev<Segment>(l.dSegments), dev<Tile>(l.dSegTiles),
+                                   count(l.segTiles), toPack, divisor));
 }
 
 Status columnNorms(const Exec& x, const Layout& l, const float* q, float* norms) {
@@ -306,9 +299,9 @@ Status columnNorms(const Exec& x, const Layout& l, const float* q, float* norms)
     }
     return Status::ok();
   }
-  BAGUA_PSGD_DEVICE(x, "column norms",
-                    cudakernels::psgdColumnNorms(q, norms, dev<Matrix>(l.dMatrices),
-                                                 static_cast<int>(l.matrices.size())));
+  BAGUA_PSGD_DEVICE(
+      x, "column norms",
+      k.psgdColumnNorms(q, norms, dev<Matrix>(l.dMatrices), static_cast<int>(l.matrices.size())));
 }
 
 Status scaleColumns(const Exec& x, const Layout& l, float* buf, const float* norms, Factor which,
@@ -330,41 +323,32 @@ Status scaleColumns(const Exec& x, const Layout& l, float* buf, const float* nor
   }
   [[maybe_unused]] const std::vector<Tile>& tiles = isP ? l.pElemTiles : l.qElemTiles;
   BAGUA_PSGD_DEVICE(x, "column scaling",
-                    cudakernels::psgdScaleColumns(buf, norms, dev<Matrix>(l.dMatrices),
-                                                  dev<Tile>(isP ? l.dPElemTiles : l.dQElemTiles),
-                                                  count(tiles), isP ? 0 : 1, divide));
+                    k.psgdScaleColumns(buf, norms, dev<Matrix>(l.dMatrices),
+                                       dev<Tile>(isP ? l.dPElemTiles : l.dQElemTiles), count(tiles),
+                                       isP ? 0 : 1, divide));
 }
 
 Status streamBefore(const Exec& x, core::Communicator& c) {
   if (!x.device) {
     return Status::ok();
   }
-#if BAGUA_ALGO_WITH_CUDA
-  BAGUA_RETURN_IF_ERROR(onDevice(cudakernels::setDevice(x.deviceIndex), "cudaSetDevice"));
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+  BAGUA_RETURN_IF_ERROR(onDevice(*k, k->setDevice(x.deviceIndex), "cudaSetDevice"));
   void* ev = nullptr;
-  BAGUA_RETURN_IF_ERROR(
-      onDevice(cudakernels::eventRecord(&ev, cudakernels::perThreadStream()), "cudaEventRecord"));
+  BAGUA_RETURN_IF_ERROR(onDevice(*k, k->eventRecord(&ev, k->perThreadStream()), "cudaEventRecord"));
   // The communicator's stream waits for the event's capture; the event itself can go.
   Status s = c.afterEvent(static_cast<CUevent_st*>(ev));
-  cudakernels::eventDestroy(ev);
+  k->eventDestroy(ev);
   return s;
-#else
-  (void)c;
-  return BAGUA_ERROR(kFailedPrecondition, "powersgd: device ordering: built without CUDA");
-#endif
 }
 
 Status streamAfter(const Exec& x, core::Communicator& c) {
   if (!x.device) {
     return Status::ok();
   }
-#if BAGUA_ALGO_WITH_CUDA
-  BAGUA_RETURN_IF_ERROR(onDevice(cudakernels::setDevice(x.deviceIndex), "cudaSetDevice"));
-  return c.orderStream(static_cast<CUstream_st*>(cudakernels::perThreadStream()));
-#else
-  (void)c;
-  return BAGUA_ERROR(kFailedPrecondition, "powersgd: device ordering: built without CUDA");
-#endif
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+  BAGUA_RETURN_IF_ERROR(onDevice(*k, k->setDevice(x.deviceIndex), "cudaSetDevice"));
+  return c.orderStream(static_cast<CUstream_st*>(k->perThreadStream()));
 }
 
 }  // namespace bagua::algo::detail::psgd

@@ -8,57 +8,42 @@
 
 #include "bagua/algorithms/compression.h"
 #include "bagua/algorithms/cuda_compression.h"
-
-#if BAGUA_ALGO_WITH_CUDA
-#include "bagua/base/cuda_check.h"
-#include "cuda/minmax_kernels.h"
-#include "cuda/vector_kernels.h"
-#endif
+#include "cuda_kernels.h"
 
 namespace bagua::algo::detail {
 
 namespace {
 
-#if BAGUA_ALGO_WITH_CUDA
-// The kernels' entry points return cudaError_t values as int (cuda/vector_kernels.h).
-Status cudaResult(int err, const char* what, size_t n) {
+// The kernels' entry points return cudaError_t values as int (cuda_kernels.h).
+Status cudaResult(CudaKernels& k, int err, const char* what, size_t n) {
   if (err == 0) {
     return Status::ok();
   }
-  return cudaStatus(static_cast<cudaError_t>(err), strPrintf("%s (%zu)", what, n), __FILE__,
-                    __LINE__);
+  return k.status(err, strPrintf("%s (%zu)", what, n), __FILE__, __LINE__);
 }
+
+// Runs `call` (an expression over `k`, the CUDA half) on exec's device.
 #define BAGUA_ON_DEVICE(exec, what, n, call)                                                      \
   do {                                                                                            \
-    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice((exec).deviceIndex), "cudaSetDevice", \
-                                     static_cast<size_t>(0)));                                    \
-    return cudaResult((call), what, n);                                                           \
+    BAGUA_ASSIGN_OR_RETURN(CudaKernels* kp, cudaKernels());                                       \
+    CudaKernels& k = *kp;                                                                         \
+    BAGUA_RETURN_IF_ERROR(                                                                        \
+        cudaResult(k, k.setDevice((exec).deviceIndex), "cudaSetDevice", static_cast<size_t>(0))); \
+    return cudaResult(k, (call), what, n);                                                        \
   } while (0)
-#else
-#define BAGUA_ON_DEVICE(exec, what, n, call) \
-  return BAGUA_ERROR(kFailedPrecondition, "%s on a device: built without CUDA", what)
-#endif
 
 }  // namespace
-
-bool deviceKernelsAvailable() {
-#if BAGUA_ALGO_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
 
 Result<Exec> execFor(const core::Device& device, const char* what) {
   Exec e;
   if (device.type == core::DeviceType::kCpu) {
     return e;
   }
-  if (!deviceKernelsAvailable()) {
-    return BAGUA_ERROR(kFailedPrecondition,
-                       "%s: tensors on cuda:%d, but bagua was built without the algorithms' CUDA "
-                       "kernels (configure on a machine with nvcc, -Dcuda=enabled)",
-                       what, device.index);
+  // Loads the CUDA half on the first device tensor; its error names what is missing.
+  Result<CudaKernels*> k = cudaKernels();
+  if (!k.isOk()) {
+    return BAGUA_ERROR(kFailedPrecondition, "%s: tensors on cuda:%d: %s", what, device.index,
+                       k.status().message().c_str());
   }
   e.device = true;
   e.deviceIndex = device.index;
@@ -91,10 +76,11 @@ void Buffer::release() {
     return;
   }
   if (device_) {
-#if BAGUA_ALGO_WITH_CUDA
-    (void)cudakernels::setDevice(deviceIndex_);
-    cudakernels::deviceFree(data_);
-#endif
+    // A device buffer exists only once the CUDA half allocated it.
+    if (CudaKernels* k = registeredCudaKernels()) {
+      (void)k->setDevice(deviceIndex_);
+      k->deviceFree(data_);
+    }
   } else {
     std::free(data_);
   }
@@ -109,14 +95,11 @@ Status Buffer::ensure(const Exec& exec, size_t bytes) {
   }
   release();
   if (exec.device) {
-#if BAGUA_ALGO_WITH_CUDA
-    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+    BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+    BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->setDevice(exec.deviceIndex), "cudaSetDevice", 0));
     void* p = nullptr;
-    BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::deviceAlloc(&p, bytes), "cudaMalloc", bytes));
+    BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->deviceAlloc(&p, bytes), "cudaMalloc", bytes));
     data_ = p;
-#else
-    return BAGUA_ERROR(kFailedPrecondition, "device buffer: built without CUDA");
-#endif
   } else {
     // 64-byte aligned, rounded up as aligned_alloc wants; zeroed like the device side.
     const size_t rounded = (bytes + 63) / 64 * 64;
@@ -139,7 +122,7 @@ Status copyBytes(const Exec& exec, void* dst, const void* src, size_t bytes) {
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "copy", bytes, cudakernels::copy(dst, src, bytes));
+  BAGUA_ON_DEVICE(exec, "copy", bytes, k.copy(dst, src, bytes));
 }
 
 Status copyToHost(const Exec& exec, void* hostDst, const void* src, size_t bytes) {
@@ -149,7 +132,7 @@ Status copyToHost(const Exec& exec, void* hostDst, const void* src, size_t bytes
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "copy to host", bytes, cudakernels::copyToHost(hostDst, src, bytes));
+  BAGUA_ON_DEVICE(exec, "copy to host", bytes, k.copyToHost(hostDst, src, bytes));
 }
 
 Status copyFromHost(const Exec& exec, void* dst, const void* hostSrc, size_t bytes) {
@@ -159,7 +142,7 @@ Status copyFromHost(const Exec& exec, void* dst, const void* hostSrc, size_t byt
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "copy from host", bytes, cudakernels::copyFromHost(dst, hostSrc, bytes));
+  BAGUA_ON_DEVICE(exec, "copy from host", bytes, k.copyFromHost(dst, hostSrc, bytes));
 }
 
 Status zeroBytes(const Exec& exec, void* dst, size_t bytes) {
@@ -169,7 +152,7 @@ Status zeroBytes(const Exec& exec, void* dst, size_t bytes) {
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "zero", bytes, cudakernels::zero(dst, bytes));
+  BAGUA_ON_DEVICE(exec, "zero", bytes, k.zero(dst, bytes));
 }
 
 Status compress(const Exec& exec, const float* src, size_t numel, size_t chunks, uint8_t* dst,
@@ -177,15 +160,11 @@ Status compress(const Exec& exec, const float* src, size_t numel, size_t chunks,
   if (!exec.device) {
     return minMaxCompress(src, numel, chunks, dst, dstBytes, targetChunk);
   }
-#if BAGUA_ALGO_WITH_CUDA
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
   BAGUA_RETURN_IF_ERROR(workspace.ensure(exec, minMaxCudaWorkspaceBytes(numel, chunks)));
-  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->setDevice(exec.deviceIndex), "cudaSetDevice", 0));
   return minMaxCompressCuda(src, numel, chunks, dst, dstBytes, workspace.u8(), workspace.bytes(),
-                            targetChunk, cudakernels::perThreadStream());
-#else
-  (void)workspace;
-  return BAGUA_ERROR(kFailedPrecondition, "compress on a device: built without CUDA");
-#endif
+                            targetChunk, k->perThreadStream());
 }
 
 Status decompress(const Exec& exec, const uint8_t* src, size_t srcBytes, size_t numel,
@@ -193,13 +172,9 @@ Status decompress(const Exec& exec, const uint8_t* src, size_t srcBytes, size_t 
   if (!exec.device) {
     return minMaxDecompress(src, srcBytes, numel, chunks, dst, targetChunk);
   }
-#if BAGUA_ALGO_WITH_CUDA
-  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
-  return minMaxDecompressCuda(src, srcBytes, numel, chunks, dst, targetChunk,
-                              cudakernels::perThreadStream());
-#else
-  return BAGUA_ERROR(kFailedPrecondition, "decompress on a device: built without CUDA");
-#endif
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+  BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  return minMaxDecompressCuda(src, srcBytes, numel, chunks, dst, targetChunk, k->perThreadStream());
 }
 
 Status reduceChunks(const Exec& exec, const float* chunks, size_t n, size_t c, bool average,
@@ -219,7 +194,7 @@ Status reduceChunks(const Exec& exec, const float* chunks, size_t n, size_t c, b
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "reduce chunks", c, cudakernels::reduceChunks(chunks, n, c, average, out));
+  BAGUA_ON_DEVICE(exec, "reduce chunks", c, k.reduceChunks(chunks, n, c, average, out));
 }
 
 Status averagePair(const Exec& exec, float* a, const float* b, size_t n) {
@@ -229,7 +204,7 @@ Status averagePair(const Exec& exec, float* a, const float* b, size_t n) {
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "average pair", n, cudakernels::averagePair(a, b, n));
+  BAGUA_ON_DEVICE(exec, "average pair", n, k.averagePair(a, b, n));
 }
 
 Status lowPrecisionDiff(const Exec& exec, float* d, const float* x, const float* l, const float* r,
@@ -242,8 +217,7 @@ Status lowPrecisionDiff(const Exec& exec, float* d, const float* x, const float*
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "low-precision difference", n,
-                  cudakernels::lowPrecisionDiff(d, x, l, r, w, n));
+  BAGUA_ON_DEVICE(exec, "low-precision difference", n, k.lowPrecisionDiff(d, x, l, r, w, n));
 }
 
 Status addInPlace(const Exec& exec, float* a, const float* b, size_t n) {
@@ -253,7 +227,7 @@ Status addInPlace(const Exec& exec, float* a, const float* b, size_t n) {
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "add", n, cudakernels::addInPlace(a, b, n));
+  BAGUA_ON_DEVICE(exec, "add", n, k.addInPlace(a, b, n));
 }
 
 Status addAndCopy(const Exec& exec, float* w, const float* d, float* x, size_t n) {
@@ -264,7 +238,7 @@ Status addAndCopy(const Exec& exec, float* w, const float* d, float* x, size_t n
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "add and copy", n, cudakernels::addAndCopy(w, d, x, n));
+  BAGUA_ON_DEVICE(exec, "add and copy", n, k.addAndCopy(w, d, x, n));
 }
 
 Status divideInPlace(const Exec& exec, float* a, float divisor, size_t n) {
@@ -274,7 +248,7 @@ Status divideInPlace(const Exec& exec, float* a, float divisor, size_t n) {
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "divide", n, cudakernels::divideInPlace(a, divisor, n));
+  BAGUA_ON_DEVICE(exec, "divide", n, k.divideInPlace(a, divisor, n));
 }
 
 Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float* v, size_t n,
@@ -300,10 +274,9 @@ Status qadamStep(const Exec& exec, float* x, const float* grad, float* m, float*
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(
-      exec, "qadam step", n,
-      cudakernels::qadamStep(x, grad, m, v, n, a.warm, a.weightDecay, a.b1, a.b2, a.ob1, a.ob2,
-                             a.stepSize, a.bc2Sqrt, a.eps, a.holdZeroVariance && !a.warm));
+  BAGUA_ON_DEVICE(exec, "qadam step", n,
+                  k.qadamStep(x, grad, m, v, n, a.warm, a.weightDecay, a.b1, a.b2, a.ob1, a.ob2,
+                              a.stepSize, a.bc2Sqrt, a.eps, a.holdZeroVariance && !a.warm));
 }
 
 Status momentumMix(const Exec& exec, float* slot, const float* m, float b1, float ob1, size_t n) {
@@ -313,7 +286,7 @@ Status momentumMix(const Exec& exec, float* slot, const float* m, float b1, floa
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "qadam momentum", n, cudakernels::momentumMix(slot, m, b1, ob1, n));
+  BAGUA_ON_DEVICE(exec, "qadam momentum", n, k.momentumMix(slot, m, b1, ob1, n));
 }
 
 Status addMeanMinusSnapshot(const Exec& exec, float* w, const float* sum, const float* snap,
@@ -324,27 +297,26 @@ Status addMeanMinusSnapshot(const Exec& exec, float* w, const float* sum, const 
     }
     return Status::ok();
   }
-  BAGUA_ON_DEVICE(exec, "async average", count,
-                  cudakernels::addMeanMinusSnapshot(w, sum, snap, n, count));
+  BAGUA_ON_DEVICE(exec, "async average", count, k.addMeanMinusSnapshot(w, sum, snap, n, count));
 }
 
 Status waitForStream(const Exec& exec, void* stream, std::chrono::milliseconds timeout) {
   if (!exec.device) {
     return Status::ok();
   }
-#if BAGUA_ALGO_WITH_CUDA
-  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+  BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->setDevice(exec.deviceIndex), "cudaSetDevice", 0));
   void* ev = nullptr;
-  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::eventRecord(&ev, stream), "cudaEventRecord", 0));
+  BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->eventRecord(&ev, stream), "cudaEventRecord", 0));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status s;
   while (true) {
-    const int q = cudakernels::eventQuery(ev);
+    const int q = k->eventQuery(ev);
     if (q == 0) {
       break;
     }
     if (q != 1) {
-      s = cudaResult(q, "waiting for a stream", 0);
+      s = cudaResult(*k, q, "waiting for a stream", 0);
       break;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -354,29 +326,24 @@ Status waitForStream(const Exec& exec, void* stream, std::chrono::milliseconds t
     }
     std::this_thread::sleep_for(std::chrono::microseconds(10));
   }
-  cudakernels::eventDestroy(ev);
+  k->eventDestroy(ev);
   return s;
-#else
-  (void)stream;
-  (void)timeout;
-  return BAGUA_ERROR(kFailedPrecondition, "stream wait: built without CUDA");
-#endif
 }
 
 Status sync(const Exec& exec, std::chrono::milliseconds timeout) {
   if (!exec.device) {
     return Status::ok();
   }
-#if BAGUA_ALGO_WITH_CUDA
-  BAGUA_RETURN_IF_ERROR(cudaResult(cudakernels::setDevice(exec.deviceIndex), "cudaSetDevice", 0));
+  BAGUA_ASSIGN_OR_RETURN(CudaKernels * k, cudaKernels());
+  BAGUA_RETURN_IF_ERROR(cudaResult(*k, k->setDevice(exec.deviceIndex), "cudaSetDevice", 0));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    const int q = cudakernels::queryStream();
+    const int q = k->queryStream();
     if (q == 0) {
       return Status::ok();
     }
     if (q != 1) {
-      return cudaResult(q, "device work of the algorithm", 0);
+      return cudaResult(*k, q, "device work of the algorithm", 0);
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       return BAGUA_ERROR(kDeadlineExceeded,
@@ -385,10 +352,6 @@ Status sync(const Exec& exec, std::chrono::milliseconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(10));
   }
-#else
-  (void)timeout;
-  return BAGUA_ERROR(kFailedPrecondition, "device sync: built without CUDA");
-#endif
 }
 
 }  // namespace bagua::algo::detail

@@ -27,10 +27,9 @@ struct Exec {
   int deviceIndex = 0;
 };
 
-// FailedPrecondition naming `what` when `device` is a CUDA device and this build has no CUDA
-// kernels.
+// FailedPrecondition naming `what` when `device` is a CUDA device and the algorithms' CUDA half
+// (cuda_kernels.h) is not built or does not load; the first device tensor loads it.
 Result<Exec> execFor(const core::Device& device, const char* what);
-bool deviceKernelsAvailable();
 
 // Host (heap) or device (cudaMalloc) bytes, zero-initialised. Move-only.
 class Buffer {

@@ -6,17 +6,47 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
+#include "bagua/base/cuda_half.h"
 #include "bagua/base/logging.h"
 #include "bagua/loader/params.h"
-#include "bagua_config.h"
-
-#if BAGUA_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "cuda_host.h"
 
 namespace bagua::loader {
+
+namespace detail {
+
+namespace {
+
+// Constant-initialised, so the CUDA half's static initializer may register before any of the
+// loader's own run.
+constinit CudaHalf<CudaHost> half;
+
+const CudaHalfSpec kSpec{
+    .what = "CUDA pinned batch memory",
+    .soname = BAGUA_LOADER_CUDA_SONAME,
+    .library = "libbagua_loader",
+    .links = BAGUA_LOADER_CUDA_LINKS,
+    .needs = BAGUA_LOADER_CUDA_NEEDS,
+    .configure = "-Dcuda=enabled",
+    .instead = "the loader pins with mlock instead",
+    .anchor = reinterpret_cast<const void*>(&registerCudaHost),
+};
+
+}  // namespace
+
+void registerCudaHost(CudaHost* host) {
+  half.set(host);
+}
+
+Result<CudaHost*> cudaHost() {
+  return half.get(kSpec);
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr size_t kAlign = 64;
@@ -71,40 +101,18 @@ class MlockAllocator final : public HostAllocator {
   const char* name() const override { return "mlock"; }
 };
 
-#if BAGUA_HAVE_CUDA
-class CudaPinnedAllocator final : public HostAllocator {
- public:
-  Result<void*> allocate(size_t bytes) override {
-    void* p = nullptr;
-    cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky error
-      return BAGUA_ERROR(kCudaError, "cudaHostAlloc of %zu bytes: %s", bytes,
-                         cudaGetErrorString(e));
-    }
-    return p;
-  }
-  void deallocate(void* p, size_t /*bytes*/) override { cudaFreeHost(p); }
-  bool pinned() const override { return true; }
-  const char* name() const override { return "cudaHostAlloc"; }
-};
-#endif
-
 HostAllocator* choosePinned() {
-#if BAGUA_HAVE_CUDA
-  int devices = 0;
-  cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaSuccess && devices > 0) {
-    BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: cudaHostAlloc (%d CUDA device(s))", devices);
-    static CudaPinnedAllocator cuda;
-    return &cuda;
+  Result<detail::CudaHost*> cuda = detail::cudaHost();
+  if (cuda.isOk()) {
+    std::string why;
+    if (HostAllocator* a = (*cuda)->pinnedAllocator(&why)) {
+      BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: cudaHostAlloc");
+      return a;
+    }
+    BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (no CUDA device: %s)", why.c_str());
+  } else {
+    BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (%s)", cuda.status().message().c_str());
   }
-  cudaGetLastError();
-  BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (no CUDA device: %s)",
-                 e == cudaSuccess ? "none visible" : cudaGetErrorString(e));
-#else
-  BAGUA_LOG_INFO(kLogLoader, "pinned batch memory: mlock (bagua built without CUDA)");
-#endif
   static MlockAllocator mlocked;
   return &mlocked;
 }

@@ -1,5 +1,6 @@
-// Host side of the CUDA optimizer: device memory helpers and Status mapping around the kernels
-// in cuda/optimizer_kernels.cu.
+// The optimizer's CUDA half (cuda_ops.h): device memory helpers and Status mapping around the
+// kernels in cuda/optimizer_kernels.cu, registered with the optimizer when this library is loaded
+// (or, linked statically, before main()).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -8,10 +9,10 @@
 #include <vector>
 
 #include "bagua/base/cuda_check.h"
-#include "bagua/optimizer/cuda.h"
 #include "cuda/optimizer_kernels.h"
+#include "cuda_ops.h"
 
-namespace bagua::optim {
+namespace bagua::optim::detail {
 
 namespace {
 
@@ -24,25 +25,34 @@ Status onDevice(int device) {
   return BAGUA_CUDA_STATUS(cudaSetDevice(device));
 }
 
-}  // namespace
+class CudaRuntimeOps final : public CudaOps {
+ public:
+  Status allocZeroed(int device, size_t bytes, void** out) override;
+  void release(int device, void* ptr) override;
+  Status copy(int device, void* dst, const void* src, size_t bytes, int kind) override;
+  Status zero(int device, void* ptr, size_t bytes) override;
+  Status elementwise(int ruleId, const void* scalars, const KernelArgs& args, int device) override;
+  Status trustRatio(int ruleId, const void* scalars, const KernelArgs& args, const size_t* segments,
+                    size_t numSegments, CudaTrustScratch& scratch, int device) override;
+  Status createStream(int device, void** stream) override;
+  void destroyStream(int device, void* stream) override;
+  Status streamAfter(int device, void* waiter, void* signaller) override;
+  Status nonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found) override;
+};
 
-bool cudaKernelsAvailable() {
-  return true;
-}
-
-Status cudaAllocZeroed(int device, size_t bytes, void** out) {
+Status CudaRuntimeOps::allocZeroed(int device, size_t bytes, void** out) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   BAGUA_CHECK_CUDA(cudaMalloc(out, bytes));
   return BAGUA_CUDA_STATUS(cudaMemset(*out, 0, bytes));
 }
 
-void cudaRelease(int device, void* ptr) {
+void CudaRuntimeOps::release(int device, void* ptr) {
   if (ptr != nullptr && cudaSetDevice(device) == cudaSuccess) {
     cudaFree(ptr);
   }
 }
 
-Status cudaCopy(int device, void* dst, const void* src, size_t bytes, int kind) {
+Status CudaRuntimeOps::copy(int device, void* dst, const void* src, size_t bytes, int kind) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const cudaMemcpyKind k = kind == 0   ? cudaMemcpyDeviceToDevice
                            : kind == 1 ? cudaMemcpyHostToDevice
@@ -50,12 +60,13 @@ Status cudaCopy(int device, void* dst, const void* src, size_t bytes, int kind) 
   return BAGUA_CUDA_STATUS(cudaMemcpy(dst, src, bytes, k));
 }
 
-Status cudaZero(int device, void* ptr, size_t bytes) {
+Status CudaRuntimeOps::zero(int device, void* ptr, size_t bytes) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   return BAGUA_CUDA_STATUS(cudaMemset(ptr, 0, bytes));
 }
 
-Status cudaElementwise(int ruleId, const void* scalars, const KernelArgs& args, int device) {
+Status CudaRuntimeOps::elementwise(int ruleId, const void* scalars, const KernelArgs& args,
+                                   int device) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const int err = cudakernels::elementwise(ruleId, scalars, args);
   if (err != 0) {
@@ -85,7 +96,7 @@ struct TrustLayout {
   }
 };
 
-struct CudaTrustScratch::Impl {
+struct TrustState final : CudaTrustScratch::Impl {
   // Layouts kept per optimizer (one per fused run or single tensor it steps on CUDA); past this
   // the least recently used one is freed (cudaFree waits for the device: only on such churn).
   static constexpr size_t kMaxLayouts = 4096;
@@ -99,7 +110,7 @@ struct CudaTrustScratch::Impl {
   size_t lastFound = 0;
   uint64_t clock = 0;
 
-  ~Impl() { release(); }
+  ~TrustState() override { release(); }
   void release() {
     if (device >= 0 && cudaSetDevice(device) == cudaSuccess) {
       for (void* p : {u, partials, trust}) {
@@ -194,19 +205,17 @@ struct CudaTrustScratch::Impl {
   }
 };
 
-CudaTrustScratch::CudaTrustScratch() = default;
-CudaTrustScratch::~CudaTrustScratch() = default;
-
-Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
-                      const size_t* segments, size_t numSegments, CudaTrustScratch& scratch,
-                      int device) {
+Status CudaRuntimeOps::trustRatio(int ruleId, const void* scalars, const KernelArgs& args,
+                                  const size_t* segments, size_t numSegments,
+                                  CudaTrustScratch& scratch, int device) {
   if (args.numel == 0) {
     return Status::ok();
   }
   if (!scratch.impl) {
-    scratch.impl = std::make_unique<CudaTrustScratch::Impl>();
+    scratch.impl = std::make_unique<TrustState>();
   }
-  CudaTrustScratch::Impl& sc = *scratch.impl;
+  // Only this half makes a scratch's state.
+  TrustState& sc = static_cast<TrustState&>(*scratch.impl);
   if (sc.device != device) {
     sc.release();
     sc.device = device;
@@ -217,11 +226,9 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
       sc.layoutFor(segments, numSegments, static_cast<cudaStream_t>(args.stream), &layout));
   const size_t nb = layout->numBlocks;
   const size_t es = args.storage == StorageType::kF64 ? 8 : 4;
-  BAGUA_RETURN_IF_ERROR(CudaTrustScratch::Impl::grow(&sc.u, &sc.uBytes, args.numel * es));
-  BAGUA_RETURN_IF_ERROR(
-      CudaTrustScratch::Impl::grow(&sc.partials, &sc.partialsBytes, nb * 2 * sizeof(double)));
-  BAGUA_RETURN_IF_ERROR(
-      CudaTrustScratch::Impl::grow(&sc.trust, &sc.trustBytes, nb * sizeof(double)));
+  BAGUA_RETURN_IF_ERROR(TrustState::grow(&sc.u, &sc.uBytes, args.numel * es));
+  BAGUA_RETURN_IF_ERROR(TrustState::grow(&sc.partials, &sc.partialsBytes, nb * 2 * sizeof(double)));
+  BAGUA_RETURN_IF_ERROR(TrustState::grow(&sc.trust, &sc.trustBytes, nb * sizeof(double)));
   auto* partials = static_cast<double*>(sc.partials);
   auto* trust = static_cast<double*>(sc.trust);
   // Four launches in stream order, no host wait: states and u; per-block norms; per-tensor sums
@@ -246,7 +253,7 @@ Status cudaTrustRatio(int ruleId, const void* scalars, const KernelArgs& args,
   return Status::ok();
 }
 
-Status cudaCreateStream(int device, void** stream) {
+Status CudaRuntimeOps::createStream(int device, void** stream) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   cudaStream_t s = nullptr;
   BAGUA_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -254,13 +261,13 @@ Status cudaCreateStream(int device, void** stream) {
   return Status::ok();
 }
 
-void cudaDestroyStream(int device, void* stream) {
+void CudaRuntimeOps::destroyStream(int device, void* stream) {
   if (stream != nullptr && cudaSetDevice(device) == cudaSuccess) {
     cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
 }
 
-Status cudaStreamAfter(int device, void* waiter, void* signaller) {
+Status CudaRuntimeOps::streamAfter(int device, void* waiter, void* signaller) {
   if (waiter == signaller) {
     return Status::ok();
   }
@@ -276,7 +283,7 @@ Status cudaStreamAfter(int device, void* waiter, void* signaller) {
   return BAGUA_CUDA_STATUS(err);
 }
 
-Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found) {
+Status CudaRuntimeOps::nonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* found) {
   BAGUA_RETURN_IF_ERROR(onDevice(device));
   const int err = cudakernels::nonFinite(args, deviceFlag, found);
   if (err != 0) {
@@ -287,4 +294,14 @@ Status cudaNonFinite(const KernelArgs& args, int device, int* deviceFlag, bool* 
   return Status::ok();
 }
 
-}  // namespace bagua::optim
+// Registers at load time: before main() where the CUDA half is linked in, during dlopen() where
+// the optimizer loads it (cudaOps()).
+[[maybe_unused]] const bool kRegistered = [] {
+  static CudaRuntimeOps ops;
+  registerCudaOps(&ops);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace bagua::optim::detail

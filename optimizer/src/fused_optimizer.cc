@@ -9,6 +9,7 @@
 
 #include "bagua/optimizer/cuda.h"
 #include "bagua/optimizer/params.h"
+#include "cuda_ops.h"
 #include "fused_parts.h"
 
 namespace bagua::optim {
@@ -83,11 +84,15 @@ Status FusedOptimizer::init() {
       if (!st.isOk()) {
         return Status(st.status()).withContext(p.name);
       }
-      if (p.device.type == DeviceType::kCuda && !(cudaKernelsAvailable() && hasCudaKernel())) {
-        return BAGUA_ERROR(kInvalidArgument, "%s: parameter '%s' is on cuda:%d but %s", ruleName(),
-                           p.name.c_str(), p.device.index,
-                           cudaKernelsAvailable() ? "this rule has no CUDA kernel"
-                                                  : "bagua was built without CUDA");
+      if (p.device.type == DeviceType::kCuda) {
+        // Loads the CUDA half on the first CUDA parameter; its error names what is missing.
+        const Result<detail::CudaOps*> cuda = detail::cudaOps();
+        if (!cuda.isOk() || !hasCudaKernel()) {
+          return BAGUA_ERROR(
+              kInvalidArgument, "%s: parameter '%s' is on cuda:%d but %s", ruleName(),
+              p.name.c_str(), p.device.index,
+              cuda.isOk() ? "this rule has no CUDA kernel" : cuda.status().message().c_str());
+        }
       }
       if (p.data == nullptr && p.numel > 0) {
         return BAGUA_ERROR(kInvalidArgument, "%s: parameter '%s' has no data", ruleName(),

@@ -56,7 +56,8 @@ class GradientAllReduce final : public core::Algorithm {
       : hierarchical_(hierarchical), average_(average), mode_(mode) {}
   std::string name() const override { return "gradient_allreduce"; }
   Result<std::unique_ptr<core::AlgorithmImpl>> reify(core::ProcessGroup& group) override;
-  // The version of the NCCL this build links (e.g. 22809), 0 without NCCL.
+  // The version of the NCCL the algorithms' CUDA half links (e.g. 22809); 0 where the half is
+  // not built, does not load or has no NCCL. Loads the half.
   static int ncclVersion();
 
  private:

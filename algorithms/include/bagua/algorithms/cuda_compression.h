@@ -1,7 +1,9 @@
 // MinMaxUInt8 compression on CUDA device memory, bit-identical to the CPU kernels of
 // compression.h (same layout, same float32 operation order, -0 canonicalised to +0, the same
-// NaN bits for non-finite chunks). Built only when CUDA is found; otherwise every call returns
-// FailedPrecondition and cudaCompressionAvailable() is false.
+// NaN bits for non-finite chunks). The kernels live in libbagua_algorithms_cuda, loaded on the
+// first call (or by cudaCompressionAvailable()); where it is not built or does not load (no CUDA
+// runtime), every call returns FailedPrecondition saying why and cudaCompressionAvailable() is
+// false.
 //
 // All pointers are device pointers; `stream` is a cudaStream_t (nullptr: the legacy default
 // stream). Calls enqueue work and return; synchronise the stream before reading the results.
