@@ -13,11 +13,11 @@
 // checks pass, 1 otherwise (the reason on stderr), 2 for a bad argument.
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -165,43 +165,70 @@ Status train(const Options& o) {
 
 }  // namespace
 
+// The bagua SDK version this was built against (pkg-config's or CMake's package version).
+#ifndef BAGUA_SDK_VERSION
+#define BAGUA_SDK_VERSION "unknown"
+#endif
+
+namespace {
+
+// A usage error: one line on stderr, exit status 2 (the convention of bagua's tools).
+int usageError(const std::string& what) {
+  std::fprintf(stderr, "bagua-cpp-trainer: %s (see bagua-cpp-trainer --help)\n", what.c_str());
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   Options o;
   const char* usage =
-      "usage: bagua-cpp-trainer [--steps N] [--algorithm NAME]\n"
+      "Usage: bagua-cpp-trainer [--steps N] [--algorithm NAME]\n"
       "Trains a small MLP data-parallel under baguarun, e.g.\n"
       "  baguarun --nproc_per_node 2 -- bagua-cpp-trainer --algorithm bytegrad\n"
       "  --steps N         training steps, at least 10 (default 120)\n"
       "  --algorithm NAME  one of: %s (default gradient_allreduce)\n"
-      "  --help            this text\n";
+      "  --help            this text\n"
+      "  --version         the bagua SDK version it was built against\n";
   const std::vector<std::string> known = algo::algorithmNames();
   std::string names;
   for (const std::string& n : known) {
     names += (names.empty() ? "" : ", ") + n;
   }
   for (int i = 1; i < argc; ++i) {
-    const bool hasValue = i + 1 < argc;
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
       std::printf(usage, names.c_str());
       return 0;
-    } else if (std::strcmp(argv[i], "--steps") == 0 && hasValue) {
-      o.steps = std::atoi(argv[++i]);
-    } else if (std::strcmp(argv[i], "--algorithm") == 0 && hasValue) {
-      o.algorithm = argv[++i];
-    } else {
-      std::fprintf(stderr, "bagua-cpp-trainer: unknown option or missing value: %s (see --help)\n",
-                   argv[i]);
-      return 2;
     }
+    if (arg == "--version") {
+      std::printf("bagua-cpp-trainer %s\n", BAGUA_SDK_VERSION);
+      return 0;
+    }
+    if (arg != "--steps" && arg != "--algorithm") {
+      return usageError("unknown option " + arg);
+    }
+    if (i + 1 >= argc) {
+      return usageError(arg + " needs a value");
+    }
+    const std::string value = argv[++i];
+    if (arg == "--algorithm") {
+      o.algorithm = value;
+      continue;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long steps = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || steps > 1000000000L) {
+      return usageError("--steps: '" + value + "' is not an integer up to 1000000000");
+    }
+    o.steps = static_cast<int>(steps);
   }
   if (std::find(known.begin(), known.end(), o.algorithm) == known.end()) {
-    std::fprintf(stderr, "bagua-cpp-trainer: unknown --algorithm %s (one of: %s)\n",
-                 o.algorithm.c_str(), names.c_str());
-    return 2;
+    return usageError("unknown --algorithm " + o.algorithm + " (one of: " + names + ")");
   }
   if (o.steps < 10) {
-    std::fprintf(stderr, "bagua-cpp-trainer: --steps must be at least 10, got %d\n", o.steps);
-    return 2;
+    return usageError("--steps must be at least 10, got " + std::to_string(o.steps));
   }
   Status s = train(o);
   if (!s.isOk()) {

@@ -3,6 +3,8 @@
 // misplaced element shows; every output element is checked against its closed form.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -70,7 +72,9 @@ bool isFloat(DataType t) {
   return t == DataType::kF32 || t == DataType::kF64 || t == DataType::kF16 || t == DataType::kBF16;
 }
 
-// Integer-valued inputs, exact in every dtype and in every sum of up to 8 ranks.
+// Integer-valued inputs, exact in every dtype and in every sum of up to 8 ranks. value() repeats
+// every 17 elements and productValue() every 4, so inputs and reductions repeat every kPeriod.
+constexpr size_t kPeriod = 68;
 double value(int rank, size_t i, DataType t) {
   double v = static_cast<double>((i * 7 + static_cast<size_t>(rank) * 13) % 17);
   return isSigned(t) ? v - 8 : v;
@@ -196,8 +200,16 @@ std::string runOne(Communicator& comm, Coll c, DataType t, size_t count) {
   const size_t inCount = blocky ? count * n : count;
   const size_t outCount = (c == Coll::kAllGather || c == Coll::kAllToAll) ? count * n : count;
   std::vector<uint8_t> in(inCount * es + 1), out(outCount * es + 1, 0xEE);
-  for (size_t i = 0; i < inCount; ++i) {
+  // One period of this rank's input, then copies of it (doubling: the copied length stays a
+  // multiple of the period).
+  const size_t first = std::min(inCount, kPeriod);
+  for (size_t i = 0; i < first; ++i) {
     put(in.data(), t, i, c == Coll::kAllReduceProduct ? productValue(r, i, t) : value(r, i, t));
+  }
+  for (size_t have = first; have < inCount;) {
+    const size_t more = std::min(have, inCount - have);
+    std::memcpy(in.data() + have * es, in.data(), more * es);
+    have += more;
   }
   WorkPtr w;
   const int root = (n - 1) / 2;
@@ -242,6 +254,11 @@ std::string runOne(Communicator& comm, Coll c, DataType t, size_t count) {
   if (!w->test() || !w->status().isOk()) {
     return "work not complete after a successful wait";
   }
+  // The reductions' closed forms over one period (they repeat as the inputs do).
+  std::array<double, kPeriod> reducedOf{};
+  for (size_t j = 0; j < kPeriod; ++j) {
+    reducedOf[j] = reduced(c == Coll::kReduceScatter ? Coll::kAllReduceSum : c, n, j, t);
+  }
   auto expect = [&](size_t i) -> double {
     switch (c) {
     case Coll::kReduce:
@@ -250,9 +267,9 @@ std::string runOne(Communicator& comm, Coll c, DataType t, size_t count) {
     case Coll::kAllReduceMin:
     case Coll::kAllReduceMax:
     case Coll::kAllReduceProduct:
-      return reduced(c, n, i, t);
+      return reducedOf[i % kPeriod];
     case Coll::kReduceScatter:
-      return reduced(Coll::kAllReduceSum, n, static_cast<size_t>(r) * count + i, t);
+      return reducedOf[(static_cast<size_t>(r) * count + i) % kPeriod];
     case Coll::kAllGather:
       return value(static_cast<int>(i / count), i % count, t);
     case Coll::kBroadcast:

@@ -188,10 +188,16 @@ start_long_run() {
     >"$tmp/out" 2>"$tmp/err" &
   pid=$!
   wait_started 20 || fail "$1: the ranks did not start on both hosts"
+  # baguarun says so once it forked them; each is the trainer once its exec is done (on two busy
+  # cores that can take seconds).
+  local n0 n1 until=$((SECONDS + 20))
+  while :; do
+    n0="$(count_procs "${hosts[0]}" "$trainer")"; n1="$(count_procs "${hosts[1]}" "$trainer")"
+    [ "$n0$n1" = 22 ] && break
+    [ "$SECONDS" -lt "$until" ] || fail "$1: want 2 trainers on each host, found $n0 and $n1"
+    sleep 0.2
+  done
   sleep 0.5  # into the training loop
-  local n0 n1
-  n0="$(count_procs "${hosts[0]}" "$trainer")"; n1="$(count_procs "${hosts[1]}" "$trainer")"
-  [ "$n0$n1" = 22 ] || fail "$1: want 2 trainers on each host, found $n0 and $n1"
 }
 # Waits (up to $1 s) for baguarun ($pid) to end; sets $rc.
 wait_baguarun() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The command-line conventions every installed tool shares (tools/cli_support, tools/README.md
-# "Command lines"), checked on every tool this build installs:
+# "Command lines"), checked on every tool this build installs and on the SDK example's
+# bagua-cpp-trainer:
 #   --help          exit 0, nothing on stderr, a "Usage: TOOL ..." line, --help and --version named
 #   --version       exit 0, nothing on stderr, stdout exactly "TOOL VERSION" (meson.build's)
 #   --no-such-flag  exit 2, nothing on stdout, one line on stderr:

@@ -17,7 +17,7 @@ if [ "$1" = "--usage" ]; then
   trainer="$2"; tested="$3"
   timeout 20 "$trainer" --help >"$out" 2>"$err"; rc=$?
   [ "$rc" -eq 0 ] || fail "--help exited with $rc, want 0"
-  for word in usage: --steps --algorithm --help; do
+  for word in Usage: --steps --algorithm --help; do
     grep -q -- "$word" "$out" || fail "--help does not mention $word"
   done
   listed="$(sed -nE 's/.*one of: (.*) \(default.*/\1/p' "$out")"

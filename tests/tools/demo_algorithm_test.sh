@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `./bagua demo --algorithm NAME` for one algorithm: the demo trainer under baguarun, defaults,
-# with 4 ranks on loopback must exit 0 (it fails itself when the loss did not go down) and its
+# `./bagua demo --algorithm NAME` for one algorithm: the demo trainer under baguarun, its
+# defaults but for the trainer args given, with 4 ranks on loopback must exit 0 (it fails itself when the loss did not go down) and its
 # summary must show a finite loss that went down.
 # usage: demo_algorithm_test.sh BAGUARUN TRAINER ALGORITHM [trainer args...]
 set -euo pipefail
