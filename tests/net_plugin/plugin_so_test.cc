@@ -135,41 +135,6 @@ std::string liveEntryTrace(const std::string& path) {
   return t;
 }
 
-// The live-settings entry through the ABI layer: values round-trip, refused values return
-// ncclInvalidUsage (5) and leave the old setting. In a child process: a refusal logs a warning,
-// and the first line the log formats on a thread pins the module to that thread (the thread's
-// name is cached thread_local), which would keep PluginReload from seeing it unload.
-TEST(PluginSo, LiveSettingsEntry) {
-  std::string path = pluginPath();
-  if (path.empty()) {
-    GTEST_SKIP() << "BAGUA_NET_PLUGIN_PATH not set";
-  }
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    close(fds[0]);
-    std::string t = liveEntryTrace(path);
-    ssize_t w = write(fds[1], t.data(), t.size());
-    _exit(w == static_cast<ssize_t>(t.size()) ? 0 : 3);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) {
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  EXPECT_EQ(out,
-            "set 0 | get 0 5 8192 524288 | refused 5 5 5 5 5 5 | kept 0 5 8192 524288 | "
-            "cleared 0 0 0 0 0");
-}
-
 // Runs `trace` in a child process and returns what it wrote. A refused call logs a warning before
 // init, and the first line the log formats on a thread pins the module to that thread (the
 // thread's name is cached thread_local), which would keep PluginReload from seeing it unload.
@@ -201,6 +166,18 @@ std::string inChild(const std::function<std::string()>& trace) {
     out += " (child status " + std::to_string(status) + ")";
   }
   return out;
+}
+
+// The live-settings entry through the ABI layer: values round-trip, refused values return
+// ncclInvalidUsage (5) and leave the old setting (in a child process: a refusal logs a warning).
+TEST(PluginSo, LiveSettingsEntry) {
+  std::string path = pluginPath();
+  if (path.empty()) {
+    GTEST_SKIP() << "BAGUA_NET_PLUGIN_PATH not set";
+  }
+  EXPECT_EQ(inChild([&] { return liveEntryTrace(path); }),
+            "set 0 | get 0 5 8192 524288 | refused 5 5 5 5 5 5 | kept 0 5 8192 524288 | "
+            "cleared 0 0 0 0 0");
 }
 
 // The benchmark's schedule entry (bench_abi.h): a bad value refused; round-robin accepted before
