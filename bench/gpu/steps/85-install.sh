@@ -3,7 +3,8 @@
 # Python and torch (2.11), installed into that venv, then a plain torch DDP job (no bagua API)
 # that loads the plugin through NCCL_NET_PLUGIN=$(python -c 'import bagua;
 # print(bagua.net_plugin_path())'): its NCCL_DEBUG=INFO log must show "NET/Plugin: Loaded net
-# plugin Bagua" and our init line "Bagua-Net <version>", and the ranks must agree.
+# plugin Bagua" and our init line "Bagua-Net <version>", and the ranks must agree; then the same
+# job with NCCL_NET_PLUGIN=bagua and the package folder on LD_LIBRARY_PATH (libnccl-net-bagua.so).
 #
 # The wheel: pip wheel through meson-python when the venv's Python imports mesonpy; otherwise
 # python/build_wheel.py, which does meson-python's job with Meson alone (same setup arguments,
@@ -146,16 +147,25 @@ print("ddp rank {}: loss {:.5f}, {} of {} weights differ between ranks".format(r
 dist.destroy_process_group()
 sys.exit(1 if differ else 0)
 EOF
-NCCL_NET_PLUGIN="$PLUGIN" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV NCCL_P2P_DISABLE=1 \
-  NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_NVLS_ENABLE=0 \
-  timeout 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 ddp.py \
-  > "$D/ddp.log" 2>&1
-rc=$?
-grep -E '^ddp rank' "$D/ddp.log"
-grep -E 'NET/Plugin|Bagua-Net [0-9]|Using network' "$D/ddp.log" | sed -E 's/.*NCCL INFO //' | sort | uniq -c | head -8
-[ "$rc" = 0 ] || { grep -vE 'NCCL INFO' "$D/ddp.log" | tail -15; verdict "FAIL (the DDP job exited with $rc)"; }
-grep -q 'NET/Plugin: Loaded net plugin Bagua' "$D/ddp.log" || verdict "FAIL (no 'NET/Plugin: Loaded net plugin Bagua' in $D/ddp.log)"
-grep -q "Bagua-Net $VERSION" "$D/ddp.log" || verdict "FAIL (no 'Bagua-Net $VERSION' init line)"
-grep -q 'Using network Bagua' "$D/ddp.log" || verdict "FAIL (NCCL loaded the plugin but did not use it)"
-[ "$(grep -c '^ddp rank [01]: .* 0 of [0-9]* weights differ' "$D/ddp.log")" = 2 ] || verdict "FAIL (ranks disagree)"
-verdict "PASS (bagua $VERSION wheel via $how in $((SECONDS - t0))s; torch DDP loaded $PLUGIN)"
+# The job twice: NCCL_NET_PLUGIN naming the plugin's path, then NCCL_NET_PLUGIN=bagua with the
+# package's folder on LD_LIBRARY_PATH (NCCL then opens libnccl-net-bagua.so by name).
+run_ddp() {  # LABEL VAR=VALUE...: one DDP job, its checks; exits with the verdict on a failure
+  local label=$1 log="$D/ddp-$1.log" rc
+  shift
+  env "$@" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,ENV NCCL_P2P_DISABLE=1 \
+    NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_NVLS_ENABLE=0 \
+    timeout 240 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 ddp.py \
+    > "$log" 2>&1
+  rc=$?
+  echo "ddp ($label: $*):"
+  grep -E '^ddp rank' "$log"
+  grep -E 'NET/Plugin|Bagua-Net [0-9]|Using network' "$log" | sed -E 's/.*NCCL INFO //' | sort | uniq -c | head -8
+  [ "$rc" = 0 ] || { grep -vE 'NCCL INFO' "$log" | tail -15; verdict "FAIL ($label: the DDP job exited with $rc)"; }
+  grep -q 'NET/Plugin: Loaded net plugin Bagua' "$log" || verdict "FAIL ($label: no 'NET/Plugin: Loaded net plugin Bagua' in $log)"
+  grep -q "Bagua-Net $VERSION" "$log" || verdict "FAIL ($label: no 'Bagua-Net $VERSION' init line)"
+  grep -q 'Using network Bagua' "$log" || verdict "FAIL ($label: NCCL loaded the plugin but did not use it)"
+  [ "$(grep -c '^ddp rank [01]: .* 0 of [0-9]* weights differ' "$log")" = 2 ] || verdict "FAIL ($label: ranks disagree)"
+}
+run_ddp path NCCL_NET_PLUGIN="$PLUGIN"
+run_ddp name NCCL_NET_PLUGIN=bagua LD_LIBRARY_PATH="$(dirname "$PLUGIN")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+verdict "PASS (bagua $VERSION wheel via $how in $((SECONDS - t0))s; torch DDP loaded $PLUGIN by its path and as NCCL_NET_PLUGIN=bagua)"
