@@ -180,37 +180,18 @@ Result<LinkModel> fitLink(const std::vector<LinkSample>& samples) {
   return LinkModel{0.0, sxx / sxy};
 }
 
-Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
-  if (in.buckets.empty()) {
-    return BAGUA_ERROR(kInvalidArgument, "auto: no gradient bucket to decide for");
-  }
-  if (!(in.computeSeconds > 0) || !(in.allReduceStepSeconds > 0) || !(in.link.bytesPerSecond > 0) ||
-      !(in.link.latencySeconds >= 0) || !(in.codecBytesPerSecond > 0) || in.worldSize < 1) {
-    return BAGUA_ERROR(kInvalidArgument,
-                       "auto: measurements out of range (compute %g s, all-reduce step %g s, "
-                       "latency %g s, bandwidth %g B/s, codec %g B/s, %d ranks)",
-                       in.computeSeconds, in.allReduceStepSeconds, in.link.latencySeconds,
-                       in.link.bytesPerSecond, in.codecBytesPerSecond, in.worldSize);
-  }
+namespace {
+
+// Every candidate's predicted step: its collectives' latency and bytes over the fitted link,
+// its codec time, less what the backward pass hides (`hidden` seconds); in order of exactness,
+// gradient all-reduce first.
+std::vector<AutoCandidate> predictCandidates(const AutoInputs& in, double gradBytes,
+                                             double hidden) {
   const double eb = static_cast<double>(in.elementBytes);
   const double alpha = in.link.latencySeconds;
   const double beta = in.link.bytesPerSecond;
-  double gradBytes = 0;
-  for (const auto& b : in.buckets) {
-    for (size_t n : b) {
-      gradBytes += static_cast<double>(n) * eb;
-    }
-  }
   const double nb = static_cast<double>(in.buckets.size());
   const double compute = in.computeSeconds;
-  // Gradient all-reduce's work and how much of it the measured step showed to be hidden.
-  const double allReduceWork = nb * alpha + gradBytes / beta;
-  const double exposedAllReduce = std::max(0.0, in.allReduceStepSeconds - compute);
-  // All-reduce fully hidden: the window is at least its work; taken as the larger of that and
-  // kAutoHiddenShare of the compute-only step, at most the whole step.
-  const double hidden =
-      exposedAllReduce > 0 ? std::clamp(allReduceWork - exposedAllReduce, 0.0, compute)
-                           : std::min(std::max(allReduceWork, kAutoHiddenShare * compute), compute);
   const std::string hier = in.hierarchical ? "true" : "false";
 
   std::vector<AutoCandidate> cands;
@@ -251,6 +232,43 @@ Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
         rank == 4 ? kAutoStepsFactorPowerSgdRank4 : kAutoStepsFactorPowerSgdRank1);
   }
 
+  return cands;
+}
+
+}  // namespace
+
+Result<AutoDecision> chooseAlgorithm(const AutoInputs& in) {
+  if (in.buckets.empty()) {
+    return BAGUA_ERROR(kInvalidArgument, "auto: no gradient bucket to decide for");
+  }
+  if (!(in.computeSeconds > 0) || !(in.allReduceStepSeconds > 0) || !(in.link.bytesPerSecond > 0) ||
+      !(in.link.latencySeconds >= 0) || !(in.codecBytesPerSecond > 0) || in.worldSize < 1) {
+    return BAGUA_ERROR(kInvalidArgument,
+                       "auto: measurements out of range (compute %g s, all-reduce step %g s, "
+                       "latency %g s, bandwidth %g B/s, codec %g B/s, %d ranks)",
+                       in.computeSeconds, in.allReduceStepSeconds, in.link.latencySeconds,
+                       in.link.bytesPerSecond, in.codecBytesPerSecond, in.worldSize);
+  }
+  const double eb = static_cast<double>(in.elementBytes);
+  const double alpha = in.link.latencySeconds;
+  const double beta = in.link.bytesPerSecond;
+  double gradBytes = 0;
+  for (const auto& b : in.buckets) {
+    for (size_t n : b) {
+      gradBytes += static_cast<double>(n) * eb;
+    }
+  }
+  const double nb = static_cast<double>(in.buckets.size());
+  const double compute = in.computeSeconds;
+  // Gradient all-reduce's work and how much of it the measured step showed to be hidden.
+  const double allReduceWork = nb * alpha + gradBytes / beta;
+  const double exposedAllReduce = std::max(0.0, in.allReduceStepSeconds - compute);
+  // All-reduce fully hidden: the window is at least its work; taken as the larger of that and
+  // kAutoHiddenShare of the compute-only step, at most the whole step.
+  const double hidden =
+      exposedAllReduce > 0 ? std::clamp(allReduceWork - exposedAllReduce, 0.0, compute)
+                           : std::min(std::max(allReduceWork, kAutoHiddenShare * compute), compute);
+  std::vector<AutoCandidate> cands = predictCandidates(in, gradBytes, hidden);
   const AutoCandidate& allReduce = cands.front();
   const AutoCandidate* best = &allReduce;
   std::vector<std::string> skipped;

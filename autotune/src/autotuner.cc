@@ -214,7 +214,7 @@ Status Autotuner::checkKnobsAgree(const std::string& rank0Names) {
   return verdict;
 }
 
-Status Autotuner::init() {
+Status Autotuner::resolveOptions() {
   Resolved& r = *r_;
   const AutotuneOptions& o = options_;
   if (o.model.empty() || o.model.find('/') != std::string::npos) {
@@ -259,6 +259,90 @@ Status Autotuner::init() {
                        "(%g, %g) >= 0",
                        r.maxSamples, r.checkInterval, r.warmupS, r.confidenceS);
   }
+  return Status::ok();
+}
+
+Result<std::string> Autotuner::exchangeStart(const SearchSpace& space) {
+  Resolved& r = *r_;
+  const AutotuneOptions& o = options_;
+  // Rank 0 reads the saved setting (if any) and tells everyone where to start and which knobs it
+  // tunes; the others check that they tune the same (checkKnobsAgree).
+  core::Store& store = *ddp_.group().store();
+  const std::string knobList = joinNames(knobNames());
+  std::string start = "none\n";
+  if (rank_ == 0) {
+    if (!r.loadFile.empty()) {
+      Result<Setting> s = loadSetting(r.loadFile);
+      if (!s.isOk()) {
+        return s.takeStatus();
+      }
+      // It must name exactly this model's tensors.
+      std::multiset<std::string> have(tensorNames_.begin(), tensorNames_.end());
+      std::multiset<std::string> got;
+      for (const auto& b : s->buckets) {
+        got.insert(b.begin(), b.end());
+      }
+      if (have != got) {
+        return BAGUA_ERROR(kInvalidArgument,
+                           "autotune: %s holds a layout of %zu tensors that does not match model "
+                           "%s's %zu tensors (saved by another model?)",
+                           r.loadFile.c_str(), got.size(), o.model.c_str(), have.size());
+      }
+      start = "load\n" + encodeSetting(*s);
+      BAGUA_LOG_INFO(kLogTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
+                     o.model.c_str(), r.loadFile.c_str(),
+                     static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
+    }
+    BAGUA_RETURN_IF_ERROR(
+        store.set(key("start"), core::toBytes(kKnobsPrefix + knobList + "\n" + start)));
+    OptimizerOptions bo;
+    bo.seed = r.seed;
+    bo.initialSamples = r.initialSamples;
+    BAGUA_ASSIGN_OR_RETURN(BayesianOptimizer opt, BayesianOptimizer::create(space, bo));
+    bo_ = std::make_unique<BayesianOptimizer>(std::move(opt));
+  } else {
+    BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(key("start"), r.wait));
+    start = core::toString(b);
+  }
+  std::string rank0Knobs = knobList;
+  if (rank_ != 0) {
+    const size_t nl = start.find('\n');
+    if (start.rfind(kKnobsPrefix, 0) != 0 || nl == std::string::npos) {
+      return BAGUA_ERROR(kInternal, "autotune: model %s: malformed start data from rank 0",
+                         o.model.c_str());
+    }
+    rank0Knobs = start.substr(std::strlen(kKnobsPrefix), nl - std::strlen(kKnobsPrefix));
+    start.erase(0, nl + 1);
+  }
+  if (world_ > 1) {
+    BAGUA_RETURN_IF_ERROR(checkKnobsAgree(rank0Knobs));
+  }
+  return start;
+}
+
+Status Autotuner::applyStart(const std::string& start, const SearchSpace& space) {
+  const AutotuneOptions& o = options_;
+  if (start.rfind("load\n", 0) == 0) {
+    BAGUA_ASSIGN_OR_RETURN(Setting s, decodeSetting(start.substr(5), "rank 0's start"));
+    BAGUA_RETURN_IF_ERROR(schedule(s));
+    const int bi = 0;
+    currentPoint_[bi] = std::clamp<int64_t>(static_cast<int64_t>(s.bucketBytes / 1024),
+                                            space.dims()[0].lo, space.dims()[0].hi);
+    for (size_t k = 0; k < o.knobs.size(); ++k) {
+      auto it = s.knobs.find(o.knobs[k].dimension.name);
+      if (it != s.knobs.end()) {
+        currentPoint_[k + 1] =
+            std::clamp(it->second, o.knobs[k].dimension.lo, o.knobs[k].dimension.hi);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status Autotuner::init() {
+  BAGUA_RETURN_IF_ERROR(resolveOptions());
+  const Resolved& r = *r_;
+  const AutotuneOptions& o = options_;
   rank_ = ddp_.group().rank();
   world_ = ddp_.group().size();
   for (const core::TensorRef& t : ddp_.tensors()) {
@@ -327,72 +411,8 @@ Status Autotuner::init() {
     currentPoint_.push_back(k.initial);
   }
 
-  // Rank 0 reads the saved setting (if any) and tells everyone where to start and which knobs it
-  // tunes; the others check that they tune the same (checkKnobsAgree).
-  core::Store& store = *ddp_.group().store();
-  const std::string knobList = joinNames(knobNames());
-  std::string start = "none\n";
-  if (rank_ == 0) {
-    if (!r.loadFile.empty()) {
-      Result<Setting> s = loadSetting(r.loadFile);
-      if (!s.isOk()) {
-        return s.takeStatus();
-      }
-      // It must name exactly this model's tensors.
-      std::multiset<std::string> have(tensorNames_.begin(), tensorNames_.end());
-      std::multiset<std::string> got;
-      for (const auto& b : s->buckets) {
-        got.insert(b.begin(), b.end());
-      }
-      if (have != got) {
-        return BAGUA_ERROR(kInvalidArgument,
-                           "autotune: %s holds a layout of %zu tensors that does not match model "
-                           "%s's %zu tensors (saved by another model?)",
-                           r.loadFile.c_str(), got.size(), o.model.c_str(), have.size());
-      }
-      start = "load\n" + encodeSetting(*s);
-      BAGUA_LOG_INFO(kLogTune, "autotune: model %s starts from %s (bucket %llu bytes, %zu buckets)",
-                     o.model.c_str(), r.loadFile.c_str(),
-                     static_cast<unsigned long long>(s->bucketBytes), s->buckets.size());
-    }
-    BAGUA_RETURN_IF_ERROR(
-        store.set(key("start"), core::toBytes(kKnobsPrefix + knobList + "\n" + start)));
-    OptimizerOptions bo;
-    bo.seed = r.seed;
-    bo.initialSamples = r.initialSamples;
-    BAGUA_ASSIGN_OR_RETURN(BayesianOptimizer opt, BayesianOptimizer::create(space, bo));
-    bo_ = std::make_unique<BayesianOptimizer>(std::move(opt));
-  } else {
-    BAGUA_ASSIGN_OR_RETURN(core::Bytes b, store.get(key("start"), r.wait));
-    start = core::toString(b);
-  }
-  std::string rank0Knobs = knobList;
-  if (rank_ != 0) {
-    const size_t nl = start.find('\n');
-    if (start.rfind(kKnobsPrefix, 0) != 0 || nl == std::string::npos) {
-      return BAGUA_ERROR(kInternal, "autotune: model %s: malformed start data from rank 0",
-                         o.model.c_str());
-    }
-    rank0Knobs = start.substr(std::strlen(kKnobsPrefix), nl - std::strlen(kKnobsPrefix));
-    start.erase(0, nl + 1);
-  }
-  if (world_ > 1) {
-    BAGUA_RETURN_IF_ERROR(checkKnobsAgree(rank0Knobs));
-  }
-  if (start.rfind("load\n", 0) == 0) {
-    BAGUA_ASSIGN_OR_RETURN(Setting s, decodeSetting(start.substr(5), "rank 0's start"));
-    BAGUA_RETURN_IF_ERROR(schedule(s));
-    const int bi = 0;
-    currentPoint_[bi] = std::clamp<int64_t>(static_cast<int64_t>(s.bucketBytes / 1024),
-                                            space.dims()[0].lo, space.dims()[0].hi);
-    for (size_t k = 0; k < o.knobs.size(); ++k) {
-      auto it = s.knobs.find(o.knobs[k].dimension.name);
-      if (it != s.knobs.end()) {
-        currentPoint_[k + 1] =
-            std::clamp(it->second, o.knobs[k].dimension.lo, o.knobs[k].dimension.hi);
-      }
-    }
-  }
+  BAGUA_ASSIGN_OR_RETURN(std::string start, exchangeStart(space));
+  BAGUA_RETURN_IF_ERROR(applyStart(start, space));
   if (!r.enabled) {
     state_ = State::kDone;  // the loaded setting is applied; nothing more to tune
     releaseKnobs();

@@ -194,7 +194,9 @@ Status LocalRedisServer::start(LocalRedisOptions options) {
   return last;
 }
 
-Status LocalRedisServer::startOnce(int port) {
+// The server's command line: loopback only, no persistence, in the foreground; the password, if
+// any, goes to its standard input instead (see startOnce).
+Result<std::vector<std::string>> LocalRedisServer::serverArgs(int port) const {
   std::vector<std::string> args = {options_.binary,
                                    "--port",
                                    std::to_string(port),
@@ -222,6 +224,11 @@ Status LocalRedisServer::startOnce(int port) {
     }
     args.push_back("-");  // the rest of the configuration (the password) on standard input
   }
+  return args;
+}
+
+Status LocalRedisServer::startOnce(int port) {
+  BAGUA_ASSIGN_OR_RETURN(std::vector<std::string> args, serverArgs(port));
   std::vector<char*> argv;
   for (std::string& a : args) {
     argv.push_back(a.data());
@@ -300,6 +307,12 @@ Status LocalRedisServer::startOnce(int port) {
   }
   pid_ = pid;
   port_ = port;
+  return awaitPing(port, deadline);
+}
+
+// Polls the started server (pid_ on port_) until it answers PING; reports its exit or the
+// deadline, killing it in the latter case.
+Status LocalRedisServer::awaitPing(int port, std::chrono::steady_clock::time_point deadline) {
   while (true) {
     int status = 0;
     pid_t r = ::waitpid(pid_, &status, WNOHANG);

@@ -45,8 +45,7 @@ Status FusedOptimizer::refreshReducerLayout() {
   return layOut(!ddp_->options().gradientAsBucketView);
 }
 
-Status FusedOptimizer::layOut(bool moveGrads) {
-  dropPlan();
+std::vector<size_t> FusedOptimizer::layoutOrder() const {
   // Order: the reducer's bucket order when it owns the gradients (so parameter runs line up with
   // gradient runs), else registration order.
   std::vector<size_t> rank(params_.size(), 0);
@@ -68,110 +67,121 @@ Status FusedOptimizer::layOut(bool moveGrads) {
       rank[i] = byBucket[i] == SIZE_MAX ? r + i : byBucket[i];
     }
   }
-  for (auto& partPtr : partitions_) {
-    Partition& part = *partPtr;
-    std::stable_sort(part.slots.begin(), part.slots.end(),
-                     [&](int a, int b) { return rank[slots_[a]->param] < rank[slots_[b]->param]; });
-    size_t total = 0;
-    for (int si : part.slots) {
-      total += slots_[si]->numel;
+  return rank;
+}
+
+Status FusedOptimizer::layOutPartition(Partition& part, const std::vector<size_t>& rank,
+                                       bool moveGrads) {
+  std::stable_sort(part.slots.begin(), part.slots.end(),
+                   [&](int a, int b) { return rank[slots_[a]->param] < rank[slots_[b]->param]; });
+  size_t total = 0;
+  for (int si : part.slots) {
+    total += slots_[si]->numel;
+  }
+  const size_t pes = core::dataTypeSize(part.dtype);
+  const size_t ses = detail::stateElemSize(part.storage);
+  const unsigned mask = stateMask(part.group);
+  const bool master = detail::isHalfLike(part.storage) && options_.masterWeights;
+  std::unique_ptr<Buffer> nparams, ngrads, nmaster, nstates[kMaxStates];
+  BAGUA_ASSIGN_OR_RETURN(nparams, Buffer::make(part.device, total * pes));
+  if (moveGrads) {
+    BAGUA_ASSIGN_OR_RETURN(ngrads, Buffer::make(part.device, total * pes));
+  }
+  if (master) {
+    BAGUA_ASSIGN_OR_RETURN(nmaster, Buffer::make(part.device, total * 4));
+  }
+  for (int k = 0; k < numStates(); ++k) {
+    if ((mask >> k) & 1u) {
+      BAGUA_ASSIGN_OR_RETURN(nstates[k], Buffer::make(part.device, total * ses));
     }
-    const size_t pes = core::dataTypeSize(part.dtype);
-    const size_t ses = detail::stateElemSize(part.storage);
-    const unsigned mask = stateMask(part.group);
-    const bool master = detail::isHalfLike(part.storage) && options_.masterWeights;
-    std::unique_ptr<Buffer> nparams, ngrads, nmaster, nstates[kMaxStates];
-    BAGUA_ASSIGN_OR_RETURN(nparams, Buffer::make(part.device, total * pes));
+  }
+  if (moveGrads) {
+    for (int si : part.slots) {
+      const core::Parameter& p = params_[slots_[si]->param];
+      if (p.grad != nullptr && !p.setGrad && p.numel > 0) {
+        BAGUA_LOG_WARN(kLogOptim,
+                       "%s: parameter '%s' has no setGrad; its gradient moves only in the "
+                       "parameter list (trainers must read gradients through it)",
+                       ruleName(), p.name.c_str());
+        break;
+      }
+    }
+  }
+  size_t off = 0;
+  for (int si : part.slots) {
+    Slot& s = *slots_[si];
+    core::Parameter& p = params_[s.param];
+    uint8_t* pdst = static_cast<uint8_t*>(nparams->ptr) + off * pes;
+    BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, pdst, p.data, s.numel * pes));
     if (moveGrads) {
-      BAGUA_ASSIGN_OR_RETURN(ngrads, Buffer::make(part.device, total * pes));
+      uint8_t* gdst = static_cast<uint8_t*>(ngrads->ptr) + off * pes;
+      if (p.grad != nullptr) {
+        BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, gdst, p.grad, s.numel * pes));
+      }
     }
     if (master) {
-      BAGUA_ASSIGN_OR_RETURN(nmaster, Buffer::make(part.device, total * 4));
+      float* mdst = static_cast<float*>(nmaster->ptr) + off;
+      BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, mdst, s.master, s.numel * 4));
     }
     for (int k = 0; k < numStates(); ++k) {
-      if ((mask >> k) & 1u) {
-        BAGUA_ASSIGN_OR_RETURN(nstates[k], Buffer::make(part.device, total * ses));
+      if (nstates[k]) {
+        uint8_t* sdst = static_cast<uint8_t*>(nstates[k]->ptr) + off * ses;
+        BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, sdst, s.state[k], s.numel * ses));
       }
     }
+    off += s.numel;
+  }
+  // All copies done: re-point everything at the new storage, then free the old.
+  off = 0;
+  for (int si : part.slots) {
+    Slot& s = *slots_[si];
+    core::Parameter& p = params_[s.param];
+    p.data = static_cast<uint8_t*>(nparams->ptr) + off * pes;
     if (moveGrads) {
-      for (int si : part.slots) {
-        const core::Parameter& p = params_[slots_[si]->param];
-        if (p.grad != nullptr && !p.setGrad && p.numel > 0) {
-          BAGUA_LOG_WARN(kLogOptim,
-                         "%s: parameter '%s' has no setGrad; its gradient moves only in the "
-                         "parameter list (trainers must read gradients through it)",
-                         ruleName(), p.name.c_str());
-          break;
-        }
+      void* g = static_cast<uint8_t*>(ngrads->ptr) + off * pes;
+      p.grad = g;
+      if (p.setGrad) {
+        p.setGrad(g);
       }
-    }
-    size_t off = 0;
-    for (int si : part.slots) {
-      Slot& s = *slots_[si];
-      core::Parameter& p = params_[s.param];
-      uint8_t* pdst = static_cast<uint8_t*>(nparams->ptr) + off * pes;
-      BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, pdst, p.data, s.numel * pes));
-      if (moveGrads) {
-        uint8_t* gdst = static_cast<uint8_t*>(ngrads->ptr) + off * pes;
-        if (p.grad != nullptr) {
-          BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, gdst, p.grad, s.numel * pes));
-        }
-      }
-      if (master) {
-        float* mdst = static_cast<float*>(nmaster->ptr) + off;
-        BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, mdst, s.master, s.numel * 4));
-      }
-      for (int k = 0; k < numStates(); ++k) {
-        if (nstates[k]) {
-          uint8_t* sdst = static_cast<uint8_t*>(nstates[k]->ptr) + off * ses;
-          BAGUA_RETURN_IF_ERROR(detail::copyOn(part.device, sdst, s.state[k], s.numel * ses));
-        }
-      }
-      off += s.numel;
-    }
-    // All copies done: re-point everything at the new storage, then free the old.
-    off = 0;
-    for (int si : part.slots) {
-      Slot& s = *slots_[si];
-      core::Parameter& p = params_[s.param];
-      p.data = static_cast<uint8_t*>(nparams->ptr) + off * pes;
-      if (moveGrads) {
-        void* g = static_cast<uint8_t*>(ngrads->ptr) + off * pes;
-        p.grad = g;
-        if (p.setGrad) {
-          p.setGrad(g);
-        }
-      }
-      if (master) {
-        s.master = static_cast<float*>(nmaster->ptr) + off;
-        s.ownMaster.reset();
-      }
-      for (int k = 0; k < numStates(); ++k) {
-        if (nstates[k]) {
-          s.state[k] = static_cast<uint8_t*>(nstates[k]->ptr) + off * ses;
-          s.own[k].reset();
-        }
-      }
-      off += s.numel;
-    }
-    part.params = std::move(nparams);
-    if (moveGrads) {
-      part.grads = std::move(ngrads);
     }
     if (master) {
-      part.master = std::move(nmaster);
+      s.master = static_cast<float*>(nmaster->ptr) + off;
+      s.ownMaster.reset();
     }
-    for (int k = 0; k < kMaxStates; ++k) {
+    for (int k = 0; k < numStates(); ++k) {
       if (nstates[k]) {
-        part.states[k] = std::move(nstates[k]);
+        s.state[k] = static_cast<uint8_t*>(nstates[k]->ptr) + off * ses;
+        s.own[k].reset();
       }
     }
-    part.flattened = true;
-    part.gradsFlattened = moveGrads;
-    BAGUA_LOG_DEBUG(kLogOptim, "%s: flattened group %d %s on %s: %zu tensors, %zu elements%s",
-                    ruleName(), part.group, core::dataTypeName(part.dtype),
-                    detail::deviceString(part.device).c_str(), part.slots.size(), total,
-                    moveGrads ? "" : " (gradients stay in the reducer's buckets)");
+    off += s.numel;
+  }
+  part.params = std::move(nparams);
+  if (moveGrads) {
+    part.grads = std::move(ngrads);
+  }
+  if (master) {
+    part.master = std::move(nmaster);
+  }
+  for (int k = 0; k < kMaxStates; ++k) {
+    if (nstates[k]) {
+      part.states[k] = std::move(nstates[k]);
+    }
+  }
+  part.flattened = true;
+  part.gradsFlattened = moveGrads;
+  BAGUA_LOG_DEBUG(kLogOptim, "%s: flattened group %d %s on %s: %zu tensors, %zu elements%s",
+                  ruleName(), part.group, core::dataTypeName(part.dtype),
+                  detail::deviceString(part.device).c_str(), part.slots.size(), total,
+                  moveGrads ? "" : " (gradients stay in the reducer's buckets)");
+  return Status::ok();
+}
+
+Status FusedOptimizer::layOut(bool moveGrads) {
+  dropPlan();
+  const std::vector<size_t> rank = layoutOrder();
+  for (auto& partPtr : partitions_) {
+    BAGUA_RETURN_IF_ERROR(layOutPartition(*partPtr, rank, moveGrads));
   }
   warnedMoved_ = false;
   return Status::ok();

@@ -209,6 +209,12 @@ class Autotuner {
   struct Resolved;
   Autotuner(core::DistributedDataParallel& ddp, Tunable& algorithm, AutotuneOptions options);
   Status init();
+  // init()'s parts: the options and parameters into r_ (checked); rank 0 publishes where tuning
+  // starts (a loaded setting or none) and the knobs it tunes, the others read it and rank 0
+  // checks they tune the same knobs; every rank applies a loaded start.
+  Status resolveOptions();
+  Result<std::string> exchangeStart(const SearchSpace& space);
+  Status applyStart(const std::string& start, const SearchSpace& space);
   Status check();
   // One rank's window: iterations, seconds, and the median iteration rate of its sub-windows
   // (one per check; Horovod's median of sub-samples, so a short burst of load on the machine

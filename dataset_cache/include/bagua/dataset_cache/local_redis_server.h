@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bagua/base/status.h"
 
@@ -59,6 +60,8 @@ class LocalRedisServer {
 
  private:
   Status startOnce(int port);
+  Result<std::vector<std::string>> serverArgs(int port) const;
+  Status awaitPing(int port, std::chrono::steady_clock::time_point deadline);
   void reap(std::chrono::milliseconds wait);
 
   LocalRedisOptions options_;

@@ -206,6 +206,10 @@ class FusedOptimizer : public core::Optimizer, public core::BucketStepper {
   void* streamFor(const core::Device& device) const;
   Status checkNonFinite(double invScale, bool* found);
   Status layOut(bool moveGrads);
+  // layOut()'s parts: each parameter's place in the flat order (the reducer's bucket order when
+  // it owns the gradients, else registration order), and one partition's new storage.
+  std::vector<size_t> layoutOrder() const;
+  Status layOutPartition(Partition& part, const std::vector<size_t>& rank, bool moveGrads);
   Status refreshReducerLayout();
   Status stepSlot(Slot& slot, double invScale);
   Status stepRun(PlanRun& run, double invScale);
