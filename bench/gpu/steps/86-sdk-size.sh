@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The C++ SDK as the root README installs it, with CUDA kernels for every architecture: the
-# install-only configuration (release, the project's default; -Dtests=false
+# install-only configuration (release and strip=true, the project's defaults; -Dtests=false
 # -Dbenchmarks=disabled -Dpython_ext=disabled) against the NCCL that torch ships, built from
 # scratch in its own folder, installed with --destdir. Reports the build time, the installed
 # size (bytes, all files) and the largest files; checks that the CUDA halves carry machine code
@@ -39,8 +39,20 @@ meson install -C "$B" --destdir "$STAGE" --no-rebuild > "$D/install.log" 2>&1 \
 bytes=$(find "$STAGE" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')
 files=$(find "$STAGE" -type f | wc -l)
 echo "sdk: built in ${build_s}s on $(nproc) cores; installed $files files, $bytes bytes ($(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1e6}') MB)"
-echo "largest files:"
-find "$STAGE" -type f -printf '%s %P\n' | sort -rn | head -8 | awk '{printf "  %9.2f MB  %s\n", $1 / 1e6, $2}'
+echo "largest files (MB: file, of it CUDA fatbin, symbol and string tables):"
+find "$STAGE" -type f -printf '%s %p\n' | sort -rn | head -10 | python3 -c '
+import re, subprocess, sys
+for line in sys.stdin:
+    size, path = line.split(" ", 1)
+    path = path.strip()
+    secs = {}
+    out = subprocess.run(["readelf", "-SW", path], capture_output=True, text=True).stdout
+    for m in re.finditer(r"\]\s+(\.\S+)\s+\S+\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", out):
+        secs[m.group(1)] = secs.get(m.group(1), 0) + int(m.group(2), 16)
+    fat = secs.get(".nv_fatbin", 0) / 1e6
+    sym = (secs.get(".symtab", 0) + secs.get(".strtab", 0)) / 1e6
+    print("  {:6.2f}  {:5.2f}  {:5.2f}  {}".format(int(size) / 1e6, fat, sym, path.split("/stage/", 1)[-1]))
+'
 
 # Every architecture's machine code in each CUDA half.
 NVCC=$(grep -m1 -oE '[^ "]*/nvcc( |$)' "$B/build.ninja" | tr -d ' ')
@@ -49,12 +61,14 @@ CUOBJDUMP="$(dirname "$NVCC")/cuobjdump"
 want=$("$NVCC" --list-gpu-code | grep -oE '^sm_[0-9]+$' | awk '{n = substr($1, 4) + 0} n >= 70' | sort -u | tr '\n' ' ')
 halves=0
 while IFS= read -r lib; do
+  # A half without kernels of its own (the loader's: pinned memory and copies) has no fatbin.
+  readelf -SW "$lib" | grep -q '\.nv_fatbin' || { echo "$(basename "$lib"): no kernels of its own"; continue; }
   halves=$((halves + 1))
   have=$("$CUOBJDUMP" --list-elf "$lib" 2>/dev/null | grep -oE 'sm_[0-9]+' | sort -u | tr '\n' ' ')
   [ "$have" = "$want" ] || verdict "FAIL ($(basename "$lib") has machine code for [$have], want [$want])"
 done < <(find "$STAGE" -name 'libbagua_*_cuda.so.*.*' -type f)
-[ "$halves" -gt 0 ] || verdict "FAIL (no CUDA half installed)"
-echo "machine code in each of the $halves CUDA halves: $want"
-rm -rf "$B"
+[ "$halves" -gt 0 ] || verdict "FAIL (no CUDA half with kernels installed)"
+echo "machine code in each of the $halves CUDA halves with kernels: $want"
+rm -rf "$B" "$STAGE"
 [ "$bytes" -lt "$LIMIT" ] || verdict "FAIL ($bytes bytes installed, the bound is $LIMIT)"
 verdict "PASS ($bytes bytes installed with kernels for every architecture, under $LIMIT; build ${build_s}s)"
