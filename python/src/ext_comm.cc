@@ -127,23 +127,31 @@ core::Backend backendOf(const std::string& name) {
   throw pyb::value_error("backend '" + name + "': expected 'host' or 'nccl'");
 }
 
-}  // namespace
+using GroupClass = pyb::class_<PyGroup, std::shared_ptr<PyGroup>>;
 
-void bindComm(pyb::module_& m) {
+// Work, and the Group class with its read-only properties.
+GroupClass bindWorkAndGroupInfo(pyb::module_& m) {
   pyb::class_<PyWork>(m, "Work")
       .def("wait", &PyWork::wait, pyb::arg("timeout_ms") = -1,
            "Blocks until the operation completes (GIL released); raises RuntimeError on failure")
       .def("test", &PyWork::test);
 
-  pyb::class_<PyGroup, std::shared_ptr<PyGroup>>(m, "Group")
-      .def_property_readonly("rank", [](PyGroup& g) { return g.live().rank(); })
+  GroupClass group(m, "Group");
+  group.def_property_readonly("rank", [](PyGroup& g) { return g.live().rank(); })
       .def_property_readonly("size", [](PyGroup& g) { return g.live().size(); })
       .def_property_readonly("local_rank", [](PyGroup& g) { return g.live().localRank(); })
       .def_property_readonly("local_size", [](PyGroup& g) { return g.live().localSize(); })
       .def_property_readonly("node_rank", [](PyGroup& g) { return g.live().nodeRank(); })
       .def_property_readonly("num_nodes", [](PyGroup& g) { return g.live().numNodes(); })
       .def_property_readonly("backend", [](PyGroup& g) { return g.live().global().backendName(); })
-      .def_property_readonly("alive", &PyGroup::alive)
+      .def_property_readonly("alive", &PyGroup::alive);
+  return group;
+}
+
+// Group's collectives on raw buffers: all_reduce, reduce, reduce_scatter, all_gather,
+// broadcast, all_to_all.
+void bindGroupCollectives(GroupClass& group) {
+  group
       .def(
           "all_reduce",
           [](PyGroup& g, uintptr_t send, uintptr_t recv, size_t count, int dt, int op,
@@ -202,7 +210,12 @@ void bindComm(pyb::module_& m) {
                          keep);
           },
           pyb::arg("send"), pyb::arg("recv"), pyb::arg("count"), pyb::arg("dtype"),
-          pyb::arg("keep") = pyb::none())
+          pyb::arg("keep") = pyb::none());
+}
+
+// Group's point-to-point send and recv.
+void bindGroupPointToPoint(GroupClass& group) {
+  group
       .def(
           "send",
           [](PyGroup& g, uintptr_t buf, size_t count, int dt, int peer, pyb::object keep) {
@@ -218,7 +231,12 @@ void bindComm(pyb::module_& m) {
             return issue([&] { return c.recv(ptr(buf), count, dtypeOf(dt), peer); }, keep);
           },
           pyb::arg("buffer"), pyb::arg("count"), pyb::arg("dtype"), pyb::arg("peer"),
-          pyb::arg("keep") = pyb::none())
+          pyb::arg("keep") = pyb::none());
+}
+
+// Group's barrier, abort, stats, destroy and new_group.
+void bindGroupControl(GroupClass& group) {
+  group
       .def("barrier",
            [](PyGroup& g) {
              Communicator& c = g.live().global();
@@ -286,7 +304,11 @@ void bindComm(pyb::module_& m) {
           pyb::arg("ranks"), pyb::arg("name"), pyb::arg("backend") = "host",
           pyb::arg("hierarchical") = false, pyb::arg("cuda_device") = -1,
           pyb::arg("local_rank") = -1, pyb::arg("local_world_size") = -1);
+}
 
+// The module's rendezvous functions (init_from_env, start_store_server and its StoreServer,
+// init_group) and collective_timeout_ms.
+void bindRendezvous(pyb::module_& m) {
   m.def(
       "init_from_env",
       [](const std::string& backend, bool hierarchical, int rank, int worldSize, int localRank,
@@ -373,6 +395,16 @@ void bindComm(pyb::module_& m) {
       "Rendezvous on the core store at addr:port (rank 0 passes the server it started, which the "
       "group then owns)");
   m.def("collective_timeout_ms", [] { return collectiveTimeout().count(); });
+}
+
+}  // namespace
+
+void bindComm(pyb::module_& m) {
+  GroupClass group = bindWorkAndGroupInfo(m);
+  bindGroupCollectives(group);
+  bindGroupPointToPoint(group);
+  bindGroupControl(group);
+  bindRendezvous(m);
 }
 
 // For ext_ddp.cc: the ProcessGroup inside a Group object.

@@ -227,9 +227,9 @@ pyb::list cacheDecode(const pyb::bytes& data) {
   return out;
 }
 
-}  // namespace
-
-void bindContrib(pyb::module_& m) {
+// The typed cache value codec (cache_encode, cache_decode) and the key cached pickles are
+// authenticated with.
+void bindCacheValueCodec(pyb::module_& m) {
   m.def("cache_encode", &cacheEncode, pyb::arg("items"),
         "Encodes a value's items (pre-order tuples, value_codec.h) as a typed cache value");
   m.def("cache_decode", &cacheDecode, pyb::arg("data"),
@@ -246,6 +246,10 @@ void bindContrib(pyb::module_& m) {
       },
       "The key cached pickles are authenticated with (derived from the job key), or None without "
       "a job key");
+}
+
+// loader/: LoadBalancingSampler, LoadBalancingBatchSampler and ElasticPlan.
+void bindLoader(pyb::module_& m) {
   pyb::class_<PySampler>(m, "LoadBalancingSampler")
       .def(pyb::init<std::vector<int64_t>, int, int, bool, uint64_t, bool, double>(),
            pyb::arg("complexities"), pyb::arg("num_replicas"), pyb::arg("rank"),
@@ -304,9 +308,11 @@ void bindContrib(pyb::module_& m) {
           },
           pyb::arg("epoch"), pyb::arg("remaining"), pyb::arg("dataset_size"), pyb::arg("seed"))
       .def_property_readonly("num_steps", &loader::ElasticBatchPlan::numSteps);
+}
 
-  // The backend as a key-value store (Bagua's contrib.utils.store API); values are bytes.
-  // Every call releases the GIL (Redis calls block on the network).
+// CacheBackend: the backend as a key-value store (Bagua's contrib.utils.store API); values are
+// bytes. Every call releases the GIL (Redis calls block on the network).
+void bindCacheBackend(pyb::module_& m) {
   pyb::class_<cache::CacheBackend, std::shared_ptr<cache::CacheBackend>>(m, "CacheBackend")
       .def("describe", &cache::CacheBackend::describe)
       .def("num_keys",
@@ -366,6 +372,10 @@ void bindContrib(pyb::module_& m) {
         pyb::gil_scoped_release nogil;
         check(b.putMany(kv));
       });
+}
+
+// make_cache_backend: an embedded or Redis backend from the parameters and the API's arguments.
+void bindCacheBackendFactory(pyb::module_& m) {
   m.def(
       "make_cache_backend",
       [](const std::string& kind, int64_t capacityBytes,
@@ -402,7 +412,10 @@ void bindContrib(pyb::module_& m) {
       pyb::arg("kind"), pyb::arg("capacity_bytes") = 0,
       pyb::arg("hosts") = std::vector<std::pair<std::string, int>>{}, pyb::arg("cluster_mode") = -1,
       pyb::arg("node_rank") = -1);
+}
 
+// CacheLoader: one dataset's cache loader over a shared backend.
+void bindCacheLoader(pyb::module_& m) {
   pyb::class_<PyCacheLoader>(m, "CacheLoader")
       .def(pyb::init<std::shared_ptr<cache::CacheBackend>, const std::string&, size_t>(),
            pyb::arg("backend"), pyb::arg("dataset_name"), pyb::arg("writer_buffer_size"))
@@ -411,6 +424,16 @@ void bindContrib(pyb::module_& m) {
       .def("flush", &PyCacheLoader::flush)
       .def("num_keys", &PyCacheLoader::numKeys)
       .def("stats", &PyCacheLoader::stats);
+}
+
+}  // namespace
+
+void bindContrib(pyb::module_& m) {
+  bindCacheValueCodec(m);
+  bindLoader(m);
+  bindCacheBackend(m);
+  bindCacheBackendFactory(m);
+  bindCacheLoader(m);
 }
 
 }  // namespace bagua::py

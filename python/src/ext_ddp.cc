@@ -513,16 +513,10 @@ class PyReducer {
   std::unique_ptr<core::DistributedDataParallel::NoSyncGuard> noSync_;
 };
 
-}  // namespace
+using ReducerClass = pyb::class_<PyReducer>;
 
-core::DistributedDataParallel& reducerOf(const pyb::object& reducer) {
-  if (!pyb::isinstance<PyReducer>(reducer)) {
-    throw pyb::type_error("expected a _bagua_ext.Reducer");
-  }
-  return reducer.cast<PyReducer&>().ddp();
-}
-
-void bindDdp(pyb::module_& m) {
+// QAdamOptimizer, Algorithm, algorithm_names and auto_choose.
+void bindOptimizerAndAlgorithms(pyb::module_& m) {
   pyb::class_<PyQAdam>(m, "QAdamOptimizer")
       .def(pyb::init<const std::vector<ParamSpec>&, float, int, float, float, float, float, bool>(),
            pyb::arg("params"), pyb::arg("lr"), pyb::arg("warmup_steps"), pyb::arg("beta1"),
@@ -553,8 +547,12 @@ void bindDdp(pyb::module_& m) {
         pyb::arg("bandwidth"), pyb::arg("codec") = algo::kAutoDeviceCodecBytesPerSecond,
         pyb::arg("registered") = std::vector<std::string>{}, pyb::arg("hierarchical") = false,
         pyb::arg("element_bytes") = 4, pyb::arg("all_f32") = true);
+}
 
-  pyb::class_<PyReducer>(m, "Reducer")
+// The Reducer class: its constructor and the calls of each training step.
+ReducerClass bindReducerTraining(pyb::module_& m) {
+  ReducerClass reducer(m, "Reducer");
+  reducer
       .def(
           pyb::init<pyb::object, const std::vector<ParamSpec>&, const std::vector<ParamSpec>&,
                     PyAlgorithm&, PyQAdam*, double, bool, bool, bool,
@@ -577,8 +575,13 @@ void bindDdp(pyb::module_& m) {
       .def("finish_backward", &PyReducer::finishBackward)
       .def("step", &PyReducer::step)
       .def("set_no_sync", &PyReducer::setNoSync)
-      .def("communicated", &PyReducer::communicated)
-      .def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
+      .def("communicated", &PyReducer::communicated);
+  return reducer;
+}
+
+// Reducer's bucket layout, exact-resume schedule, gradient homes and layout counters.
+void bindReducerLayoutAndSchedule(ReducerClass& reducer) {
+  reducer.def("bucket_layout", [](PyReducer& r) { return r.ddp().bucketLayout(); })
       .def_property_readonly("train_step", [](PyReducer& r) { return r.ddp().trainStep(); })
       // Exact resume: the step counter and the algorithm's state, as bytes.
       .def("save_schedule",
@@ -619,8 +622,12 @@ void bindDdp(pyb::module_& m) {
                                return n;
                              })
       .def_property_readonly("buckets_rebuilt",
-                             [](PyReducer& r) { return r.ddp().bucketsRebuilt(); })
-      .def_property_readonly("autotune_state", &PyReducer::autotuneState)
+                             [](PyReducer& r) { return r.ddp().bucketsRebuilt(); });
+}
+
+// Reducer's autotune state and statistics.
+void bindReducerStats(ReducerClass& reducer) {
+  reducer.def_property_readonly("autotune_state", &PyReducer::autotuneState)
       .def("stats",
            [](PyReducer& r) {
              const core::DdpStats st = r.ddp().stats();
@@ -637,9 +644,12 @@ void bindDdp(pyb::module_& m) {
              d["buckets_stepped"] = st.bucketsStepped;
              return d;
            })
-      .def("reset_stats", [](PyReducer& r) { r.ddp().resetStats(); })
-      // Stepping inside the backward pass (core/include/bagua/core/ddp.h).
-      .def("buckets_reduced", [](PyReducer& r) { return r.ddp().bucketsReduced(); })
+      .def("reset_stats", [](PyReducer& r) { r.ddp().resetStats(); });
+}
+
+// Reducer's calls for stepping inside the backward pass (core/include/bagua/core/ddp.h).
+void bindReducerStepInBackward(ReducerClass& reducer) {
+  reducer.def("buckets_reduced", [](PyReducer& r) { return r.ddp().bucketsReduced(); })
       .def("wait_bucket_reduced",
            [](PyReducer& r, int bucket) {
              r.run([&] { return r.ddp().waitBucketReduced(bucket); });
@@ -678,6 +688,23 @@ void bindDdp(pyb::module_& m) {
         }
         return out;
       });
+}
+
+}  // namespace
+
+core::DistributedDataParallel& reducerOf(const pyb::object& reducer) {
+  if (!pyb::isinstance<PyReducer>(reducer)) {
+    throw pyb::type_error("expected a _bagua_ext.Reducer");
+  }
+  return reducer.cast<PyReducer&>().ddp();
+}
+
+void bindDdp(pyb::module_& m) {
+  bindOptimizerAndAlgorithms(m);
+  ReducerClass reducer = bindReducerTraining(m);
+  bindReducerLayoutAndSchedule(reducer);
+  bindReducerStats(reducer);
+  bindReducerStepInBackward(reducer);
 }
 
 }  // namespace bagua::py
