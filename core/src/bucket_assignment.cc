@@ -53,6 +53,16 @@ std::vector<std::vector<int>> assign(const std::vector<TensorRef>& tensors,
 
 }  // namespace
 
+BucketOptions limitsForModel(const BucketOptions& options, size_t totalBytes) {
+  BucketOptions o = options;
+  if (totalBytes < kMinBuckets * options.firstBucketBytes) {
+    const size_t share = std::max(kMinBucketBytes, (totalBytes + kMinBuckets - 1) / kMinBuckets);
+    o.firstBucketBytes = std::min(o.firstBucketBytes, share);
+    o.bucketCapBytes = std::min(o.bucketCapBytes, share);
+  }
+  return o;
+}
+
 std::vector<std::vector<int>> computeBucketAssignmentBySize(const std::vector<TensorRef>& tensors,
                                                             const std::vector<size_t>& limits) {
   std::vector<int> order(tensors.size());

@@ -148,7 +148,7 @@ Status DistributedDataParallel::initAlgorithm() {
   BucketOptions bo;
   bo.firstBucketBytes = options_.firstBucketBytes;
   bo.bucketCapBytes = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
-  auto assignment = impl_->tensorsToBuckets(tensors_, bo);
+  auto assignment = impl_->tensorsToBuckets(tensors_, limitsForModel(bo, tensorBytes()));
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
   readyOrder_.clear();
   recordOrder_ = true;

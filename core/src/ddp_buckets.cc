@@ -221,12 +221,21 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
     positions.push_back(static_cast<int>(t));
   }
   const size_t cap = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
-  auto assignment =
-      computeBucketAssignmentInOrder(tensors_, positions, {options_.firstBucketBytes, cap});
+  const BucketOptions limits = limitsForModel({options_.firstBucketBytes, cap}, tensorBytes());
+  auto assignment = computeBucketAssignmentInOrder(
+      tensors_, positions, {limits.firstBucketBytes, limits.bucketCapBytes});
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
   rebuilt_ = true;
   BAGUA_LOG_INFO(kLogBucket, "rebuilt %zu buckets from the gradient-ready order", buckets_.size());
   return Status::ok();
+}
+
+size_t DistributedDataParallel::tensorBytes() const {
+  size_t total = 0;
+  for (const TensorRef& t : tensors_) {
+    total += t.bytes();
+  }
+  return total;
 }
 
 Status DistributedDataParallel::setGradHomes(const std::vector<void*>& homes) {

@@ -85,6 +85,38 @@ TEST(BucketAssignment, InOrderKeepsClosingOrder) {
   EXPECT_EQ(computeBucketAssignmentInOrder(t, {}, {200, 400}), Assignment{});
 }
 
+// A model smaller than four first buckets is cut into about four (both limits a quarter of it, at
+// least 64 KiB), so its first gradients communicate while the rest are computed; larger models
+// and smaller limits given by the user are kept.
+TEST(BucketAssignment, SmallModelsAreCutIntoFourBuckets) {
+  const BucketOptions defaults;  // 1 MiB first, 25 MiB cap
+  BucketOptions l = limitsForModel(defaults, 480000);
+  EXPECT_EQ(l.firstBucketBytes, 120000u);
+  EXPECT_EQ(l.bucketCapBytes, 120000u);
+  l = limitsForModel(defaults, 100000);  // a quarter would be below the floor
+  EXPECT_EQ(l.firstBucketBytes, kMinBucketBytes);
+  EXPECT_EQ(l.bucketCapBytes, kMinBucketBytes);
+  l = limitsForModel(defaults, 4 << 20);  // four first buckets: DDP's limits as they are
+  EXPECT_EQ(l.firstBucketBytes, defaults.firstBucketBytes);
+  EXPECT_EQ(l.bucketCapBytes, defaults.bucketCapBytes);
+  l = limitsForModel({1 << 20, 100000}, 480000);  // the user's smaller cap stays
+  EXPECT_EQ(l.firstBucketBytes, 120000u);
+  EXPECT_EQ(l.bucketCapBytes, 100000u);
+  l = limitsForModel({10000, 20000}, 480000);  // limits already below a quarter: unchanged
+  EXPECT_EQ(l.firstBucketBytes, 10000u);
+  EXPECT_EQ(l.bucketCapBytes, 20000u);
+
+  // 16 tensors of 30,000 B (480,000 B): four buckets of four tensors, in the given order.
+  auto t = refs(std::vector<std::pair<size_t, DataType>>(16, {7500, DataType::kF32}));
+  std::vector<int> order(16);
+  for (int i = 0; i < 16; ++i) {
+    order[i] = 15 - i;
+  }
+  l = limitsForModel(defaults, 480000);
+  EXPECT_EQ(computeBucketAssignmentInOrder(t, order, {l.firstBucketBytes, l.bucketCapBytes}),
+            (Assignment{{15, 14, 13, 12}, {11, 10, 9, 8}, {7, 6, 5, 4}, {3, 2, 1, 0}}));
+}
+
 class DdpEquivalence : public ::testing::TestWithParam<bool> {};
 
 TEST_P(DdpEquivalence, MatchesSingleProcessOnConcatenatedBatch) {

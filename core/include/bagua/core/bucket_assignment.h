@@ -32,6 +32,15 @@ struct BucketOptions {
   size_t bucketCapBytes = 25 << 20;
 };
 
+// A model whose gradients fit in the first bucket would be reduced in one collective after its
+// whole backward pass, with nothing to overlap. For a model of `totalBytes` smaller than
+// kMinBuckets first buckets, both limits come down to a kMinBuckets-th of it (at least
+// kMinBucketBytes), so its first gradients are on the wire while the rest are computed; larger
+// models keep `options` as they are.
+inline constexpr size_t kMinBuckets = 4;
+inline constexpr size_t kMinBucketBytes = 64 << 10;
+BucketOptions limitsForModel(const BucketOptions& options, size_t totalBytes);
+
 // PyTorch DDP's compute_bucket_assignment_by_size: groups by (dtype, device) in the given
 // order; a bucket closes once its bytes reach the current limit; the limits advance per key
 // (limits[0] for the first bucket, then limits[1], ...); leftovers close at the end; buckets

@@ -243,6 +243,8 @@ class DistributedDataParallel {
   // The buckets of `assignment` (ddp_buckets.cc): laid out, their storage allocated with the
   // gradients moved in, then made the current ones with fresh per-iteration state.
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
+  // The communicated tensors' bytes, all of them (limitsForModel's model size).
+  size_t tensorBytes() const;
   // The new buckets (tensor maps rebuilt; storage not allocated yet), checked.
   Result<std::vector<Bucket>> layOutBuckets(const std::vector<std::vector<int>>& assignment);
   // Copies the current gradients into the new buckets' storage (gradient_as_bucket_view: and
