@@ -22,7 +22,9 @@ class BaguaModule:
         their ``step`` runs the algorithm's post-step hook); ``process_group``: default group
         when None; ``do_flatten``: lay each bucket's parameters out contiguously (see
         data_parallel/_native_engine.py). Buckets hold BAGUA_DEFAULT_BUCKET_SIZE bytes
-        (25 MiB, torch DDP's size; Bagua's was 10 MiB: see env.get_default_bucket_size).
+        (25 MiB, torch DDP's size; Bagua's was 10 MiB: see env.get_default_bucket_size), the
+        first 1 MiB as DDP's; a model with less than 4 MiB of gradients is cut into about four
+        buckets (at least 64 KiB each) so that communication overlaps its backward pass.
         Parameters named in ``_bagua_params_and_buffers_to_ignore`` (or DDP's
         ``_ddp_params_and_buffers_to_ignore``) are left alone. Wrapping again (another
         algorithm) replaces the previous wrap (Bagua's model switch). Buffers are not
