@@ -347,6 +347,10 @@ class _NativeEngine(_Engine):
         fresh = []  # alive until the reducer is done with them (it may still be copying)
         for p, view in self._keep:
             g = p.grad
+            if g is None:
+                # No gradient this iteration (zero_grad(set_to_none=True), torch 2's default,
+                # then unused): finish_backward names it, as find_unused_parameters is off.
+                continue
             if g.data_ptr() != view.data_ptr():
                 fresh.append(g)
                 p.grad = view  # finish_backward writes the reduced gradient here
