@@ -145,10 +145,7 @@ Status DistributedDataParallel::broadcastState() {
 Status DistributedDataParallel::initAlgorithm() {
   BAGUA_ASSIGN_OR_RETURN(impl_, algorithm_->reify(group_));
   tensors_ = impl_->initTensors(*this);
-  BucketOptions bo;
-  bo.firstBucketBytes = options_.firstBucketBytes;
-  bo.bucketCapBytes = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
-  auto assignment = impl_->tensorsToBuckets(tensors_, limitsForModel(bo, tensorBytes()));
+  auto assignment = impl_->tensorsToBuckets(tensors_, bucketLimits());
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
   readyOrder_.clear();
   recordOrder_ = true;

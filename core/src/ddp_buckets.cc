@@ -220,8 +220,7 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
     seen[t] = true;
     positions.push_back(static_cast<int>(t));
   }
-  const size_t cap = static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0);
-  const BucketOptions limits = limitsForModel({options_.firstBucketBytes, cap}, tensorBytes());
+  const BucketOptions limits = bucketLimits();
   auto assignment = computeBucketAssignmentInOrder(
       tensors_, positions, {limits.firstBucketBytes, limits.bucketCapBytes});
   BAGUA_RETURN_IF_ERROR(buildBuckets(assignment));
@@ -230,12 +229,14 @@ Status DistributedDataParallel::rebuildFromReadyOrder() {
   return Status::ok();
 }
 
-size_t DistributedDataParallel::tensorBytes() const {
+BucketOptions DistributedDataParallel::bucketLimits() const {
   size_t total = 0;
   for (const TensorRef& t : tensors_) {
     total += t.bytes();
   }
-  return total;
+  return limitsForModel(
+      {options_.firstBucketBytes, static_cast<size_t>(options_.bucketCapMb * 1024.0 * 1024.0)},
+      total);
 }
 
 Status DistributedDataParallel::setGradHomes(const std::vector<void*>& homes) {

@@ -159,9 +159,9 @@ class NetWithUnused(Net):
         self.unused = torch.nn.Linear(4, 4)
 
 
-def _steps(model, opt, r, n, offset=0):
+def _steps(model, opt, r, n, offset=0, set_to_none=False):
     for step in range(n):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         x, y = data(r, step + offset)
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
@@ -191,9 +191,7 @@ def features(a):
     w = DistributedDataParallel(m, optimizers=[opt], algorithm=GradientAllReduceAlgorithm())
     try:
         # Gradients set to None, torch 2's zero_grad default: the unused layer has none at all.
-        opt.zero_grad(set_to_none=True)
-        x, y = data(r, 0)
-        torch.nn.functional.mse_loss(w(x), y).backward()
+        _steps(w, opt, r, 1, set_to_none=True)
         out["unused_error"] = ""
     except RuntimeError as e:
         out["unused_error"] = str(e)

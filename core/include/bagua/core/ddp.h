@@ -62,6 +62,7 @@
 
 #include "bagua/base/status.h"
 #include "bagua/core/algorithm.h"
+#include "bagua/core/bucket_assignment.h"
 #include "bagua/core/parameter.h"
 #include "bagua/core/process_group.h"
 
@@ -243,8 +244,9 @@ class DistributedDataParallel {
   // The buckets of `assignment` (ddp_buckets.cc): laid out, their storage allocated with the
   // gradients moved in, then made the current ones with fresh per-iteration state.
   Status buildBuckets(const std::vector<std::vector<int>>& assignment);
-  // The communicated tensors' bytes, all of them (limitsForModel's model size).
-  size_t tensorBytes() const;
+  // The bucket limits of the options (first bucket, cap) for this model's communicated bytes
+  // (limitsForModel): the initial layout and the rebuild both cut buckets by them.
+  BucketOptions bucketLimits() const;
   // The new buckets (tensor maps rebuilt; storage not allocated yet), checked.
   Result<std::vector<Bucket>> layOutBuckets(const std::vector<std::vector<int>>& assignment);
   // Copies the current gradients into the new buckets' storage (gradient_as_bucket_view: and
