@@ -73,8 +73,9 @@ EXTRA = ["ddp_fused", "gradient_allreduce_fused", "gradient_allreduce_fused_afte
 TTA_ALL = ["ddp", "ddp_bf16", "ddp_powersgd1", "ddp_powersgd4", "gradient_allreduce",
            "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async",
            "powersgd1", "powersgd4", "auto"]
-# Accepted in both modes: PowerSGD at a rank named by the digit, async (its averaging thread
-# paused between its blocks), powersgd (at --powersgd-rank), auto.
+# Accepted in both modes: PowerSGD at a rank named by the digits (ddp_powersgd<N> torch's hook,
+# powersgd<N> ours, powersgd<N>q ours with 8-bit factors), async (its averaging thread paused
+# between its blocks), powersgd (at --powersgd-rank), auto.
 MORE = ["ddp_powersgd1", "ddp_powersgd4", "async", "powersgd", "powersgd1", "powersgd4", "auto"]
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
@@ -175,9 +176,9 @@ def parse():
     if a.contestants is None:
         a.contestants = ",".join(TTA_ALL if a.tta else ALL)
     for c in a.contestants.split(","):
-        if c not in ALL + EXTRA + MORE:
-            ap.error("--contestants: {!r} is not one of {}".format(
-                c, ", ".join(ALL + EXTRA + MORE)))
+        if c not in ALL + EXTRA + MORE and not tta_report.is_powersgd(c):
+            ap.error("--contestants: {!r} is not one of {} (or ddp_powersgd<N>, powersgd<N>, "
+                     "powersgd<N>q)".format(c, ", ".join(ALL + EXTRA + MORE)))
     if a.lr <= 0:
         a.lr = 5e-3 if a.tta else 1e-3
     if a.tta:

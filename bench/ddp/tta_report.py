@@ -16,8 +16,26 @@ contestants stopped at the run's target).
 """
 
 import math
+import re
 
-TORCH = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4")
+TORCH = ("ddp", "ddp_bf16", "ddp_fp16")
+# PowerSGD at a rank named by the digits (none: --powersgd-rank): ddp_powersgd<N> torch's hook,
+# powersgd<N> ours, powersgd<N>q ours with its factors sent as 8 bits.
+POWERSGD_NAME = re.compile(r"(ddp_)?powersgd([1-9][0-9]*)?(q?)")
+
+
+def is_powersgd(name, ours=None):
+    """Whether ``name`` is a PowerSGD contestant; ``ours`` True: ours only, False: torch's hook
+    only. The ``q`` suffix names ours alone."""
+    m = POWERSGD_NAME.fullmatch(name)
+    if m is None or (m.group(1) and m.group(3)):
+        return False
+    return ours is None or ours == (not m.group(1))
+
+
+def is_torch(name):
+    """A contestant torch alone provides (DDP, its compression hooks)."""
+    return name in TORCH or is_powersgd(name, ours=False)
 
 
 def derive(res):
@@ -26,7 +44,7 @@ def derive(res):
     rows = res["results"]
     better = res["task"]["better"]
     ddp = next((r for r in rows if r["name"] == "ddp"), None)
-    torch_rows = [r for r in rows if r["name"] in TORCH and r["reached_wall_s"] is not None]
+    torch_rows = [r for r in rows if is_torch(r["name"]) and r["reached_wall_s"] is not None]
     best = min(torch_rows, key=lambda r: r["reached_wall_s"]) if torch_rows else None
     for r in rows:
         t = r["reached_wall_s"]

@@ -24,9 +24,12 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 import step_profile  # noqa: E402
+import tta_report  # noqa: E402
 
 DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4",
              "ddp_fused")
+# PowerSGD at any rank (tta_report.is_powersgd): ddp_powersgd<N> (torch's hook), powersgd<N>
+# (ours), powersgd<N>q (ours, its factors sent as 8 bits: quantize_factors=True).
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
                "gradient_allreduce_fused", "gradient_allreduce_fused_after",
@@ -86,8 +89,8 @@ def parse(argv=None):
 
 
 def _powersgd_rank(name, args):
-    tail = name.rsplit("powersgd", 1)[1]
-    return int(tail) if tail else args.powersgd_rank
+    rank = tta_report.POWERSGD_NAME.fullmatch(name).group(2)
+    return int(rank) if rank else args.powersgd_rank
 
 
 def make_optimizer(args, params, fused):
@@ -112,7 +115,7 @@ class Contestant:
         self.note = ""  # what the JSON should say about how this contestant was set up
         self.module = models.build(args.model, args.preset, seed=0).to(dev)
         params = list(self.module.parameters())
-        if name in DDP_NAMES:
+        if name in DDP_NAMES or tta_report.is_powersgd(name, ours=False):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
@@ -140,17 +143,17 @@ class Contestant:
                     start_powerSGD_iter=max(2, args.algo_warmup))
                 self.wrapped.register_comm_hook(self.state, psgd.powerSGD_hook)
             return
-        if name not in BAGUA_NAMES:
+        if name not in BAGUA_NAMES and not tta_report.is_powersgd(name, ours=True):
             raise ValueError("unknown contestant {!r}: one of {}".format(
                 name, ", ".join(DDP_NAMES + BAGUA_NAMES)))
         if name in ("qadam", "qadam_hier"):
             self.opt = QAdamOptimizer(params, lr=args.lr, warmup_steps=max(1, args.algo_warmup))
             algo = QAdamAlgorithm(self.opt, hierarchical=name.endswith("_hier"))
-        elif name == "async" or name == "auto" or name.startswith("powersgd"):
+        elif name == "async" or name == "auto" or tta_report.is_powersgd(name, ours=True):
             from bagua.torch_api.algorithms import GlobalAlgorithmRegistry
 
             self.opt = make_optimizer(args, params, fused=False)
-            base = "powersgd" if name.startswith("powersgd") else name
+            base = "powersgd" if tta_report.is_powersgd(name, ours=True) else name
             if base not in GlobalAlgorithmRegistry:
                 raise Unavailable("{} is not registered in this bagua (registered: {})".format(
                     base, ", ".join(GlobalAlgorithmRegistry)))
@@ -166,6 +169,8 @@ class Contestant:
                 cls = GlobalAlgorithmRegistry.get("powersgd")
                 takes = inspect.signature(cls.__init__).parameters
                 kw["rank"] = _powersgd_rank(name, args)
+                if name.endswith("q"):
+                    kw["quantize_factors"] = True
                 start = next((k for k in POWERSGD_START_KWARGS if k in takes), None)
                 if start is not None:
                     kw[start] = args.algo_warmup

@@ -3,8 +3,9 @@ timings: two contestants (DDP, gradient_allreduce), both models, a 4-step cap wi
 every 2 steps and targets every run reaches at its first evaluation; over a 1 Gbit/s netns link
 where this process may build one (root, iproute2), else over loopback (said on stdout). Checks
 that the run succeeds, the table prints, the JSON holds every field and every evaluation point,
-the LM's floor is the Markov chain's exact one, and each plot is a PNG; and that a TTA option
-without --tta is refused.
+the LM's floor is the Markov chain's exact one, and each plot is a PNG; that a TTA option
+without --tta is refused; and which contestant names are PowerSGD at a rank (torch's hook, ours,
+ours with 8-bit factors), a misnamed one refused.
 
 usage: bench_tta_check.py COMPARE_PY BUILD_DIR"""
 
@@ -101,6 +102,26 @@ def main():
     if p.returncode != 2 or "--plot and --stop-at-target go with --tta" not in out:
         fail("--plot without --tta: exit {}".format(p.returncode), out)
     print("ok: --plot without --tta refused")
+
+    # PowerSGD at any rank: torch's hook (ddp_powersgd<N>), ours (powersgd<N>) and ours with
+    # 8-bit factors (powersgd<N>q); the q suffix is ours alone, and a rank is >= 1.
+    import tta_report  # noqa: E402
+    named = {"ddp_powersgd16": (True, False, True), "powersgd32q": (True, True, False),
+             "powersgd": (True, True, False), "powersgdq": (True, True, False),
+             "ddp_powersgd4q": (False, False, False), "powersgd0": (False, False, False),
+             "powersgd4x": (False, False, False), "ddp": (False, False, True)}
+    for name, (psgd, ours, torch_side) in named.items():
+        got = (tta_report.is_powersgd(name), tta_report.is_powersgd(name, ours=True),
+               tta_report.is_torch(name))
+        if got != (psgd, ours, torch_side):
+            fail("{}: (powersgd, ours, torch's) = {}, expected {}".format(
+                name, got, (psgd, ours, torch_side)))
+    p = subprocess.run([sys.executable, compare, "--contestants", "ddp,ddp_powersgd4q"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode(errors="replace")
+    if p.returncode != 2 or "'ddp_powersgd4q' is not one of" not in out:
+        fail("ddp_powersgd4q: exit {}".format(p.returncode), out)
+    print("ok: PowerSGD contestant names")
 
 
 if __name__ == "__main__":

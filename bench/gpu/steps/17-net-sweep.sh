@@ -15,7 +15,9 @@
 # at each rank count the host's ceiling for a TCP transport: the same rank processes move the same
 # bytes over 4 and 8 plain TCP sockets per neighbour with no NCCL (bagua-nccl-bench --tcp-ceiling).
 # Tables on stdout (bench/gpu/summarize.py --sweep), detail in $OUT/17-net-sweep.log and
-# $OUT/sweep<N>-<label>.json. About 3 minutes on 4 H100 (NET_SWEEP_N="2 4"); needs only
+# $OUT/sweep<N>-<label>.json. NET_SWEEP_SHARE=1: a rank count above the machine's GPUs runs with
+# every rank on GPU 0 under MPS (bagua-nccl-bench --share-gpu), the one-GPU method: the bytes take
+# the same loopback path, while the ranks' reduction kernels share one GPU. About 3 minutes on 4 H100 (NET_SWEEP_N="2 4"); needs only
 # bagua-nccl-bench and the plugin built (a first call builds them, this one runs):
 #   BAGUA_GPU_NO_BUILD=1 BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=17 bench/gpu/run.sh
 # step-timeout: 480
@@ -47,7 +49,7 @@ run() {  # ranks, label, extra bench arguments (up to --), env assignments...
   [ "$#" -gt 0 ] && shift
   echo "===== ranks $n $label: $* ${extra[*]}" >> "$LOG"
   local t0=$SECONDS
-  env "${NETPATH[@]}" "$@" timeout 200 "$BENCH" --ranks "$n" "${SWEEP[@]}" "${extra[@]}" \
+  env "${NETPATH[@]}" "$@" timeout 200 "$BENCH" --ranks "$n" "${SWEEP[@]}" "${SHARE[@]}" "${extra[@]}" \
     --label "sweep$n-$label" --json "$OUT/sweep$n-$label.json" >> "$LOG" 2>&1
   local rc=$?
   local loaded
@@ -58,9 +60,20 @@ run() {  # ranks, label, extra bench arguments (up to --), env assignments...
 # NET_SWEEP_PEERS: the peers to run (default all three; a call comparing Bagua-Net variants
 # alone may leave them out, e.g. NET_SWEEP_PEERS=fastsocket).
 PEERS="${NET_SWEEP_PEERS-socket socket-4x4 fastsocket}"
+SHARE=()
 for n in ${NET_SWEEP_N:-2 4}; do
-  if [ "$GPUS" -lt "$n" ]; then
-    echo "  ranks $n: left out ($GPUS GPUs here)"
+  if [ "$GPUS" -lt "$n" ] && [ "${NET_SWEEP_SHARE:-0}" = 1 ]; then
+    if [ ${#SHARE[@]} = 0 ]; then
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d >> "$LOG" 2>&1 ||
+        { echo "17-net-sweep: MPS did not start: ranks sharing a GPU would wait ~4.5 ms a collective"; exit 1; }
+      trap 'echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
+    fi
+    SHARE=(--share-gpu)
+    echo "  ranks $n: every rank on GPU 0 under MPS ($GPUS GPU(s) here)"
+  elif [ "$GPUS" -lt "$n" ]; then
+    echo "  ranks $n: left out ($GPUS GPUs here; NET_SWEEP_SHARE=1 shares one)"
     continue
   fi
   if [[ " $PEERS " == *" socket "* ]]; then

@@ -11,7 +11,11 @@
 #              net         NCCL's network path over Bagua-Net, no cap (P2P and SHM off)
 #              10gbit | 1gbit   the network path with Bagua-Net's send-rate cap per rank
 #                          (BAGUA_NET_SEND_RATE_MBPS, for every contestant)
-#   TTA_GPUS   2 | 4                                                      (default 4)
+#   TTA_GPUS   2 | 4: ranks, one a GPU                                    (default 4)
+#   TTA_SHARE_GPU=1  every rank on GPU 0 under MPS (compare.py --share-gpu), for a machine with
+#              fewer GPUs than ranks: the network path only (not nvlink); the ranks' compute
+#              shares one GPU, so step times are not those of one rank a GPU, while the metric
+#              at a step (and so steps to target and the metric at the cap) is the same
 #   TTA_MAX_STEPS, TTA_CONTESTANTS, TTA_EXTRA (more compare.py arguments): override the cell's
 #   defaults below.
 #   TTA_PRESET  the model's preset (default: mid for the LM, small for the ResNet); gpt2-chain is
@@ -61,7 +65,19 @@ GPUS=${TTA_GPUS:-4}
 case "$MODEL" in transformer|resnet50) ;; *) echo "82-tta: TTA_MODEL='$MODEL': transformer or resnet50"; exit 1 ;; esac
 case "$GPUS" in 2|4) ;; *) echo "82-tta: TTA_GPUS='$GPUS': 2 or 4"; exit 1 ;; esac
 have=$(nvidia-smi -L 2> /dev/null | wc -l)
-[ "$have" -ge "$GPUS" ] || { echo "82-tta: TTA_GPUS=$GPUS but this machine has $have GPU(s)"; exit 1; }
+SHARE=()
+if [ "${TTA_SHARE_GPU:-0}" = 1 ]; then
+  [ "$LINK" != nvlink ] || { echo "82-tta: TTA_SHARE_GPU=1 takes the network path: not TTA_LINK=nvlink"; exit 1; }
+  [ "${TTA_LM_MARGIN:-}" != from-ddp ] || { echo "82-tta: TTA_LM_MARGIN=from-ddp runs over NVLink: not with TTA_SHARE_GPU=1"; exit 1; }
+  SHARE=(--share-gpu)
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d >> "$LOG" 2>&1 ||
+    { echo "82-tta: MPS did not start (every collective would wait ~4.5 ms)"; exit 1; }
+  trap 'echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
+elif [ "$have" -lt "$GPUS" ]; then
+  echo "82-tta: TTA_GPUS=$GPUS but this machine has $have GPU(s) (TTA_SHARE_GPU=1 shares one)"; exit 1
+fi
 case "$LINK" in
   nvlink) NET=(--net nvlink) ;;
   net) NET=(--net bagua-net) ;;
@@ -93,7 +109,7 @@ if [ ! -f "$BUILD/net_plugin/libnccl-net.so" ]; then
   BAGUA_NET_PLUGIN_PATH=$(cd /tmp && "$PY" -c 'import bagua; print(bagua.net_plugin_path())' 2>> "$LOG")
   export BAGUA_NET_PLUGIN_PATH
 fi
-LABEL="$MODEL-$LINK-${GPUS}g"
+LABEL="$MODEL-$LINK-${GPUS}g$([ ${#SHARE[@]} = 0 ] || echo -shared)"
 LIMIT=480
 if [ -n "${BAGUA_STEP_DEADLINE:-}" ]; then
   left=$(( BAGUA_STEP_DEADLINE - $(date +%s) - 10 ))
@@ -124,7 +140,7 @@ fi
 echo "===== $LABEL: ${ARGS[*]} --max-steps $STEPS ${NET[*]}" >> "$LOG"
 timeout "$LIMIT" "$PY" "$ROOT/bench/ddp/compare.py" --tta --device cuda --nproc "$GPUS" \
   --build "$BUILD" --models "$MODEL" "${ARGS[@]}" --max-steps "$STEPS" "${NET[@]}" \
-  "${CONT[@]}" "${EXTRA[@]}" --timeout $((LIMIT - 15)) \
+  "${SHARE[@]}" "${CONT[@]}" "${EXTRA[@]}" --timeout $((LIMIT - 15)) \
   --json "$OUT/82-tta-$LABEL.json" --plot "$OUT/82-tta-$LABEL" > "$OUT/82-tta-$LABEL.log" 2>&1
 rc=$?
 cat "$OUT/82-tta-$LABEL.log" >> "$LOG"
