@@ -217,6 +217,22 @@ std::vector<AutoCandidate> predictCandidates(const AutoInputs& in, double gradBy
     add("bytegrad", "bytegrad", {{"hierarchical", hier}}, gradBytes / 4, 2, codec,
         kAutoStepsFactorByteGrad);
   }
+  // Rank 16 with 8-bit factors (quantize_factors): about rank 4's bytes for a quarter of the
+  // approximation error. The tensors it leaves uncompressed go in full precision in a collective
+  // of their own, P and Q each through ByteGrad's two: five collectives per bucket. Its
+  // orthogonalisation, quadratic in the rank, is not in the prediction (hence no higher rank).
+  {
+    double wire = 0;
+    for (const auto& b : in.buckets) {
+      for (size_t n : b) {
+        const double e = lowRankElements(n, kAutoQuantizedRank);
+        wire += e < static_cast<double>(n) ? e : e * eb;
+      }
+    }
+    add("powersgd rank 16, 8-bit factors", "powersgd",
+        {{"rank", std::to_string(kAutoQuantizedRank)}, {"quantize_factors", "true"}}, wire, 5,
+        codec, kAutoStepsFactorPowerSgdRank16Q8);
+  }
   for (int rank : {4, 1}) {
     double elems = 0;
     for (const auto& b : in.buckets) {

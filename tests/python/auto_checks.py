@@ -39,7 +39,9 @@ def test_rule_follows_the_link():
     slow = at(20e6)
     assert slow["algorithm"] == "powersgd" and "rank" in slow["args"], slow["reason"]
     labels = [c["label"] for c in slow["candidates"]]
-    assert labels == ["gradient_allreduce", "bytegrad", "powersgd rank 4", "powersgd rank 1"]
+    assert labels == ["gradient_allreduce", "bytegrad", "powersgd rank 16, 8-bit factors",
+                      "powersgd rank 4", "powersgd rank 1"]
+    assert slow["args"] == {"rank": "16", "quantize_factors": "true"}, slow["reason"]
     # The payload of the choice never grows as the link slows down.
     last = float("inf")
     bw = 100e9

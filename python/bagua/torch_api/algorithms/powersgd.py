@@ -54,7 +54,9 @@ class PowerSGDAlgorithm(Algorithm):
         quantize_factors: send P and Q as 8-bit MinMaxUInt8 (ByteGrad's codec and exchange),
             a quarter of the factor bytes at the cost of a second collective per factor; the
             error feedback absorbs the quantisation error. Worth it at ``rank >= 4`` on slow
-            links.
+            links: ``rank=16, quantize_factors=True`` sends about rank 4's bytes and, on an LM,
+            needs far fewer steps to a given loss than rank 4 (what ``algorithm="auto"`` picks
+            where the link is the step).
     """
 
     name = "powersgd"
