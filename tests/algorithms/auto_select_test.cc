@@ -159,6 +159,16 @@ TEST(AutoRule, RankSixteenWithEightBitFactorsBeforeRankFourWhereTheLinkIsTheStep
   const AutoCandidate* p4 = find(*d, "powersgd rank 4");
   ASSERT_TRUE(p16 && p4);
   EXPECT_LT(p16->score, p4->score);
+  // Every candidate's settings are ones its algorithm accepts (a refused one would give way to
+  // gradient all-reduce at the switch).
+  const auto& names = algorithmNames();
+  for (const AutoCandidate& c : d->candidates) {
+    if (std::find(names.begin(), names.end(), c.algorithm) == names.end()) {
+      continue;  // powersgd where this build lacks it: the rule skips it, said in its reason
+    }
+    auto made = createAlgorithm(c.algorithm, c.args);
+    EXPECT_TRUE(made.isOk()) << c.label << ": " << made.status().toString();
+  }
 }
 
 TEST(AutoRule, UnregisteredPowerSgdFallsBackAndSaysSo) {
