@@ -35,10 +35,10 @@
 // predicted step time times the candidate's steps factor (steps to a quality target relative to
 // gradient all-reduce; assumed, see kAutoStepsFactor*) is its score. The lowest score wins, but
 // the most exact candidate (gradient all-reduce, ByteGrad, PowerSGD rank 16 with 8-bit factors,
-// rank 4, rank 1, in that order) whose score is within kAutoMinGain of the lowest is taken instead: a less exact
-// algorithm replaces a more exact one only where its score is below (1 - kAutoMinGain) of it. A
-// candidate whose algorithm is not registered in this build is skipped with a log line (the
-// decision's reason names it).
+// rank 4, rank 1, in that order) whose score is within kAutoMinGain of the lowest is taken instead:
+// a less exact algorithm replaces a more exact one only where its score is below (1 - kAutoMinGain)
+// of it. A candidate whose algorithm is not registered in this build is skipped with a log line
+// (the decision's reason names it).
 //
 // Thread model: reify, needReset and the decision run on the trainer's thread; the probe's
 // runBucket on the reducer's bucket thread (one bucket at a time; its samples under a mutex).
