@@ -307,12 +307,13 @@ Status LocalRedisServer::startOnce(int port) {
   }
   pid_ = pid;
   port_ = port;
-  return awaitPing(port, deadline);
+  return awaitPing(deadline);
 }
 
 // Polls the started server (pid_ on port_) until it answers PING; reports its exit or the
 // deadline, killing it in the latter case.
-Status LocalRedisServer::awaitPing(int port, std::chrono::steady_clock::time_point deadline) {
+Status LocalRedisServer::awaitPing(std::chrono::steady_clock::time_point deadline) {
+  const int port = port_;
   while (true) {
     int status = 0;
     pid_t r = ::waitpid(pid_, &status, WNOHANG);

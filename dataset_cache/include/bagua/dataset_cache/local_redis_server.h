@@ -61,7 +61,7 @@ class LocalRedisServer {
  private:
   Status startOnce(int port);
   Result<std::vector<std::string>> serverArgs(int port) const;
-  Status awaitPing(int port, std::chrono::steady_clock::time_point deadline);
+  Status awaitPing(std::chrono::steady_clock::time_point deadline);
   void reap(std::chrono::milliseconds wait);
 
   LocalRedisOptions options_;
