@@ -68,11 +68,11 @@ EXTRA = ["ddp_fused", "gradient_allreduce_fused", "gradient_allreduce_fused_afte
          "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
          "low_precision_decentralized_hier"]
 # --tta's default contestants: torch DDP, its bf16 hook (fp16 on CPU) and PowerSGD hook at
-# ranks 1 and 4, our six algorithms, our powersgd at ranks 1 and 4 (skipped, saying so, where it
-# is not registered), and auto.
+# ranks 1 and 4, our six algorithms, our powersgd at ranks 1 and 4 and at rank 16 with 8-bit
+# factors (skipped, saying so, where it is not registered), and auto.
 TTA_ALL = ["ddp", "ddp_bf16", "ddp_powersgd1", "ddp_powersgd4", "gradient_allreduce",
            "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async",
-           "powersgd1", "powersgd4", "auto"]
+           "powersgd1", "powersgd4", "powersgd16q", "auto"]
 # Accepted in both modes: PowerSGD at a rank named by the digits (ddp_powersgd<N> torch's hook,
 # powersgd<N> ours, powersgd<N>q ours with 8-bit factors), async (its averaging thread paused
 # between its blocks), powersgd (at --powersgd-rank), auto.
