@@ -17,8 +17,9 @@
 # Tables on stdout (bench/gpu/summarize.py --sweep), detail in $OUT/17-net-sweep.log and
 # $OUT/sweep<N>-<label>.json. NET_SWEEP_SHARE=1: a rank count above the machine's GPUs runs with
 # every rank on GPU 0 under MPS (bagua-nccl-bench --share-gpu), the one-GPU method: the bytes take
-# the same loopback path, while the ranks' reduction kernels share one GPU. About 3 minutes on 4 H100 (NET_SWEEP_N="2 4"); needs only
-# bagua-nccl-bench and the plugin built (a first call builds them, this one runs):
+# the same loopback path, while the ranks' reduction kernels share one GPU. About 3 minutes on 4
+# H100 (NET_SWEEP_N="2 4"); needs only bagua-nccl-bench and the plugin built (a first call builds
+# them, this one runs):
 #   BAGUA_GPU_NO_BUILD=1 BAGUA_GPU_PHASES=steps BAGUA_GPU_STEPS=17 bench/gpu/run.sh
 # step-timeout: 480
 set -uo pipefail

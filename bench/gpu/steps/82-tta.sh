@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Time to accuracy on GPUs (bench/ddp/compare.py --tta): every contestant (torch DDP, its bf16
 # and PowerSGD hooks at ranks 1 and 4, our six algorithms, our powersgd at ranks 1 and 4 and at
-# rank 16 with 8-bit factors where it is registered, auto) trains from the same weights on the same batches until the evaluation
-# metric reaches the target, or the step cap; one rank per GPU.
+# rank 16 with 8-bit factors where it is registered, auto) trains from the same weights on the
+# same batches until the evaluation metric reaches the target, or the step cap; one rank per GPU.
 #
 # One cell per call, chosen by the environment (each call <= 8 minutes on a warm machine):
 #   TTA_MODEL  transformer | resnet50                                    (default transformer)
