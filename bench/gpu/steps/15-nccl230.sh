@@ -31,13 +31,8 @@ if [ ! -f "$NB/lib/libnccl.so.2" ]; then
   echo "NCCL built in ${SECONDS} s"
 fi
 
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-started_mps=0
-if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then
-  started_mps=1
-fi
-trap '[ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
+source "$ROOT/bench/gpu/mps.sh"
+start_mps "$LOG" || true
 
 env LD_LIBRARY_PATH="$NB/lib:$PLUGIN_DIR:${LD_LIBRARY_PATH:-}" LD_PRELOAD="$NB/lib/libnccl.so.2" \
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \

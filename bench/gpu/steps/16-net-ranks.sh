@@ -35,15 +35,9 @@ fi
 [ -f "$FS" ] || FS="$ROOT/third_party_fetch/fastsocket/libnccl-net-fastsocket.so"
 [ -x "$BENCH" ] || { echo "16-net-ranks: bagua-nccl-bench not built"; exit 1; }
 
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-started_mps=0
-if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then
-  started_mps=1
-else
+source "$ROOT/bench/gpu/mps.sh"
+start_mps "$LOG" ||
   echo "16-net-ranks: MPS not started (ranks time-slice the GPU: compare within this run only)"
-fi
-trap '[ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
 
 NETPATH=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
          NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)

@@ -65,11 +65,9 @@ SHARE=()
 for n in ${NET_SWEEP_N:-2 4}; do
   if [ "$GPUS" -lt "$n" ] && [ "${NET_SWEEP_SHARE:-0}" = 1 ]; then
     if [ ${#SHARE[@]} = 0 ]; then
-      export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
-      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-      nvidia-cuda-mps-control -d >> "$LOG" 2>&1 ||
+      source "$ROOT/bench/gpu/mps.sh"
+      start_mps "$LOG" ||
         { echo "17-net-sweep: MPS did not start: ranks sharing a GPU would wait ~4.5 ms a collective"; exit 1; }
-      trap 'echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
     fi
     SHARE=(--share-gpu)
     echo "  ranks $n: every rank on GPU 0 under MPS ($GPUS GPU(s) here)"

@@ -86,10 +86,11 @@ fi
 # With one GPU, a 2-rank launch is 2 "nodes" of one rank each on cuda:0 (each its own
 # NCCL_HOSTID under MPS, over NCCL's network path): the scripts stay unchanged (LOCAL_RANK is 0
 # on both, so their torch.cuda.set_device(bagua.get_local_rank()) picks cuda:0).
+source "$ROOT/bench/gpu/mps.sh"
 SHARE=0
 if [ "$NGPU" = 1 ] && [ "${DROPIN_SHARE_GPU:-1}" = 1 ]; then
   SHARE=1; NPROC=2; BNPROC=2
-  nvidia-cuda-mps-control -d 2>/dev/null && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  start_mps /dev/null || true
   echo "one GPU: 2-rank launches run as 2 nodes x 1 rank on cuda:0 (MPS, NCCL_HOSTID per node, network path)"
 fi
 
@@ -164,7 +165,7 @@ if want prims; then
   # runs with 8 ranks whatever the GPU count: with fewer GPUs, 8 nodes of one rank on cuda:0.
   PNPROC=${DROPIN_PRIMS_NPROC:-8}
   if [ "$PNPROC" -gt "$NGPU" ] && [ "$SHARE" = 0 ]; then
-    nvidia-cuda-mps-control -d 2>/dev/null && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    start_mps /dev/null || true
     echo "prims: $PNPROC ranks on $NGPU GPU(s): $PNPROC nodes x 1 rank on cuda:0 (MPS, NCCL_HOSTID per node, network path)"
   fi
   for launcher in launch run; do

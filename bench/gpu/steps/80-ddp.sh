@@ -34,19 +34,15 @@ ext_ok || { echo "80-ddp: extension not importable by $PY (see 80-ddp.log)"; exi
 # inside a --nodes group).
 GPUS=${DDP_GPUS:-1}
 case "$GPUS" in ''|*[!0-9]*|0) echo "80-ddp: DDP_GPUS='$GPUS': expected a GPU count >= 1"; exit 1 ;; esac
-# MPS, private pipe and log folders; stopped at the end (if this step started it).
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-started_mps=0
+# MPS (bench/gpu/mps.sh); stopped at the end (if this step started it).
+source "$ROOT/bench/gpu/mps.sh"
 if [ "$GPUS" -gt 1 ]; then
   echo "80-ddp: $GPUS ranks on $GPUS GPUs (no MPS)"
 elif command -v nvidia-cuda-mps-control > /dev/null; then
-  if nvidia-cuda-mps-control -d >> "$LOG" 2>&1; then started_mps=1; fi
+  start_mps "$LOG" || true
 else
   echo "80-ddp: no nvidia-cuda-mps-control: ranks time-slice the GPU (collectives cost ~4.5 ms each)"
 fi
-stop_mps() { [ "$started_mps" = 1 ] && echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1; }
-trap stop_mps EXIT
 
 if [ "$GPUS" = 1 ]; then
   export CUDA_VISIBLE_DEVICES=0

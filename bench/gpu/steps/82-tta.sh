@@ -70,11 +70,8 @@ if [ "${TTA_SHARE_GPU:-0}" = 1 ]; then
   [ "$LINK" != nvlink ] || { echo "82-tta: TTA_SHARE_GPU=1 takes the network path: not TTA_LINK=nvlink"; exit 1; }
   [ "${TTA_LM_MARGIN:-}" != from-ddp ] || { echo "82-tta: TTA_LM_MARGIN=from-ddp runs over NVLink: not with TTA_SHARE_GPU=1"; exit 1; }
   SHARE=(--share-gpu)
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/bagua-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/bagua-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d >> "$LOG" 2>&1 ||
-    { echo "82-tta: MPS did not start (every collective would wait ~4.5 ms)"; exit 1; }
-  trap 'echo quit | nvidia-cuda-mps-control >> "$LOG" 2>&1' EXIT
+  source "$ROOT/bench/gpu/mps.sh"
+  start_mps "$LOG" || { echo "82-tta: MPS did not start (every collective would wait ~4.5 ms)"; exit 1; }
 elif [ "$have" -lt "$GPUS" ]; then
   echo "82-tta: TTA_GPUS=$GPUS but this machine has $have GPU(s) (TTA_SHARE_GPU=1 shares one)"; exit 1
 fi
