@@ -73,10 +73,12 @@ EXTRA = ["ddp_fused", "gradient_allreduce_fused", "gradient_allreduce_fused_afte
 TTA_ALL = ["ddp", "ddp_bf16", "ddp_powersgd1", "ddp_powersgd4", "gradient_allreduce",
            "bytegrad", "decentralized", "low_precision_decentralized", "qadam", "async",
            "powersgd1", "powersgd4", "powersgd16q", "auto"]
-# Accepted in both modes: PowerSGD at a rank named by the digits (ddp_powersgd<N> torch's hook,
-# powersgd<N> ours, powersgd<N>q ours with 8-bit factors), async (its averaging thread paused
-# between its blocks), powersgd (at --powersgd-rank), auto.
-MORE = ["ddp_powersgd1", "ddp_powersgd4", "async", "powersgd", "powersgd1", "powersgd4", "auto"]
+# Accepted in both modes: async (its averaging thread paused between its blocks), auto, and
+# PowerSGD (tta_report.is_powersgd; POWERSGD_NAMES): at --powersgd-rank without digits, else at
+# the rank the digits name.
+MORE = ["async", "auto"]
+POWERSGD_NAMES = ("ddp_powersgd[<N>] (torch's hook), powersgd[<N>] (ours), powersgd[<N>]q (ours, "
+                  "8-bit factors)")
 DEFAULT_PRESET = {("cpu", "transformer"): "tiny", ("cpu", "resnet50"): "tiny",
                   ("cuda", "transformer"): "gpt2", ("cuda", "resnet50"): "resnet50"}
 
@@ -93,7 +95,8 @@ def parse():
                          "resnet50 (resnet); default tiny on CPU, gpt2 / resnet50 on CUDA")
     ap.add_argument("--contestants", default=None,
                     help="comma-separated, default all: " + ", ".join(ALL) + " (with --tta: " +
-                         ", ".join(TTA_ALL) + "); also " + ", ".join(MORE))
+                         ", ".join(TTA_ALL) + "); also " + ", ".join(MORE) + ", " +
+                         POWERSGD_NAMES)
     ap.add_argument("--rounds", type=int, default=5, help="rounds; the first is not timed")
     ap.add_argument("--round-steps", type=int, default=4, help="steps per contestant per round")
     ap.add_argument("--lr", type=float, default=0,
@@ -177,8 +180,8 @@ def parse():
         a.contestants = ",".join(TTA_ALL if a.tta else ALL)
     for c in a.contestants.split(","):
         if c not in ALL + EXTRA + MORE and not tta_report.is_powersgd(c):
-            ap.error("--contestants: {!r} is not one of {} (or ddp_powersgd<N>, powersgd<N>, "
-                     "powersgd<N>q)".format(c, ", ".join(ALL + EXTRA + MORE)))
+            ap.error("--contestants: {!r} is not one of {}, {}".format(
+                c, ", ".join(ALL + EXTRA + MORE), POWERSGD_NAMES))
     if a.lr <= 0:
         a.lr = 5e-3 if a.tta else 1e-3
     if a.tta:

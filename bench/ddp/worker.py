@@ -26,17 +26,15 @@ import models  # noqa: E402
 import step_profile  # noqa: E402
 import tta_report  # noqa: E402
 
-DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_powersgd", "ddp_powersgd1", "ddp_powersgd4",
-             "ddp_fused")
-# PowerSGD at any rank (tta_report.is_powersgd): ddp_powersgd<N> (torch's hook), powersgd<N>
-# (ours), powersgd<N>q (ours, its factors sent as 8 bits: quantize_factors=True).
+DDP_NAMES = ("ddp", "ddp_bf16", "ddp_fp16", "ddp_fused")
+# And PowerSGD at any rank (tta_report.is_powersgd): ddp_powersgd[<N>] (torch's hook),
+# powersgd[<N>] (ours), powersgd[<N>]q (ours, its factors sent as 8 bits: quantize_factors=True).
 BAGUA_NAMES = ("gradient_allreduce", "bytegrad", "qadam", "decentralized",
                "low_precision_decentralized", "gradient_allreduce_sync",
                "gradient_allreduce_fused", "gradient_allreduce_fused_after",
                "gradient_allreduce_copied", "gradient_allreduce_bucket_copies",
                "gradient_allreduce_hier", "bytegrad_hier", "qadam_hier", "decentralized_hier",
-               "low_precision_decentralized_hier", "async", "powersgd", "powersgd1", "powersgd4",
-               "auto")
+               "low_precision_decentralized_hier", "async", "auto")
 # gradient_allreduce's variants (compare.py's EXTRA): _sync runs each bucket's collective to the
 # end before starting the next (the older, sequential reducer); _copied wraps with
 # do_flatten=False (gradients copied into reducer buckets and back every step); _bucket_copies
@@ -144,7 +142,7 @@ class Contestant:
                 self.wrapped.register_comm_hook(self.state, psgd.powerSGD_hook)
             return
         if name not in BAGUA_NAMES and not tta_report.is_powersgd(name, ours=True):
-            raise ValueError("unknown contestant {!r}: one of {}".format(
+            raise ValueError("unknown contestant {!r}: one of {}, or PowerSGD's at a rank".format(
                 name, ", ".join(DDP_NAMES + BAGUA_NAMES)))
         if name in ("qadam", "qadam_hier"):
             self.opt = QAdamOptimizer(params, lr=args.lr, warmup_steps=max(1, args.algo_warmup))
