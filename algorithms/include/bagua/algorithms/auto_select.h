@@ -74,9 +74,9 @@ const std::vector<std::string>& autoCandidateNames();
 inline constexpr double kAutoStepsFactorByteGrad = 1.0;
 inline constexpr double kAutoStepsFactorPowerSgdRank16Q8 = 1.35;
 inline constexpr double kAutoStepsFactorPowerSgdRank4 = 3.2;
-// The rank of the quantised PowerSGD candidate.
-inline constexpr int kAutoQuantizedRank = 16;
 inline constexpr double kAutoStepsFactorPowerSgdRank1 = 4.0;
+// The rank of the candidate with 8-bit factors.
+inline constexpr int kAutoQuantizedRank = 16;
 // A less exact candidate replaces a more exact one only if its predicted time to a quality
 // target is below (1 - kAutoMinGain) of the more exact one's.
 inline constexpr double kAutoMinGain = 0.10;
